@@ -1,0 +1,16 @@
+# Enables CUDA for oomb's own targets. Architectures default to 90a (Hopper's wgmma/TMA need it)
+# only when oomb is the top-level project; a consumer's choice is never overridden.
+if(OOMB_TOP_LEVEL AND NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES 90a)
+endif()
+check_language(CUDA)
+if(NOT CMAKE_CUDA_COMPILER)
+  message(FATAL_ERROR "OOMB_ENABLE_CUDA is ON but no CUDA compiler (nvcc) was found. "
+                      "Install the CUDA toolkit or configure with -DOOMB_ENABLE_CUDA=OFF.")
+endif()
+enable_language(CUDA)
+if(NOT DEFINED CMAKE_CUDA_STANDARD)
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+endif()
+find_package(CUDAToolkit REQUIRED)
