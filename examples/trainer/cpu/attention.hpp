@@ -1,0 +1,234 @@
+// oomb trainer — the CPU reference of paged, windowed, optionally page-sparse causal attention.
+// SPDX-License-Identifier: Apache-2.0
+//
+// This file is the contract the GPU kernels (examples/trainer/cuda/attention/) mirror; see
+// /work/ATTENTION_CONTRACT.md for its origin. One call handles the queries of one chunk against one
+// *window* of key pages; windows partition the keys, so
+//   - forward over several windows, folded with merge_partial, equals one pass over all pages (up to
+//     rounding), and
+//   - the sum of backward calls over the windows (each given the GLOBAL o and lse) equals one
+//     backward pass.
+// Causal mask everywhere: a query at absolute position p sees keys at positions <= p.
+// GQA: query head h reads KV head h / (hq / hkv), as HF's repeat_kv.
+//
+// Summation order is fixed by the source (see common.hpp), and a sparse call that selects every
+// past page runs exactly the arithmetic of a dense call, so the two agree bit for bit.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <oomb/core/error.hpp>
+#include <oomb/paging/views.hpp>
+
+#include "trainer/cpu/common.hpp"
+
+namespace oomb_trainer::cpu {
+
+/// One call's work: the queries of one chunk against one window of key pages.
+template <class T, class E>
+struct attention_args {
+  const T* q = nullptr;              ///< [sq][hq][d] row-major; query i sits at absolute position q_start + i (RoPE applied)
+  std::int64_t q_start = 0;
+  std::int32_t sq = 0, hq = 0, hkv = 0, d = 0;  ///< GQA: query head h reads KV head h / (hq / hkv)
+  T scale = T(1);                    ///< usually 1/sqrt(d)
+  oomb::paged_kv_view<const E> kv;   ///< sequence 0 of kv.table lists the window's pages, which are the
+  std::int32_t first_page = 0;       ///<   logical pages first_page, first_page + 1, ... of the sequence
+  /// Optional page-sparse past: per tile of `tile` consecutive queries, the sorted logical indices
+  /// of the past pages (those wholly before q_start) it attends. The chunk's own pages (positions
+  /// >= q_start) are always attended causally. nullptr = dense.
+  const std::int32_t* tile_indptr = nullptr;  ///< [ceil(sq / tile) + 1]
+  const std::int32_t* tile_pages = nullptr;
+  std::int32_t tile = 128;
+};
+
+namespace detail {
+
+template <class T, class E>
+void check_args(const attention_args<T, E>& a) {
+  OOMB_EXPECTS(a.sq >= 0, "attention: sq must be >= 0, got ", a.sq);
+  OOMB_EXPECTS(a.hq > 0 && a.hkv > 0 && a.hq % a.hkv == 0,
+               "attention: query heads (", a.hq, ") must be a positive multiple of KV heads (", a.hkv, ")");
+  OOMB_EXPECTS(a.d > 0, "attention: head_dim must be positive, got ", a.d);
+  OOMB_EXPECTS(a.q_start >= 0, "attention: q_start must be >= 0, got ", a.q_start);
+  OOMB_EXPECTS(a.first_page >= 0, "attention: first_page must be >= 0, got ", a.first_page);
+  OOMB_EXPECTS(a.kv.pool.head_dim == a.d && a.kv.pool.kv_heads == a.hkv,
+               "attention: pages hold ", a.kv.pool.kv_heads, " KV heads of dim ", a.kv.pool.head_dim,
+               " but the call has ", a.hkv, " of dim ", a.d);
+  OOMB_EXPECTS(a.kv.table.num_seqs >= 1, "attention: the window table must list sequence 0");
+  OOMB_EXPECTS(a.kv.table.page_size > 0 && a.kv.table.page_size == a.kv.pool.page_size,
+               "attention: table page size ", a.kv.table.page_size, " differs from the pool's ",
+               a.kv.pool.page_size);
+  if (a.tile_indptr != nullptr)
+    OOMB_EXPECTS(a.tile > 0 && a.tile_pages != nullptr,
+                 "attention: a sparse call needs tile > 0 and tile_pages, got tile ", a.tile);
+}
+
+/// Walks the keys query `i` sees in the window, in page order then token order, calling
+/// f(pos, id, token) where id is the page's id in the pool. Past pages (wholly before q_start) not
+/// selected for the query's tile are skipped.
+template <class T, class E, class F>
+void for_each_visible_key(const attention_args<T, E>& a, std::int32_t i, F&& f) {
+  const std::int64_t qpos = a.q_start + i;
+  const std::int32_t P = a.kv.table.page_size;
+  const std::int32_t np = a.kv.table.num_pages(0);
+  const std::int32_t* sel = nullptr;
+  const std::int32_t* sel_end = nullptr;
+  if (a.tile_indptr != nullptr) {
+    const std::int32_t j = i / a.tile;
+    sel = a.tile_pages + a.tile_indptr[j];
+    sel_end = a.tile_pages + a.tile_indptr[j + 1];
+  }
+  for (std::int32_t pi = 0; pi < np; ++pi) {
+    const std::int64_t logical = std::int64_t(a.first_page) + pi;
+    const std::int64_t start = logical * P;
+    if (start > qpos) break;
+    const std::int32_t len = a.kv.table.page_len(0, pi);
+    if (sel != nullptr && start + len <= a.q_start) {  // a past page: attended only if selected
+      while (sel != sel_end && *sel < logical) ++sel;
+      if (sel == sel_end || *sel != logical) continue;
+    }
+    const std::int32_t id = a.kv.table.page(0, pi);
+    const std::int32_t visible = static_cast<std::int32_t>(std::min<std::int64_t>(len, qpos - start + 1));
+    for (std::int32_t t = 0; t < visible; ++t) f(start + t, id, t);
+  }
+}
+
+}  // namespace detail
+
+/// Forward over the window: o [sq][hq][d], normalised within the window; lse [hq][sq] natural-log
+/// log-sum-exp of the scaled scores (-inf where the window holds no key the query may see; o = 0
+/// there).
+template <class T, class E>
+void attention_forward(const attention_args<T, E>& a, T* o, T* lse) {
+  detail::check_args(a);
+  const std::int32_t group = a.hq / a.hkv, d = a.d;
+  const std::int64_t max_keys = std::int64_t(a.kv.table.num_pages(0)) * a.kv.table.page_size;
+  std::vector<T> s(static_cast<std::size_t>(group * max_keys));
+  std::vector<const E*> vrow(static_cast<std::size_t>(max_keys));
+  for (std::int32_t i = 0; i < a.sq; ++i) {
+    for (std::int32_t g = 0; g < a.hkv; ++g) {
+      // Scores of the group's heads against every visible key (K read once per group).
+      std::int64_t n = 0;
+      detail::for_each_visible_key(a, i, [&](std::int64_t, std::int32_t id, std::int32_t t) {
+        const E* k = a.kv.pool.k(id, t, g);
+        vrow[static_cast<std::size_t>(n)] = a.kv.pool.v(id, t, g);
+        for (std::int32_t r = 0; r < group; ++r) {
+          const T* qh = a.q + (std::int64_t(i) * a.hq + g * group + r) * d;
+          s[static_cast<std::size_t>(r * max_keys + n)] = a.scale * dot<T>(qh, k, d);
+        }
+        ++n;
+      });
+      for (std::int32_t r = 0; r < group; ++r) {
+        const std::int32_t h = g * group + r;
+        T* oh = o + (std::int64_t(i) * a.hq + h) * d;
+        std::fill(oh, oh + d, T(0));
+        T& l = lse[std::int64_t(h) * a.sq + i];
+        if (n == 0) {
+          l = -std::numeric_limits<T>::infinity();
+          continue;
+        }
+        T* sr = s.data() + r * max_keys;
+        T m = sr[0];
+        for (std::int64_t j = 1; j < n; ++j) m = std::max(m, sr[j]);
+        T sum = 0;
+        for (std::int64_t j = 0; j < n; ++j) {
+          sr[j] = std::exp(sr[j] - m);
+          sum += sr[j];
+        }
+        for (std::int64_t j = 0; j < n; ++j) axpy(d, sr[j], vrow[static_cast<std::size_t>(j)], oh);
+        const T inv = T(1) / sum;
+        for (std::int32_t x = 0; x < d; ++x) oh[x] *= inv;
+        l = m + std::log(sum);
+      }
+    }
+  }
+}
+
+/// Folds one window's partial (o, lse) into an accumulator by log-sum-exp (associative; the
+/// accumulator starts as lse = -inf, o = 0).
+template <class T>
+void merge_partial(std::int32_t sq, std::int32_t hq, std::int32_t d, T* o_acc, T* lse_acc, const T* o,
+                   const T* lse) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  for (std::int32_t i = 0; i < sq; ++i) {
+    for (std::int32_t h = 0; h < hq; ++h) {
+      T& la = lse_acc[std::int64_t(h) * sq + i];
+      const T lb = lse[std::int64_t(h) * sq + i];
+      if (lb == ninf) continue;  // the window saw nothing: accumulator unchanged
+      T* oa = o_acc + (std::int64_t(i) * hq + h) * d;
+      const T* ob = o + (std::int64_t(i) * hq + h) * d;
+      if (la == ninf) {
+        std::copy(ob, ob + d, oa);
+        la = lb;
+        continue;
+      }
+      const T m = std::max(la, lb);
+      const T wa = std::exp(la - m), wb = std::exp(lb - m);
+      const T l = m + std::log(wa + wb);
+      const T ca = std::exp(la - l), cb = std::exp(lb - l);
+      for (std::int32_t x = 0; x < d; ++x) oa[x] = ca * oa[x] + cb * ob[x];
+      la = l;
+    }
+  }
+}
+
+/// Backward over one window, given the GLOBAL o and lse (after all windows were merged) and d_o:
+///   dq += ...                                   [sq][hq][d]
+///   keys at positions >= q_start (the chunk's own): dk_own / dv_own += ...  [sq][hkv][d], row = pos - q_start
+///   keys before q_start (the past): added into their gradient pages through dpast, addressed by the
+///   page ids of kv.table (dpast.grad_id[id] must be >= 0 for every past page of the window)
+template <class T, class E, class G>
+void attention_backward(const attention_args<T, E>& a, const T* o, const T* lse, const T* d_o, T* dq,
+                        T* dk_own, T* dv_own, oomb::grad_mirror_view<G> dpast) {
+  detail::check_args(a);
+  const std::int32_t group = a.hq / a.hkv, d = a.d;
+  const T ninf = -std::numeric_limits<T>::infinity();
+  std::vector<T> delta(static_cast<std::size_t>(group));
+  std::int32_t checked_id = -1;
+  for (std::int32_t i = 0; i < a.sq; ++i) {
+    for (std::int32_t g = 0; g < a.hkv; ++g) {
+      // delta = rowsum(dO * O), the softmax backward's correction, per head of the group.
+      for (std::int32_t r = 0; r < group; ++r) {
+        const std::int64_t row = (std::int64_t(i) * a.hq + g * group + r) * d;
+        delta[static_cast<std::size_t>(r)] = dot<T>(d_o + row, o + row, d);
+      }
+      detail::for_each_visible_key(a, i, [&](std::int64_t pos, std::int32_t id, std::int32_t t) {
+        const E* k = a.kv.pool.k(id, t, g);
+        const E* v = a.kv.pool.v(id, t, g);
+        const bool own = pos >= a.q_start;
+        if (!own && id != checked_id) {
+          OOMB_EXPECTS(id >= 0 && id < dpast.num_kv_ids && dpast.grad_id[id] >= 0,
+                       "attention_backward: past page id ", id, " (position ", pos,
+                       ") has no gradient page (num_kv_ids ", dpast.num_kv_ids, ")");
+          checked_id = id;
+        }
+        for (std::int32_t r = 0; r < group; ++r) {
+          const std::int32_t h = g * group + r;
+          const T l = lse[std::int64_t(h) * a.sq + i];
+          if (l == ninf) continue;
+          const std::int64_t row = (std::int64_t(i) * a.hq + h) * d;
+          const T* qh = a.q + row;
+          const T* doh = d_o + row;
+          const T p = std::exp(a.scale * dot<T>(qh, k, d) - l);
+          const T dp = dot<T>(doh, v, d);
+          const T ds = p * (dp - delta[static_cast<std::size_t>(r)]);
+          axpy(d, a.scale * ds, k, dq + row);
+          if (own) {
+            const std::int64_t kr = ((pos - a.q_start) * a.hkv + g) * d;
+            axpy(d, a.scale * ds, qh, dk_own + kr);
+            axpy(d, p, doh, dv_own + kr);
+          } else {
+            axpy_store(d, a.scale * ds, qh, dpast.dk(id, t, g));
+            axpy_store(d, p, doh, dpast.dv(id, t, g));
+          }
+        }
+      });
+    }
+  }
+}
+
+}  // namespace oomb_trainer::cpu
