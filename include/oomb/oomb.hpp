@@ -1,0 +1,37 @@
+// oomb — the umbrella header: every public header that needs no CUDA, listed by hand.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The CUDA side (oomb/cuda/) is not included: it needs nvcc or the CUDA runtime's headers; include
+// its headers where you use them. A test (tests/headers/check_umbrella.py) fails when a public
+// header outside cuda/ and detail/ is missing here, or when a line here names no header.
+#pragma once
+
+// core: version, compiler glue, errors, scalar and tensor types
+#include "oomb/core/version.hpp"
+#include "oomb/core/config.hpp"
+#include "oomb/core/error.hpp"
+#include "oomb/core/memory_kind.hpp"
+#include "oomb/core/bf16.hpp"
+#include "oomb/core/tensor.hpp"
+
+// memory: the resource concept, host memory, adaptors, the block pool
+#include "oomb/memory/resource.hpp"
+#include "oomb/memory/host_resource.hpp"
+#include "oomb/memory/statistics_adaptor.hpp"
+#include "oomb/memory/limiting_adaptor.hpp"
+#include "oomb/memory/block_pool.hpp"
+
+// paging: page geometry, pools of page pairs, page tables, the KV cache, the gradient mirror and
+// the POD views kernels read
+#include "oomb/paging/page_shape.hpp"
+#include "oomb/paging/page_pool_config.hpp"
+#include "oomb/paging/views.hpp"
+#include "oomb/paging/page_table.hpp"
+#include "oomb/paging/paged_kv_cache.hpp"
+#include "oomb/paging/grad_mirror.hpp"
+
+// offload: the stream concept, the host stream, batched page transfers
+#include "oomb/offload/stream.hpp"
+#include "oomb/offload/id_span.hpp"
+#include "oomb/offload/host_stream.hpp"
+#include "oomb/offload/page_transfer.hpp"

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Runs all of oomb's checks that need no GPU, in four phases, and prints each phase's time:
+#   1 cpu       CPU build (-O2, assertions and bounds checks on) and every CPU test, via ctest
+#   2 cuda      CUDA build (Release, sm_90a) of everything: compiled, nothing labelled gpu is run.
+#               nvcc must be there: this phase fails, never skips, without it
+#   3 sanitize  CPU-only AddressSanitizer + UndefinedBehaviorSanitizer build of the tests and
+#               examples, running the CPU tests; the first report fails the run
+#   4 consumer  install + find_package, pkg-config, add_subdirectory and FetchContent consumers
+# Usage: bash tools/test.sh [PHASE...]   (default: all four; e.g. `bash tools/test.sh cpu`)
+# Environment: OOMB_TEST_DIR (build folders, default build-test), OOMB_JOBS (default 2).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+out=${OOMB_TEST_DIR:-build-test}
+jobs=${OOMB_JOBS:-2}
+phases=("$@")
+[ ${#phases[@]} -gt 0 ] || phases=(cpu cuda sanitize consumer)
+for p in "${phases[@]}"; do
+  case "$p" in cpu|cuda|sanitize|consumer) ;; *) echo "tools/test.sh: unknown phase '$p'" >&2; exit 2;; esac
+done
+command -v ninja >/dev/null || { echo "tools/test.sh: ninja is missing: run 'bash tools/setup.sh'" >&2; exit 1; }
+
+banner() { printf '\n======== %s ========\n' "$*"; }
+# ctest over the `cpu` label; fails when no test ran. Remembers the counts for the last line.
+passed=0
+failed=0
+run_ctest() {
+  local dir=$1 log
+  log="$dir/ctest.log"
+  set +e
+  ctest --test-dir "$dir" -L cpu --output-on-failure --no-tests=error --timeout 900 -j "$jobs" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local line
+  line=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1 || true)
+  if [[ $line =~ ([0-9]+)\ tests?\ failed\ out\ of\ ([0-9]+) ]]; then
+    failed=$((failed + BASH_REMATCH[1]))
+    passed=$((passed + BASH_REMATCH[2] - BASH_REMATCH[1]))
+  else
+    failed=$((failed + 1))
+  fi
+  return "$rc"
+}
+
+phase_cpu() {
+  # -O2 without NDEBUG: optimised code (and GCC's optimisation-time warnings) with the library's
+  # assertions and view bounds checks still on. Benchmarks are built once, in the cuda phase.
+  cmake -S . -B "$out/cpu" -G Ninja -DOOMB_ENABLE_CUDA=OFF -DOOMB_BUILD_BENCH=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2"
+  cmake --build "$out/cpu" -j "$jobs"
+  run_ctest "$out/cpu"
+}
+
+phase_cuda() {
+  if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+  fi
+  command -v nvcc >/dev/null || {
+    echo "tools/test.sh: the cuda phase needs nvcc (the CUDA toolkit), which is not on PATH nor" \
+         "in /usr/local/cuda/bin. It is never skipped: install the toolkit." >&2
+    return 1
+  }
+  nvcc --version | tail -n 2
+  cmake -S . -B "$out/cuda" -G Ninja -DOOMB_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DCMAKE_BUILD_TYPE=Release
+  cmake --build "$out/cuda" -j "$jobs"
+  local gpu
+  gpu=$(ctest --test-dir "$out/cuda" -N -L gpu | sed -n 's/^Total Tests: //p')
+  echo "cuda phase: everything compiled; ${gpu:-0} test(s) labelled gpu are left for the GPU machine"
+}
+
+phase_sanitize() {
+  # Debug-level checks at -O1 (fast enough to run everything); benchmarks are not built.
+  cmake -S . -B "$out/sanitize" -G Ninja -DOOMB_ENABLE_CUDA=OFF -DOOMB_BUILD_BENCH=OFF \
+    -DOOMB_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g"
+  cmake --build "$out/sanitize" -j "$jobs"
+  ASAN_OPTIONS=halt_on_error=1:abort_on_error=0:detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1 \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    run_ctest "$out/sanitize"
+}
+
+phase_consumer() {
+  bash tests/consumer/check.sh "$root"
+}
+
+declare -A seconds
+for p in "${phases[@]}"; do
+  banner "phase $p"
+  start=$(date +%s)
+  "phase_$p"
+  seconds[$p]=$(($(date +%s) - start))
+  echo "phase $p: ${seconds[$p]} s"
+done
+
+banner "summary"
+total=0
+if [ -n "${OOMB_SETUP_SECONDS:-}" ]; then  # set by .ci/run
+  echo "phase setup: $OOMB_SETUP_SECONDS s"
+  total=$OOMB_SETUP_SECONDS
+fi
+for p in "${phases[@]}"; do
+  echo "phase $p: ${seconds[$p]} s"
+  total=$((total + seconds[$p]))
+done
+echo "all phases: $total s"
+# CI reads this line: the ctest totals of the phases that ran tests (cpu, sanitize).
+echo "tests: $passed passed, $failed failed"
