@@ -5,17 +5,21 @@
 // windows, another activation, dropout) is rejected with its name, never silently ignored, because
 // a model that quietly differs from the checkpoint's trains and evaluates something else.
 // Fields the trainer does not need (architectures, torch_dtype, bos/eos ids, ...) are ignored.
+// Both the transformers 4 layout (top-level rope_theta, rope_scaling) and the transformers 5
+// layout (rope_parameters {rope_type, rope_theta}, layer_types) are read.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "oomb/core/error.hpp"
+#include "trainer/io/json_util.hpp"
 
 namespace oomb_trainer {
 
@@ -62,7 +66,7 @@ inline std::int64_t config_positive_int(const json& j, const char* name, const s
                                         std::int64_t max) {
   const json& v = config_field(j, name, origin);
   OOMB_CHECK(v.is_number_integer(), oomb::format_error, origin, ": field '", name,
-             "' must be an integer, got ", v.dump());
+             "' must be an integer, got ", json_brief(v));
   std::int64_t x = 0;
   if (v.is_number_unsigned()) {
     const auto u = v.get<std::uint64_t>();
@@ -80,11 +84,46 @@ inline std::int64_t config_positive_int(const json& j, const char* name, const s
 
 inline double config_positive_double(const json& v, const char* name, const std::string& origin) {
   OOMB_CHECK(v.is_number(), oomb::format_error, origin, ": field '", name,
-             "' must be a number, got ", v.dump());
+             "' must be a number, got ", json_brief(v));
   const double x = v.get<double>();
   OOMB_CHECK(std::isfinite(x) && x > 0.0, oomb::format_error, origin, ": field '", name,
              "' must be finite and positive, got ", x);
   return x;
+}
+
+// rope_theta from the top level (transformers 4) or from rope_parameters (transformers 5);
+// only plain RoPE ("default") is implemented, and the two places must agree when both are given.
+inline double config_rope_theta(const json& j, const std::string& origin) {
+  double theta = 0.0;
+  bool have = false;
+  if (auto it = j.find("rope_theta"); it != j.end() && !it->is_null()) {
+    theta = config_positive_double(*it, "rope_theta", origin);
+    have = true;
+  }
+  if (auto rp = j.find("rope_parameters"); rp != j.end() && !rp->is_null()) {
+    OOMB_CHECK(rp->is_object(), oomb::format_error, origin,
+               ": field 'rope_parameters' must be an object, got ", json_brief(*rp));
+    for (const auto& item : rp->items()) {
+      const std::string& k = item.key();
+      if (k == "rope_type") {
+        OOMB_CHECK(item.value().is_string() && item.value().get<std::string>() == "default",
+                   oomb::format_error, origin, ": field 'rope_parameters.rope_type' = ",
+                   json_brief(item.value()), " is unsupported (only \"default\": plain RoPE)");
+      } else if (k == "rope_theta") {
+        const double t = config_positive_double(item.value(), "rope_parameters.rope_theta", origin);
+        OOMB_CHECK(!have || t == theta, oomb::format_error, origin,
+                   ": field 'rope_parameters.rope_theta' = ", t, " disagrees with 'rope_theta' = ", theta);
+        theta = t;
+        have = true;
+      } else {
+        OOMB_FAIL(oomb::format_error, origin, ": field 'rope_parameters.", k,
+                  "' is unsupported (plain RoPE takes only rope_type and rope_theta)");
+      }
+    }
+  }
+  OOMB_CHECK(have, oomb::format_error, origin, ": required field 'rope_theta' is missing",
+             " (neither at the top level nor in 'rope_parameters')");
+  return theta;
 }
 
 inline std::int32_t config_i32(const json& j, const char* name, const std::string& origin) {
@@ -104,20 +143,27 @@ inline model_config parse_model_config(const nlohmann::json& j, const std::strin
   // Features the model does not implement: refused by name.
   if (auto it = j.find("model_type"); it != j.end() && !it->is_null())
     OOMB_CHECK(it->is_string() && it->get<std::string>() == "qwen2", oomb::format_error, origin,
-               ": field 'model_type' = ", it->dump(), " is unsupported (only \"qwen2\")");
+               ": field 'model_type' = ", detail::json_brief(*it), " is unsupported (only \"qwen2\")");
   if (auto it = j.find("rope_scaling"); it != j.end())
-    OOMB_CHECK(it->is_null(), oomb::format_error, origin, ": field 'rope_scaling' = ", it->dump(),
+    OOMB_CHECK(it->is_null(), oomb::format_error, origin, ": field 'rope_scaling' = ", detail::json_brief(*it),
                " is unsupported (only null: plain RoPE)");
   if (auto it = j.find("use_sliding_window"); it != j.end() && !it->is_null())
     OOMB_CHECK(it->is_boolean() && !it->get<bool>(), oomb::format_error, origin,
-               ": field 'use_sliding_window' = ", it->dump(),
+               ": field 'use_sliding_window' = ", detail::json_brief(*it),
                " is unsupported (only false: full causal attention)");
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    OOMB_CHECK(it->is_array(), oomb::format_error, origin, ": field 'layer_types' must be an array");
+    for (const auto& t : *it)
+      OOMB_CHECK(t.is_string() && t.get<std::string>() == "full_attention", oomb::format_error, origin,
+                 ": field 'layer_types' holds ", detail::json_brief(t),
+                 ", unsupported (only \"full_attention\")");
+  }
   if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null())
     OOMB_CHECK(it->is_string() && it->get<std::string>() == "silu", oomb::format_error, origin,
-               ": field 'hidden_act' = ", it->dump(), " is unsupported (only \"silu\")");
+               ": field 'hidden_act' = ", detail::json_brief(*it), " is unsupported (only \"silu\")");
   if (auto it = j.find("attention_dropout"); it != j.end() && !it->is_null())
     OOMB_CHECK(it->is_number() && it->get<double>() == 0.0, oomb::format_error, origin,
-               ": field 'attention_dropout' = ", it->dump(), " is unsupported (only 0)");
+               ": field 'attention_dropout' = ", detail::json_brief(*it), " is unsupported (only 0)");
 
   model_config c;
   c.hidden_size = config_i32(j, "hidden_size", origin);
@@ -128,15 +174,14 @@ inline model_config parse_model_config(const nlohmann::json& j, const std::strin
   c.vocab_size = config_i32(j, "vocab_size", origin);
   c.max_position_embeddings = detail::config_positive_int(
       j, "max_position_embeddings", origin, std::numeric_limits<std::int64_t>::max());
-  c.rope_theta =
-      detail::config_positive_double(detail::config_field(j, "rope_theta", origin), "rope_theta", origin);
+  c.rope_theta = detail::config_rope_theta(j, origin);
   c.rms_norm_eps = detail::config_positive_double(detail::config_field(j, "rms_norm_eps", origin),
                                                   "rms_norm_eps", origin);
 
   // HF's Qwen2Config defaults: untied head, head_dim = hidden / heads.
   if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
     OOMB_CHECK(it->is_boolean(), oomb::format_error, origin,
-               ": field 'tie_word_embeddings' must be true or false, got ", it->dump());
+               ": field 'tie_word_embeddings' must be true or false, got ", detail::json_brief(*it));
     c.tie_word_embeddings = it->get<bool>();
   }
   OOMB_CHECK(c.hidden_size % c.num_attention_heads == 0, oomb::format_error, origin,
@@ -163,11 +208,8 @@ inline model_config load_model_config(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   OOMB_CHECK(in.good(), oomb::format_error, path, ": cannot open the config file");
   nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    OOMB_FAIL(oomb::format_error, path, ": malformed JSON: ", e.what());
-  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  j = detail::parse_json_bounded(text.data(), text.data() + text.size(), 64, path, "config");
   return parse_model_config(j, path);
 }
 

@@ -1,0 +1,49 @@
+// oomb trainer — a named, shaped, non-owning reference to a caller's tensor.
+// SPDX-License-Identifier: Apache-2.0
+//
+// How the checkpoint code and the optimizer are told about the model's parameters without
+// knowing the model: the caller lists its tensors (HF names, shapes, pointers into its storage).
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "oomb/core/error.hpp"
+
+namespace oomb_trainer {
+
+/// Number of elements of `shape`; throws oomb::invalid_argument on a negative dimension or overflow.
+inline std::uint64_t shape_numel(const std::vector<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) {
+    OOMB_EXPECTS(d >= 0, "negative dimension ", d, " in a shape");
+    const auto u = static_cast<std::uint64_t>(d);
+    OOMB_EXPECTS(u == 0 || n <= UINT64_MAX / u, "shape has too many elements");
+    n *= u;
+  }
+  return n;
+}
+
+/// "[2, 3]" — shapes in error messages.
+inline std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::ostringstream os;
+  os << '[';
+  for (std::size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
+/// A caller-owned tensor: `data` holds shape_numel(shape) contiguous row-major elements.
+/// T is float or double (const-qualified for tensors that are only read).
+template <class T>
+struct named_tensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  T* data = nullptr;
+
+  std::uint64_t numel() const { return shape_numel(shape); }
+};
+
+}  // namespace oomb_trainer
