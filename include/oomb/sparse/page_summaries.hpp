@@ -1,0 +1,203 @@
+// oomb — per-page key summaries (channel min / max / mean per KV head), kept up to date as pages fill.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Thread safety: not internally synchronised; update()/clear()/reserve() need external
+// synchronisation against every other call; const calls may run concurrently with each other.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "oomb/core/error.hpp"
+#include "oomb/core/tensor.hpp"
+#include "oomb/paging/views.hpp"
+#include "oomb/sparse/page_summary_view.hpp"
+
+OOMB_NAMESPACE_BEGIN
+
+namespace detail {
+// Keys may be bf16, float or double; min/max are kept as float (rounding is monotonic, so the
+// float of the minimum is the minimum of the floats) and sums as double.
+template <class E>
+float key_to_float(const E& x) noexcept {
+  return static_cast<float>(x);
+}
+template <class E>
+double key_to_double(const E& x) noexcept {
+  if constexpr (std::is_same_v<std::remove_cv_t<E>, double>) {
+    return x;
+  } else {
+    return static_cast<double>(static_cast<float>(x));
+  }
+}
+}  // namespace detail
+
+/// Summaries of the keys of every page, indexed by page id: per KV head and channel d, the
+/// minimum, the maximum and the mean of K[t][d] over the tokens t the page holds so far.
+///
+/// Pages fill in token order: update(id, first_token, keys) appends tokens
+/// [first_token, first_token + n) and first_token must equal the tokens already summarised, or 0,
+/// which starts the page afresh (a released id handed out again). Channel sums are accumulated in
+/// double in token order whatever the chunking, so a page filled token by token, chunk by chunk
+/// or at once has bit-identical min, max and mean.
+///
+/// Storage grows to the largest id seen (floats: 3 * kv_heads * head_dim per id, plus a double
+/// sum). A view() stays valid until a call that grows the store (an id >= num_ids(); reserve()
+/// up front to avoid that) or the store's destruction.
+class page_summaries {
+ public:
+  page_summaries(std::int32_t kv_heads, std::int32_t head_dim, std::int32_t reserve_ids = 0)
+      : kv_heads_(kv_heads), head_dim_(head_dim) {
+    OOMB_EXPECTS(kv_heads > 0, "page_summaries: kv_heads must be positive, got ", kv_heads);
+    OOMB_EXPECTS(head_dim > 0, "page_summaries: head_dim must be positive, got ", head_dim);
+    OOMB_EXPECTS(reserve_ids >= 0, "page_summaries: reserve_ids must not be negative, got ",
+                 reserve_ids);
+    reserve(reserve_ids);
+  }
+
+  /// Makes room for ids [0, ids) now, so views taken later are not invalidated by growth.
+  void reserve(std::int32_t ids) {
+    OOMB_EXPECTS(ids >= 0, "page_summaries: cannot reserve a negative number of ids (", ids, ")");
+    if (ids > num_ids()) grow_to(ids);
+  }
+
+  /// Appends the keys of tokens [first_token, first_token + n) of page `id`; `keys` is
+  /// [n][kv_heads][head_dim] with any strides, element type bf16, float or double.
+  /// first_token == 0 restarts the page. Throws invalid_argument (summary unchanged) for a
+  /// negative id, mismatched head counts or head_dim, a first_token other than 0 or the page's
+  /// current token count, or a non-finite key.
+  template <class E>
+  void update(std::int32_t id, std::int32_t first_token, const tensor_view<E, 3>& keys) {
+    const std::int64_t n = keys.extent(0);
+    OOMB_EXPECTS(id >= 0, "page_summaries: page id must not be negative, got ", id);
+    OOMB_EXPECTS(keys.extent(1) == kv_heads_, "page_summaries: keys have ", keys.extent(1),
+                 " KV heads, the summaries ", kv_heads_);
+    OOMB_EXPECTS(keys.extent(2) == head_dim_, "page_summaries: keys have head_dim ", keys.extent(2),
+                 ", the summaries ", head_dim_);
+    const std::int32_t have = tokens(id);
+    OOMB_EXPECTS(first_token == 0 || first_token == have, "page_summaries: page ", id, " holds ",
+                 have, " tokens; cannot append at token ", first_token,
+                 " (tokens come in order; 0 restarts the page)");
+    OOMB_EXPECTS(n >= 0 && n <= std::numeric_limits<std::int32_t>::max() - first_token,
+                 "page_summaries: bad token count ", n, " at token ", first_token);
+    const auto at = [&](std::int64_t t, std::int64_t h, std::int64_t d) -> const auto& {
+      return keys.data()[t * keys.strides()[0] + h * keys.strides()[1] + d * keys.strides()[2]];
+    };
+    // Check everything before touching anything: strong guarantee.
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t h = 0; h < kv_heads_; ++h)
+        for (std::int64_t d = 0; d < head_dim_; ++d)
+          OOMB_EXPECTS(std::isfinite(detail::key_to_float(at(t, h, d))),
+                       "page_summaries: non-finite key ", detail::key_to_float(at(t, h, d)),
+                       " at page ", id, ", token ", first_token + t, ", kv head ", h, ", channel ", d);
+    if (id >= num_ids()) grow_to(id + 1);
+    if (first_token == 0) reset(id);
+
+    const std::int64_t row = std::int64_t(kv_heads_) * head_dim_;
+    float* mn = min_.data() + std::int64_t(id) * row;
+    float* mx = max_.data() + std::int64_t(id) * row;
+    double* sum = sum_.data() + std::int64_t(id) * row;
+    for (std::int64_t t = 0; t < n; ++t)  // token order outermost: sums independent of chunking
+      for (std::int64_t h = 0; h < kv_heads_; ++h)
+        for (std::int64_t d = 0; d < head_dim_; ++d) {
+          const auto& k = at(t, h, d);
+          const float f = detail::key_to_float(k);
+          const std::int64_t i = h * head_dim_ + d;
+          mn[i] = f < mn[i] ? f : mn[i];
+          mx[i] = f > mx[i] ? f : mx[i];
+          sum[i] += detail::key_to_double(k);
+        }
+    const std::int32_t count = first_token + static_cast<std::int32_t>(n);
+    tokens_[static_cast<std::size_t>(id)] = count;
+    float* mean = mean_.data() + std::int64_t(id) * row;
+    for (std::int64_t i = 0; i < row; ++i)
+      mean[i] = count == 0 ? 0.0f : static_cast<float>(sum[i] / count);
+  }
+
+  /// Appends tokens [first_token, first_token + count) of the K page of `id`, read from `pool`.
+  template <class E>
+  void update_from_pool(const page_pool_view<E>& pool, std::int32_t id, std::int32_t first_token,
+                        std::int32_t count) {
+    OOMB_EXPECTS(pool.kv_heads == kv_heads_ && pool.head_dim == head_dim_,
+                 "page_summaries: pool pages have ", pool.kv_heads, " KV heads of head_dim ",
+                 pool.head_dim, ", the summaries ", kv_heads_, " of ", head_dim_);
+    OOMB_EXPECTS(first_token >= 0 && count >= 0 && first_token + std::int64_t(count) <= pool.page_size,
+                 "page_summaries: tokens [", first_token, ", ", first_token + std::int64_t(count),
+                 ") do not fit a page of ", pool.page_size);
+    OOMB_EXPECTS(id >= 0, "page_summaries: page id must not be negative, got ", id);
+    const tensor_view<const E, 3> keys(pool.k(id, first_token, 0), {count, kv_heads_, head_dim_},
+                                       {pool.stride_token, pool.stride_head, 1});
+    update(id, first_token, keys);
+  }
+
+  /// Forgets page `id` (released): its summary becomes empty. Ids never seen are ignored.
+  void clear(std::int32_t id) noexcept {
+    if (id >= 0 && id < num_ids()) reset(id);
+  }
+
+  /// Tokens summarised for page `id` (0 for ids never seen).
+  std::int32_t tokens(std::int32_t id) const noexcept {
+    return id >= 0 && id < num_ids() ? tokens_[static_cast<std::size_t>(id)] : 0;
+  }
+
+  std::int32_t num_ids() const noexcept { return static_cast<std::int32_t>(tokens_.size()); }
+  std::int32_t kv_heads() const noexcept { return kv_heads_; }
+  std::int32_t head_dim() const noexcept { return head_dim_; }
+
+  /// The POD view kernels and scorers read (see the class comment for its lifetime).
+  page_summary_view view() const noexcept {
+    page_summary_view v;
+    v.min = min_.data();
+    v.max = max_.data();
+    v.mean = mean_.data();
+    v.tokens = tokens_.data();
+    v.num_ids = num_ids();
+    v.kv_heads = kv_heads_;
+    v.head_dim = head_dim_;
+    return v;
+  }
+
+ private:
+  std::size_t row() const noexcept { return static_cast<std::size_t>(kv_heads_) * head_dim_; }
+
+  // Reserve everything first, then resize within capacity: either all arrays grow or none.
+  void grow_to(std::int32_t ids) {
+    const std::size_t n = static_cast<std::size_t>(ids);
+    const std::size_t elems = n * row();
+    OOMB_CHECK(elems / row() == n, out_of_memory, "page_summaries: ", ids, " ids of ", row(),
+               " channels overflow the address space");
+    min_.reserve(elems);
+    max_.reserve(elems);
+    mean_.reserve(elems);
+    sum_.reserve(elems);
+    tokens_.reserve(n);
+    min_.resize(elems, std::numeric_limits<float>::infinity());
+    max_.resize(elems, -std::numeric_limits<float>::infinity());
+    mean_.resize(elems, 0.0f);
+    sum_.resize(elems, 0.0);
+    tokens_.resize(n, 0);
+  }
+
+  void reset(std::int32_t id) noexcept {
+    const std::size_t first = static_cast<std::size_t>(id) * row();
+    for (std::size_t i = first; i < first + row(); ++i) {
+      min_[i] = std::numeric_limits<float>::infinity();
+      max_[i] = -std::numeric_limits<float>::infinity();
+      mean_[i] = 0.0f;
+      sum_[i] = 0.0;
+    }
+    tokens_[static_cast<std::size_t>(id)] = 0;
+  }
+
+  std::int32_t kv_heads_;
+  std::int32_t head_dim_;
+  std::vector<float> min_, max_, mean_;
+  std::vector<double> sum_;  // host only: the exact running sum behind mean_
+  std::vector<std::int32_t> tokens_;
+};
+
+OOMB_NAMESPACE_END

@@ -1,0 +1,119 @@
+// oomb — page selection for every query tile of a chunk: score, select, export as CSR.
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "oomb/core/error.hpp"
+#include "oomb/core/tensor.hpp"
+#include "oomb/sparse/page_summary_view.hpp"
+#include "oomb/sparse/scoring.hpp"
+#include "oomb/sparse/selection.hpp"
+#include "oomb/sparse/sparse_page_table.hpp"
+
+OOMB_NAMESPACE_BEGIN
+
+/// What a tile_selector does: tiles of `tile_queries` consecutive queries, each scoring pages by
+/// `kind` and keeping `pages` (budget + sink + local).
+struct tile_selection_config {
+  std::int32_t tile_queries = 128;
+  score_kind kind = score_kind::quest;
+  selection_config pages{};
+
+  /// Throws invalid_argument naming the bad value.
+  void validate() const {
+    OOMB_EXPECTS(tile_queries > 0, "tile_selection: tile_queries must be positive, got ", tile_queries);
+    pages.validate();
+  }
+};
+
+/// Runs scoring and selection for all tiles of a block of queries (typically one chunk of one
+/// layer in stage 1) and appends one CSR row per tile to a sparse_page_table, to be reused in
+/// stage 2 and by prefetch. Only pages that compete for the budget are scored: sink and local
+/// pages are kept without scoring, and a tile with at most budget + sink + local past pages keeps
+/// them all without scoring anything. Not thread-safe (keeps scratch); one per thread.
+class tile_selector {
+ public:
+  tile_selector(const tile_selection_config& config, std::int32_t q_heads, std::int32_t kv_heads,
+                std::int32_t head_dim)
+      : config_((config.validate(), config)),
+        scorer_(config.kind, q_heads, kv_heads, head_dim),
+        selector_(config.pages) {}
+
+  /// Tiles of `queries` ([n][q_heads][head_dim], n >= 1; tile t holds queries
+  /// [t * tile_queries, min(n, (t + 1) * tile_queries))) all share the causal past boundary
+  /// `past_pages`: candidates are logical pages [0, past_pages) (typically the first page of the
+  /// chunk the queries belong to; pages from there on are the chunk's own, attended causally and
+  /// densely). `page_ids[i]` is the pool id of logical page i, for i < past_pages (the
+  /// sequence's row of its page table), which indexes `summaries`.
+  /// On error nothing is appended to `out`.
+  template <class E>
+  void select(const page_summary_view& summaries, const tensor_view<E, 3>& queries,
+              const std::int32_t* page_ids, std::int32_t past_pages, sparse_page_table& out) {
+    OOMB_EXPECTS(past_pages >= 0, "tile_selector: past_pages must not be negative, got ", past_pages);
+    run(summaries, queries, page_ids, [past_pages](std::int32_t) { return past_pages; }, out);
+  }
+
+  /// As above with a boundary per tile: tile t's candidates are logical pages
+  /// [0, tile_past_pages[t]); tile_past_pages has num_tiles(queries.extent(0)) entries.
+  template <class E>
+  void select(const page_summary_view& summaries, const tensor_view<E, 3>& queries,
+              const std::int32_t* page_ids, const std::int32_t* tile_past_pages,
+              sparse_page_table& out) {
+    run(summaries, queries, page_ids, [tile_past_pages](std::int32_t t) { return tile_past_pages[t]; },
+        out);
+  }
+
+  /// Tiles a block of n queries makes: ceil(n / tile_queries).
+  std::int32_t num_tiles(std::int64_t n) const noexcept {
+    return static_cast<std::int32_t>((n + config_.tile_queries - 1) / config_.tile_queries);
+  }
+
+  const tile_selection_config& config() const noexcept { return config_; }
+  const tile_scorer& scorer() const noexcept { return scorer_; }
+
+ private:
+  template <class E, class PastOf>
+  void run(const page_summary_view& summaries, const tensor_view<E, 3>& queries,
+           const std::int32_t* page_ids, PastOf past_of, sparse_page_table& out) {
+    const std::int64_t n = queries.extent(0);
+    OOMB_EXPECTS(n > 0, "tile_selector: no queries to select pages for (", n, ")");
+    const std::int32_t tiles = num_tiles(n);
+    const std::int32_t first_tile = out.num_tiles();
+    const selection_config& pc = config_.pages;
+    try {
+      for (std::int32_t t = 0; t < tiles; ++t) {
+        const std::int32_t past = past_of(t);
+        OOMB_EXPECTS(past >= 0, "tile_selector: tile ", t, " has a negative past boundary ", past);
+        if (past > pc.max_pages()) {
+          const std::int64_t q0 = std::int64_t(t) * config_.tile_queries;
+          const std::int64_t q1 = std::min<std::int64_t>(n, q0 + config_.tile_queries);
+          const auto& st = queries.strides();
+          const tensor_view<E, 3> tile(queries.data() + q0 * st[0],
+                                       {q1 - q0, queries.extent(1), queries.extent(2)}, st,
+                                       queries.kind());
+          scorer_.load(tile);
+          scores_.resize(static_cast<std::size_t>(past));
+          const std::int32_t mid_begin = pc.sink, mid_end = past - pc.local;
+          scorer_.score(summaries, page_ids + mid_begin, mid_end - mid_begin, scores_.data() + mid_begin);
+        }
+        selector_.select(scores_.data(), past, chosen_);
+        out.add_tile(chosen_);
+      }
+    } catch (...) {
+      out.truncate(first_tile);
+      throw;
+    }
+  }
+
+  tile_selection_config config_;
+  tile_scorer scorer_;
+  page_selector selector_;
+  std::vector<float> scores_;
+  std::vector<std::int32_t> chosen_;
+};
+
+OOMB_NAMESPACE_END
