@@ -35,3 +35,12 @@
 #include "oomb/offload/id_span.hpp"
 #include "oomb/offload/host_stream.hpp"
 #include "oomb/offload/page_transfer.hpp"
+
+// sparse: per-page key summaries, Quest / mean-key scoring of query tiles, top-k page selection
+// with sink and local pages, the per-tile sparse page table (CSR) and its POD view
+#include "oomb/sparse/page_summary_view.hpp"
+#include "oomb/sparse/page_summaries.hpp"
+#include "oomb/sparse/scoring.hpp"
+#include "oomb/sparse/selection.hpp"
+#include "oomb/sparse/sparse_page_table.hpp"
+#include "oomb/sparse/tile_selector.hpp"
