@@ -1,0 +1,85 @@
+// oomb trainer — rotary position embedding, HF's rotate-half convention, at absolute positions.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Dimension i < d/2 of a head pairs with dimension i + d/2 and both rotate by the angle
+// pos * theta^(-2i/d). Angles, cos and sin are computed in double and stored as T: fp32 tables for a
+// float model (DESIGN), double tables for a double model, so that the double build reaches the
+// 1e-10 gradient checks. (HF itself computes the angles in fp32; a reference run in float64 must
+// override that to compare at 1e-9 — the fixture tool does.)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <oomb/core/error.hpp>
+
+namespace oomb_trainer::cpu {
+
+/// cos and sin of the rotation angles of n consecutive positions starting at `first_pos`.
+template <class T>
+struct rope_table {
+  std::int64_t first_pos = 0;
+  std::int64_t n = 0;
+  std::int32_t half = 0;  ///< d / 2
+  std::vector<T> cos, sin;  ///< [n][half]
+
+  rope_table() = default;
+  rope_table(std::int64_t first, std::int64_t count, std::int32_t head_dim, double theta)
+      : first_pos(first), n(count), half(head_dim / 2) {
+    OOMB_EXPECTS(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim must be even and positive, got ", head_dim);
+    OOMB_EXPECTS(theta > 0, "rope: theta must be positive, got ", theta);
+    OOMB_EXPECTS(first >= 0 && count >= 0, "rope: bad position range [", first, ", ", first + count, ")");
+    std::vector<double> inv_freq(static_cast<std::size_t>(half));
+    for (std::int32_t i = 0; i < half; ++i)
+      inv_freq[static_cast<std::size_t>(i)] = 1.0 / std::pow(theta, double(2 * i) / double(head_dim));
+    cos.resize(static_cast<std::size_t>(n * half));
+    sin.resize(cos.size());
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int32_t i = 0; i < half; ++i) {
+        const double angle = double(first + t) * inv_freq[static_cast<std::size_t>(i)];
+        cos[static_cast<std::size_t>(t * half + i)] = static_cast<T>(std::cos(angle));
+        sin[static_cast<std::size_t>(t * half + i)] = static_cast<T>(std::sin(angle));
+      }
+  }
+};
+
+/// Rotates x [n][heads][d] in place: row t sits at position table.first_pos + t.
+template <class T>
+void rope_forward(std::int64_t n, std::int32_t heads, std::int32_t d, T* x, const rope_table<T>& table) {
+  const std::int32_t half = d / 2;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const T* c = table.cos.data() + t * half;
+    const T* s = table.sin.data() + t * half;
+    for (std::int32_t h = 0; h < heads; ++h) {
+      T* a = x + (t * heads + h) * d;
+      T* b = a + half;
+      for (std::int32_t i = 0; i < half; ++i) {
+        const T xa = a[i], xb = b[i];
+        a[i] = xa * c[i] - xb * s[i];
+        b[i] = xb * c[i] + xa * s[i];
+      }
+    }
+  }
+}
+
+/// The backward of rope_forward: rotates the gradient dx [n][heads][d] back, in place.
+template <class T>
+void rope_backward(std::int64_t n, std::int32_t heads, std::int32_t d, T* dx, const rope_table<T>& table) {
+  const std::int32_t half = d / 2;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const T* c = table.cos.data() + t * half;
+    const T* s = table.sin.data() + t * half;
+    for (std::int32_t h = 0; h < heads; ++h) {
+      T* a = dx + (t * heads + h) * d;
+      T* b = a + half;
+      for (std::int32_t i = 0; i < half; ++i) {
+        const T ga = a[i], gb = b[i];
+        a[i] = ga * c[i] + gb * s[i];
+        b[i] = gb * c[i] - ga * s[i];
+      }
+    }
+  }
+}
+
+}  // namespace oomb_trainer::cpu
