@@ -203,6 +203,22 @@ inline model_config parse_model_config(const nlohmann::json& j, const std::strin
   return c;
 }
 
+/// The name of the first field where `a` and `b` differ, or "" when they are equal.
+inline std::string first_difference(const model_config& a, const model_config& b) {
+  if (a.hidden_size != b.hidden_size) return "hidden_size";
+  if (a.intermediate_size != b.intermediate_size) return "intermediate_size";
+  if (a.num_hidden_layers != b.num_hidden_layers) return "num_hidden_layers";
+  if (a.num_attention_heads != b.num_attention_heads) return "num_attention_heads";
+  if (a.num_key_value_heads != b.num_key_value_heads) return "num_key_value_heads";
+  if (a.head_dim != b.head_dim) return "head_dim";
+  if (a.vocab_size != b.vocab_size) return "vocab_size";
+  if (a.rope_theta != b.rope_theta) return "rope_theta";
+  if (a.rms_norm_eps != b.rms_norm_eps) return "rms_norm_eps";
+  if (a.tie_word_embeddings != b.tie_word_embeddings) return "tie_word_embeddings";
+  if (a.max_position_embeddings != b.max_position_embeddings) return "max_position_embeddings";
+  return "";
+}
+
 /// Reads and parses a config.json file; errors name the file (and the field).
 inline model_config load_model_config(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

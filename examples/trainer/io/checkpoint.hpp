@@ -1,0 +1,260 @@
+// oomb trainer — training checkpoints: save and load the whole training state as one folder.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Layout of a checkpoint folder (see docs/formats.md):
+//   config.json              the model's HF Qwen2 config (to_json(model_config))
+//   model.safetensors        the weights under their HF names; F32 for a float model, F64 for a
+//                            double one (lossless either way, so resume is bit-exact)
+//   optimizer.safetensors    the optimizer's tensors under the caller's names (AdamW:
+//                            "<param>.exp_avg", "<param>.exp_avg_sq"), same dtype rule
+//   trainer_state.json       step, data position, RNG state, caller's extra fields
+// Atomicity: the folder is written as "<dir>.tmp-XXXXXX" beside the target, every file fsynced,
+// then swapped in for `dir` in one rename (atomic_directory). A crash at any point leaves the
+// previous checkpoint (or none) at `dir`, never a mix of two; only a stray .tmp- folder remains.
+#pragma once
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "oomb/core/error.hpp"
+#include "trainer/io/atomic_write.hpp"
+#include "trainer/io/checkpoint_reader.hpp"
+#include "trainer/io/config.hpp"
+#include "trainer/io/json_util.hpp"
+#include "trainer/io/named_tensor.hpp"
+#include "trainer/io/safetensors.hpp"
+
+namespace oomb_trainer {
+
+/// What a checkpoint holds besides tensors.
+struct trainer_state {
+  std::int64_t step = 0;            // optimizer steps taken
+  std::uint64_t data_position = 0;  // token index where the next training window starts
+  std::string rng_state;            // the trainer's RNG as text (operator<< of a std engine)
+  nlohmann::json extra = nlohmann::json::object();  // anything else the trainer wants back
+};
+
+inline nlohmann::json to_json(const trainer_state& s) {
+  return {{"format", "oomb-trainer-state"}, {"version", 1},         {"step", s.step},
+          {"data_position", s.data_position}, {"rng_state", s.rng_state}, {"extra", s.extra}};
+}
+
+/// Parses trainer_state.json; errors name `origin` and the field.
+inline trainer_state parse_trainer_state(const nlohmann::json& j, const std::string& origin) {
+  OOMB_CHECK(j.is_object(), oomb::format_error, origin, ": must be a JSON object");
+  auto field = [&](const char* name) -> const nlohmann::json& {
+    auto it = j.find(name);
+    OOMB_CHECK(it != j.end(), oomb::format_error, origin, ": required field '", name, "' is missing");
+    return *it;
+  };
+  const auto& fmt = field("format");
+  OOMB_CHECK(fmt.is_string() && fmt.get<std::string>() == "oomb-trainer-state", oomb::format_error, origin,
+             ": field 'format' = ", detail::json_brief(fmt), ", expected \"oomb-trainer-state\"");
+  const auto& ver = field("version");
+  OOMB_CHECK(ver.is_number_unsigned() && ver.get<std::uint64_t>() == 1, oomb::format_error, origin,
+             ": field 'version' = ", detail::json_brief(ver), " is unsupported (only 1)");
+  trainer_state s;
+  const auto& step = field("step");
+  OOMB_CHECK(step.is_number_unsigned() &&
+                 step.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX),
+             oomb::format_error, origin, ": field 'step' must be a non-negative integer, got ",
+             detail::json_brief(step));
+  s.step = static_cast<std::int64_t>(step.get<std::uint64_t>());
+  const auto& pos = field("data_position");
+  OOMB_CHECK(pos.is_number_unsigned(), oomb::format_error, origin,
+             ": field 'data_position' must be a non-negative integer, got ", detail::json_brief(pos));
+  s.data_position = pos.get<std::uint64_t>();
+  const auto& rng = field("rng_state");
+  OOMB_CHECK(rng.is_string(), oomb::format_error, origin, ": field 'rng_state' must be a string, got ",
+             detail::json_brief(rng));
+  s.rng_state = rng.get<std::string>();
+  if (auto it = j.find("extra"); it != j.end()) {
+    OOMB_CHECK(it->is_object(), oomb::format_error, origin, ": field 'extra' must be an object");
+    s.extra = *it;
+  }
+  return s;
+}
+
+struct checkpoint_options {
+  /// Dtype of model.safetensors and optimizer.safetensors; default: F32 for float, F64 for double.
+  std::optional<dtype> tensor_dtype;
+  /// Called with each file's name once it is complete in the temporary folder (progress; tests
+  /// throw or _exit from it to simulate a crash mid-checkpoint).
+  std::function<void(const std::string& file)> after_file;
+};
+
+namespace detail {
+
+template <class T>
+dtype native_dtype() {
+  return std::is_same_v<std::remove_const_t<T>, double> ? dtype::f64 : dtype::f32;
+}
+
+template <class T>
+void check_tensor_list(const std::vector<named_tensor<T>>& list, const char* what) {
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    OOMB_EXPECTS(!list[i].name.empty(), what, ": tensor ", i, " has no name");
+    OOMB_EXPECTS(list[i].data != nullptr || list[i].numel() == 0, what, ": tensor '", list[i].name, "' has no data");
+    for (std::size_t k = 0; k < i; ++k)
+      OOMB_EXPECTS(list[k].name != list[i].name, what, ": tensor '", list[i].name, "' listed twice");
+  }
+}
+
+inline nlohmann::json read_json_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  OOMB_CHECK(in.good(), oomb::format_error, path, ": missing or unreadable (", what, ")");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_json_bounded(text.data(), text.data() + text.size(), 64, path, what);
+}
+
+inline void write_json_file(const std::string& path, const nlohmann::json& j) {
+  const std::string text = j.dump(2) + "\n";
+  write_file_atomically(path, text.data(), text.size());
+}
+
+/// The file must hold exactly the tensors of `list`, with their shapes and a floating dtype.
+template <class T>
+void check_file_matches(const safetensors_file& f, const std::vector<named_tensor<T>>& list) {
+  for (const auto& t : list) {
+    const tensor_info& info = f.info(t.name);  // names the file and tensor when missing
+    OOMB_CHECK(info.shape == t.shape, oomb::format_error, f.path(), ": tensor '", t.name, "' has shape ",
+               shape_string(info.shape), ", expected ", shape_string(t.shape));
+  }
+  if (f.tensors().size() != list.size()) {
+    for (const auto& info : f.tensors()) {
+      bool known = false;
+      for (const auto& t : list) known = known || t.name == info.name;
+      OOMB_CHECK(known, oomb::format_error, f.path(), ": tensor '", info.name,
+                 "' is not a tensor of this model/optimizer");
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Writes a checkpoint folder at `dir` (replacing an existing one atomically). T is float or
+/// double. `optimizer_state` may be empty (then no optimizer.safetensors is written).
+template <class T>
+void save_checkpoint(const std::string& dir, const model_config& config,
+                     const std::vector<named_tensor<T>>& weights,
+                     const std::vector<named_tensor<T>>& optimizer_state, const trainer_state& state,
+                     const checkpoint_options& options = {}) {
+  detail::check_tensor_list(weights, "save_checkpoint: weights");
+  detail::check_tensor_list(optimizer_state, "save_checkpoint: optimizer state");
+  OOMB_EXPECTS(!weights.empty(), "save_checkpoint: no weights");
+  const dtype dt = options.tensor_dtype.value_or(detail::native_dtype<T>());
+  auto done = [&](const char* file) {
+    if (options.after_file) options.after_file(file);
+  };
+
+  atomic_directory out(dir);
+  detail::write_json_file(out.file("config.json"), to_json(config));
+  done("config.json");
+  {
+    safetensors_writer w;
+    for (const auto& t : weights) w.add(t, dt);
+    w.set_metadata("format", "pt");  // what transformers expects of a model.safetensors
+    w.write(out.file("model.safetensors"));
+  }
+  done("model.safetensors");
+  if (!optimizer_state.empty()) {
+    safetensors_writer w;
+    for (const auto& t : optimizer_state) w.add(t, dt);
+    w.set_metadata("format", "oomb-optimizer");
+    w.write(out.file("optimizer.safetensors"));
+    done("optimizer.safetensors");
+  }
+  detail::write_json_file(out.file("trainer_state.json"), to_json(state));
+  done("trainer_state.json");
+  out.commit();
+}
+
+/// Reads the config.json of a checkpoint folder.
+inline model_config read_checkpoint_config(const std::string& dir) {
+  return load_model_config((std::filesystem::path(dir) / "config.json").string());
+}
+
+/// Loads a checkpoint folder into the caller's tensors and returns its trainer state. Its config
+/// must equal `config`, model.safetensors must hold exactly `weights` (names, shapes) and, when
+/// `optimizer_state` is not empty, optimizer.safetensors exactly those. Everything is validated
+/// before any tensor is read; an error names the file and the tensor or field.
+template <class T>
+trainer_state load_checkpoint(const std::string& dir, const model_config& config,
+                              const std::vector<named_tensor<T>>& weights,
+                              const std::vector<named_tensor<T>>& optimizer_state) {
+  namespace fs = std::filesystem;
+  static_assert(!std::is_const_v<T>, "load_checkpoint writes into the tensors");
+  detail::check_tensor_list(weights, "load_checkpoint: weights");
+  detail::check_tensor_list(optimizer_state, "load_checkpoint: optimizer state");
+  std::error_code ec;
+  OOMB_CHECK(fs::is_directory(dir, ec), oomb::format_error, dir, ": not a checkpoint folder");
+
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  const model_config saved = load_model_config(config_path);
+  const std::string diff = first_difference(saved, config);
+  OOMB_CHECK(diff.empty(), oomb::format_error, config_path, ": field '", diff,
+             "' differs from the model being loaded into");
+
+  const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
+  const trainer_state state =
+      parse_trainer_state(detail::read_json_file(state_path, "trainer state"), state_path);
+
+  const auto model = safetensors_file::open((fs::path(dir) / "model.safetensors").string());
+  detail::check_file_matches(model, weights);
+  std::optional<safetensors_file> optim;
+  if (!optimizer_state.empty()) {
+    optim = safetensors_file::open((fs::path(dir) / "optimizer.safetensors").string());
+    detail::check_file_matches(*optim, optimizer_state);
+  }
+  for (const auto& t : weights) model.read(t.name, t.shape, t.data);
+  if (optim)
+    for (const auto& t : optimizer_state) optim->read(t.name, t.shape, t.data);
+  return state;
+}
+
+/// Loads model weights from any checkpoint checkpoint_reader opens (an HF folder, sharded or not,
+/// or a file), converting from F32/BF16/F16/F64. Every tensor of `weights` must be there with its
+/// shape; tensors in the files that `weights` does not name are an error unless `allow_unused`.
+template <class T>
+void load_weights(const std::string& path, const std::vector<named_tensor<T>>& weights, bool allow_unused = false) {
+  static_assert(!std::is_const_v<T>, "load_weights writes into the tensors");
+  detail::check_tensor_list(weights, "load_weights");
+  const checkpoint_reader r(path);
+  for (const auto& t : weights) {
+    const tensor_info& info = r.info(t.name);
+    OOMB_CHECK(info.shape == t.shape, oomb::format_error, r.file_of(t.name), ": tensor '", t.name,
+               "' has shape ", shape_string(info.shape), ", expected ", shape_string(t.shape));
+  }
+  if (!allow_unused) {
+    for (const auto& name : r.names()) {
+      bool known = false;
+      for (const auto& t : weights) known = known || t.name == name;
+      OOMB_CHECK(known, oomb::format_error, r.file_of(name), ": tensor '", name,
+                 "' is not a parameter of this model");
+    }
+  }
+  for (const auto& t : weights) r.read(t.name, t.shape, t.data);
+}
+
+/// `--dump-grads FILE`: one step's gradients as F32 safetensors under the parameter names, written
+/// atomically. `metadata` goes to __metadata__ (e.g. step, loss).
+template <class T>
+void dump_gradients(const std::string& path, const std::vector<named_tensor<T>>& grads,
+                    const std::map<std::string, std::string>& metadata = {}) {
+  detail::check_tensor_list(grads, "dump_gradients");
+  safetensors_writer w;
+  for (const auto& g : grads) w.add(g, dtype::f32);
+  for (const auto& kv : metadata) w.set_metadata(kv.first, kv.second);
+  w.write(path);
+}
+
+}  // namespace oomb_trainer
