@@ -14,11 +14,12 @@
 #include "oomb/core/bf16.hpp"
 #include "oomb/core/tensor.hpp"
 
-// memory: the resource concept, host memory, adaptors, the block pool
+// memory: the resource concept, host memory, adaptors, growable ranges, the block pool
 #include "oomb/memory/resource.hpp"
 #include "oomb/memory/host_resource.hpp"
 #include "oomb/memory/statistics_adaptor.hpp"
 #include "oomb/memory/limiting_adaptor.hpp"
+#include "oomb/memory/growable_resource.hpp"
 #include "oomb/memory/block_pool.hpp"
 
 // paging: page geometry, pools of page pairs, page tables, the KV cache, the gradient mirror and

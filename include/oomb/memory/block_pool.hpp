@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "oomb/core/error.hpp"
+#include "oomb/memory/growable_resource.hpp"
 #include "oomb/memory/resource.hpp"
 
 OOMB_NAMESPACE_BEGIN
@@ -32,9 +33,12 @@ struct block_pool_stats {
 
 /// A pool of equal blocks over a memory resource, with O(1) acquire and release.
 ///
-/// Two layouts:
+/// Three layouts:
 ///  - contiguous: one range holding `capacity` blocks, taken from the resource up front, so that
 ///    `address(id) == base() + int64(id) * block_bytes()` — the layout kernels index directly;
+///  - growable: the same single range, but only address space for `capacity` blocks is reserved up
+///    front and memory is committed `blocks_per_step` blocks at a time as needed (a growable
+///    resource, see growable_resource.hpp: CUDA's virtual-memory API on the GPU); base() never moves;
 ///  - growing: slabs of `blocks_per_slab` blocks, taken as needed, up to `capacity` blocks.
 /// Slabs are aligned to `alignment`; a block is aligned to the largest power of two dividing both
 /// `alignment` and `block_bytes`.
@@ -55,6 +59,23 @@ class block_pool {
     OOMB_EXPECTS(capacity > 0, "block_pool: capacity must be positive, got ", capacity);
     block_pool pool(resource, block_bytes, capacity, capacity, alignment, true);
     pool.grow();
+    return pool;
+  }
+
+  /// One range reserved for `capacity` blocks whose memory is committed `blocks_per_step` blocks at
+  /// a time, on demand; `base() + id * block_bytes` addresses block id and base() never moves.
+  /// Needs a growable resource (is_growable_resource_v).
+  static block_pool growable(Resource& resource, std::size_t block_bytes, std::int32_t blocks_per_step,
+                             std::int32_t capacity, std::size_t alignment = 256) {
+    static_assert(is_growable_resource_v<Resource>,
+                  "block_pool::growable needs a growable resource (reserve/commit/unreserve)");
+    OOMB_EXPECTS(blocks_per_step > 0, "block_pool: blocks_per_step must be positive, got ",
+                 blocks_per_step);
+    OOMB_EXPECTS(capacity > 0, "block_pool: capacity must be positive, got ", capacity);
+    block_pool pool(resource, block_bytes, capacity, capacity, alignment, true);
+    pool.grow_step_ = std::min(blocks_per_step, capacity);
+    pool.slabs_.reserve(1);
+    pool.slabs_.push_back(static_cast<std::byte*>(resource.reserve(pool.slab_bytes(), alignment)));
     return pool;
   }
 
@@ -144,7 +165,10 @@ class block_pool {
     return slabs_.front();
   }
 
+  /// True for the contiguous and growable layouts: base() exists and never moves.
   bool is_contiguous() const noexcept { return contiguous_; }
+  /// True for the growable layout (memory committed in steps behind one reserved range).
+  bool is_growable() const noexcept { return grow_step_ != 0; }
   std::size_t block_bytes() const noexcept { return block_bytes_; }
   std::size_t alignment() const noexcept { return alignment_; }
   std::int32_t blocks_per_slab() const noexcept { return blocks_per_slab_; }
@@ -158,7 +182,8 @@ class block_pool {
 
   block_pool_stats stats() const noexcept {
     return {in_use_, high_water_, reserved(), capacity_, block_bytes_,
-            slabs_.size() * slab_bytes()};
+            grow_step_ != 0 ? static_cast<std::size_t>(reserved()) * block_bytes_
+                            : slabs_.size() * slab_bytes()};
   }
 
  private:
@@ -175,9 +200,21 @@ class block_pool {
     return static_cast<std::size_t>(blocks_per_slab_) * block_bytes_;
   }
 
-  // Adds one slab; its ids go on the free stack so the lowest comes out first. Strong guarantee.
+  // Adds one slab (or, growable, commits one more step); its ids go on the free stack so the
+  // lowest comes out first. Strong guarantee.
   void grow() {
     const std::int32_t first = reserved();
+    if constexpr (is_growable_resource_v<Resource>) {
+      if (grow_step_ != 0) {
+        const std::int32_t count = std::min(grow_step_, capacity_ - first);
+        free_.reserve(free_.size() + static_cast<std::size_t>(count));
+        used_.reserve(used_.size() + static_cast<std::size_t>(count));
+        resource_->commit(slabs_.front(), static_cast<std::size_t>(first + count) * block_bytes_);
+        used_.resize(used_.size() + static_cast<std::size_t>(count), 0);
+        for (std::int32_t id = first + count; id-- > first;) free_.push_back(id);
+        return;
+      }
+    }
     const std::int32_t count = std::min(blocks_per_slab_, capacity_ - first);
     slabs_.reserve(slabs_.size() + 1);
     free_.reserve(free_.size() + static_cast<std::size_t>(count));
@@ -194,6 +231,13 @@ class block_pool {
   }
 
   void release_slabs() noexcept {
+    if constexpr (is_growable_resource_v<Resource>) {
+      if (grow_step_ != 0) {
+        for (std::byte* s : slabs_) resource_->unreserve(s, slab_bytes());
+        slabs_.clear();
+        return;
+      }
+    }
     for (std::byte* s : slabs_) resource_->deallocate(s, slab_bytes(), alignment_);
     slabs_.clear();
   }
@@ -205,6 +249,7 @@ class block_pool {
     std::swap(blocks_per_slab_, o.blocks_per_slab_);
     std::swap(capacity_, o.capacity_);
     std::swap(contiguous_, o.contiguous_);
+    std::swap(grow_step_, o.grow_step_);
     std::swap(in_use_, o.in_use_);
     std::swap(high_water_, o.high_water_);
     slabs_.swap(o.slabs_);
@@ -218,9 +263,10 @@ class block_pool {
   std::int32_t blocks_per_slab_ = 1;
   std::int32_t capacity_ = 0;
   bool contiguous_ = false;
+  std::int32_t grow_step_ = 0;              // growable layout: blocks committed per step; else 0
   std::int32_t in_use_ = 0;
   std::int32_t high_water_ = 0;
-  std::vector<std::byte*> slabs_;
+  std::vector<std::byte*> slabs_;           // growable: the one reserved range
   std::vector<std::int32_t> free_;          // stack of free ids
   std::vector<std::uint8_t> used_;          // per reserved id: 1 while acquired
 };
