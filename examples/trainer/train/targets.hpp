@@ -1,0 +1,44 @@
+// oomb trainer — which next-token predictions count in the loss.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The loss of a sequence of N tokens is the sum of the cross-entropies of its counted targets
+// divided by their number (DESIGN): position p (< N - 1) predicts token p + 1, and counts unless a
+// mask says otherwise. mask[j] (j in [1, N)) says whether predicting token j counts; mask[0] is
+// ignored; an empty mask counts all N - 1 targets.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <oomb/core/error.hpp>
+
+namespace oomb_trainer {
+
+/// A training sequence: tokens and an optional per-token loss mask (see the file comment).
+struct sequence {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::uint8_t> mask;
+
+  std::int64_t size() const noexcept { return static_cast<std::int64_t>(tokens.size()); }
+  void validate() const {
+    OOMB_EXPECTS(tokens.size() >= 2, "a training sequence needs at least 2 tokens, got ", tokens.size());
+    OOMB_EXPECTS(mask.empty() || mask.size() == tokens.size(), "loss mask of ", mask.size(),
+                 " entries for ", tokens.size(), " tokens");
+  }
+  bool counts(std::int64_t j) const noexcept { return mask.empty() || mask[static_cast<std::size_t>(j)] != 0; }
+  /// Number of counted targets (the loss's divisor).
+  std::int64_t counted_targets() const noexcept {
+    std::int64_t n = 0;
+    for (std::int64_t j = 1; j < size(); ++j) n += counts(j) ? 1 : 0;
+    return n;
+  }
+  /// targets[t] for positions [first, first + n): the token predicted there, or -1 when none counts.
+  void targets(std::int64_t first, std::int64_t n, std::int32_t* out) const {
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::int64_t j = first + t + 1;
+      out[t] = j < size() && counts(j) ? tokens[static_cast<std::size_t>(j)] : -1;
+    }
+  }
+};
+
+}  // namespace oomb_trainer

@@ -1,0 +1,46 @@
+// Tiny model configs and sequences for the trainer tests.
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "trainer/io/config.hpp"
+#include "trainer/train/targets.hpp"
+
+namespace trainer_test {
+
+inline oomb_trainer::model_config tiny_config(std::int32_t hq, std::int32_t hkv, bool tied, std::int32_t d = 4,
+                                              std::int32_t layers = 2, std::int32_t vocab = 11) {
+  oomb_trainer::model_config c;
+  c.hidden_size = hq * d;
+  c.intermediate_size = 2 * hq * d + 3;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = hq;
+  c.num_key_value_heads = hkv;
+  c.head_dim = d;
+  c.vocab_size = vocab;
+  c.rope_theta = 10000.0;
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = tied;
+  c.max_position_embeddings = 1 << 20;
+  return c;
+}
+
+/// Random tokens; with `masked`, a random half of the targets count.
+inline oomb_trainer::sequence random_sequence(std::int64_t n, std::int32_t vocab, std::uint64_t seed,
+                                              bool masked = false) {
+  std::mt19937_64 rng(seed);
+  oomb_trainer::sequence s;
+  s.tokens.resize(static_cast<std::size_t>(n));
+  for (auto& t : s.tokens) t = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(vocab));
+  if (masked) {
+    s.mask.resize(s.tokens.size());
+    for (auto& m : s.mask) m = static_cast<std::uint8_t>(rng() & 1u);
+    s.mask[s.mask.size() - 1] = 1;  // at least one target counts
+  }
+  return s;
+}
+
+}  // namespace trainer_test
