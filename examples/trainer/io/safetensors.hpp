@@ -328,16 +328,20 @@ class safetensors_file {
       if (sh == v.end()) bad(name, "field 'shape' is missing");
       if (!sh->is_array()) bad(name, "field 'shape' must be an array, got " + detail::json_brief(*sh));
       t.numel = 1;
-      bool overflow = false;
+      bool overflow = false, zero = false;
       for (const auto& dim : *sh) {
         std::uint64_t d = 0;
         if (!as_u64(dim, d) || d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
           bad(name, "shape dimension " + detail::json_brief(dim) + " is not a non-negative integer");
         t.shape.push_back(static_cast<std::int64_t>(d));
-        if (d != 0 && t.numel > std::numeric_limits<std::uint64_t>::max() / d) overflow = true;
-        t.numel *= d;
+        if (d == 0) zero = true;
+        else if (t.numel > std::numeric_limits<std::uint64_t>::max() / d) overflow = true;
+        t.numel *= d;  // wraps only when overflow is set
       }
-      if (t.numel == 0) overflow = false;  // a zero dimension makes the product exact
+      if (zero) {  // a zero dimension makes the product exactly zero, whatever the others
+        overflow = false;
+        t.numel = 0;
+      }
       if (overflow || t.numel > std::numeric_limits<std::uint64_t>::max() / desc->size)
         bad(name, "shape " + shape_string(t.shape) + " has too many elements");
 
