@@ -103,12 +103,15 @@ inline double config_rope_theta(const json& j, const std::string& origin) {
   if (auto rp = j.find("rope_parameters"); rp != j.end() && !rp->is_null()) {
     OOMB_CHECK(rp->is_object(), oomb::format_error, origin,
                ": field 'rope_parameters' must be an object, got ", json_brief(*rp));
+    // The kind of RoPE first: it explains any extra parameters better than they do themselves.
+    if (auto rt = rp->find("rope_type"); rt != rp->end() && !rt->is_null())
+      OOMB_CHECK(rt->is_string() && rt->get<std::string>() == "default", oomb::format_error, origin,
+                 ": field 'rope_parameters.rope_type' = ", json_brief(*rt),
+                 " is unsupported (only \"default\": plain RoPE)");
     for (const auto& item : rp->items()) {
       const std::string& k = item.key();
       if (k == "rope_type") {
-        OOMB_CHECK(item.value().is_string() && item.value().get<std::string>() == "default",
-                   oomb::format_error, origin, ": field 'rope_parameters.rope_type' = ",
-                   json_brief(item.value()), " is unsupported (only \"default\": plain RoPE)");
+        continue;
       } else if (k == "rope_theta") {
         const double t = config_positive_double(item.value(), "rope_parameters.rope_theta", origin);
         OOMB_CHECK(!have || t == theta, oomb::format_error, origin,
