@@ -182,8 +182,7 @@ class block_pool {
 
   block_pool_stats stats() const noexcept {
     return {in_use_, high_water_, reserved(), capacity_, block_bytes_,
-            grow_step_ != 0 ? static_cast<std::size_t>(reserved()) * block_bytes_
-                            : slabs_.size() * slab_bytes()};
+            static_cast<std::size_t>(reserved()) * block_bytes_};
   }
 
  private:
@@ -194,35 +193,55 @@ class block_pool {
     OOMB_EXPECTS(block_bytes > 0, "block_pool: block_bytes must be positive");
     OOMB_EXPECTS(alignment != 0 && (alignment & (alignment - 1)) == 0,
                  "block_pool: alignment must be a power of two, got ", alignment);
+    OOMB_EXPECTS(block_bytes <= std::numeric_limits<std::size_t>::max() / static_cast<std::size_t>(per_slab),
+                 "block_pool: a slab of ", per_slab, " blocks of ", block_bytes,
+                 " bytes overflows std::size_t");
   }
 
   std::size_t slab_bytes() const noexcept {
     return static_cast<std::size_t>(blocks_per_slab_) * block_bytes_;
   }
+  // Bytes of slab i: full slabs, except a growing pool's last one, which holds only the blocks
+  // left below the capacity (so no memory is taken for ids that can never exist).
+  std::size_t slab_bytes(std::size_t i) const noexcept {
+    const std::int64_t first = static_cast<std::int64_t>(i) * blocks_per_slab_;
+    const std::int64_t count = std::min<std::int64_t>(blocks_per_slab_, capacity_ - first);
+    return static_cast<std::size_t>(count) * block_bytes_;
+  }
 
-  // Adds one slab (or, growable, commits one more step); its ids go on the free stack so the
-  // lowest comes out first. Strong guarantee.
+  // Puts ids [first, first + count) at the *bottom* of the free stack, lowest nearest the top:
+  // ids already free (released ones) still come out first, then the new ones in ascending order,
+  // so a fresh pool hands out 0, 1, 2, ... even when acquire(n) grows mid-way. Never reallocates
+  // (callers reserved the room).
+  void push_fresh(std::int32_t first, std::int32_t count) noexcept {
+    free_.insert(free_.begin(), static_cast<std::size_t>(count), 0);
+    for (std::int32_t i = 0; i < count; ++i) free_[static_cast<std::size_t>(i)] = first + count - 1 - i;
+  }
+
+  // Adds one slab (or, growable, commits one more step); its ids go under the free stack (see
+  // push_fresh). free_ keeps room for every reserved id, so release() never reallocates.
+  // Strong guarantee.
   void grow() {
     const std::int32_t first = reserved();
     if constexpr (is_growable_resource_v<Resource>) {
       if (grow_step_ != 0) {
         const std::int32_t count = std::min(grow_step_, capacity_ - first);
-        free_.reserve(free_.size() + static_cast<std::size_t>(count));
+        free_.reserve(used_.size() + static_cast<std::size_t>(count));
         used_.reserve(used_.size() + static_cast<std::size_t>(count));
         resource_->commit(slabs_.front(), static_cast<std::size_t>(first + count) * block_bytes_);
         used_.resize(used_.size() + static_cast<std::size_t>(count), 0);
-        for (std::int32_t id = first + count; id-- > first;) free_.push_back(id);
+        push_fresh(first, count);
         return;
       }
     }
     const std::int32_t count = std::min(blocks_per_slab_, capacity_ - first);
     slabs_.reserve(slabs_.size() + 1);
-    free_.reserve(free_.size() + static_cast<std::size_t>(count));
+    free_.reserve(used_.size() + static_cast<std::size_t>(count));
     used_.reserve(used_.size() + static_cast<std::size_t>(count));
-    auto* slab = static_cast<std::byte*>(resource_->allocate(slab_bytes(), alignment_));
+    auto* slab = static_cast<std::byte*>(resource_->allocate(slab_bytes(slabs_.size()), alignment_));
     slabs_.push_back(slab);
     used_.resize(used_.size() + static_cast<std::size_t>(count), 0);
-    for (std::int32_t id = first + count; id-- > first;) free_.push_back(id);
+    push_fresh(first, count);
   }
 
   void mark_acquired(std::int32_t id) noexcept {
@@ -238,7 +257,8 @@ class block_pool {
         return;
       }
     }
-    for (std::byte* s : slabs_) resource_->deallocate(s, slab_bytes(), alignment_);
+    for (std::size_t i = 0; i < slabs_.size(); ++i)
+      resource_->deallocate(slabs_[i], slab_bytes(i), alignment_);
     slabs_.clear();
   }
 
