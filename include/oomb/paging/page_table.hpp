@@ -130,9 +130,9 @@ class page_table {
     OOMB_CHECK(num_seqs() < std::numeric_limits<std::int32_t>::max(), out_of_memory,
                "page_table: cannot add another sequence (", num_seqs(), " held)");
     const auto seq = num_seqs();
-    len_.reserve(len_.size() + 1);
-    ids_.reserve(ids_.size() + static_cast<std::size_t>(layers_));
-    if (recording_) changes_.lengths.reserve(changes_.lengths.size() + 1);
+    make_room(len_, 1);
+    make_room(ids_, static_cast<std::size_t>(layers_));
+    if (recording_) make_room(changes_.lengths, 1);
     len_.push_back(0);
     ids_.resize(ids_.size() + static_cast<std::size_t>(layers_));
     if (recording_) changes_.lengths.push_back({seq, 0});
@@ -171,19 +171,26 @@ class page_table {
     const std::int32_t old_pages = pages_of(len_[static_cast<std::size_t>(seq)]);
     for (std::int32_t l = 0; l < layers_; ++l) {
       auto& v = slot(seq, l);
-      v.reserve(v.size() + static_cast<std::size_t>(n));
+      make_room(v, static_cast<std::size_t>(n));
     }
     if (recording_) {
-      changes_.pages.reserve(changes_.pages.size() + want);
-      changes_.lengths.reserve(changes_.lengths.size() + 1);
+      make_room(changes_.pages, want);
+      make_room(changes_.lengths, 1);
     }
 
+    // The log grows by one resize and plain stores: a push_back per page costs several times the
+    // append itself (bench/page_table_bench.cpp).
+    page_delta* log = nullptr;
+    if (recording_) {
+      changes_.pages.resize(changes_.pages.size() + want);
+      log = changes_.pages.data() + (changes_.pages.size() - want);
+    }
     for (std::int32_t l = 0; l < layers_; ++l) {
       auto& v = slot(seq, l);
       const std::int32_t* src = ids + static_cast<std::size_t>(l) * static_cast<std::size_t>(n);
       v.insert(v.end(), src, src + n);
-      if (recording_)
-        for (std::int32_t i = 0; i < n; ++i) changes_.pages.push_back({seq, l, old_pages + i, src[i]});
+      if (log != nullptr)
+        for (std::int32_t i = 0; i < n; ++i) *log++ = {seq, l, old_pages + i, src[i]};
     }
     len_[static_cast<std::size_t>(seq)] += tokens;
     pages_per_layer_ += n;
@@ -212,18 +219,23 @@ class page_table {
     const std::int32_t keep = pages_of(len - tokens);
     const std::int32_t n = pages_of(len) - keep;
     if (recording_) {
-      changes_.pages.reserve(changes_.pages.size() + static_cast<std::size_t>(n) * layers_);
-      changes_.lengths.reserve(changes_.lengths.size() + 1);
+      make_room(changes_.pages, static_cast<std::size_t>(n) * static_cast<std::size_t>(layers_));
+      make_room(changes_.lengths, 1);
     }
     for (std::int32_t l = 0; l < layers_; ++l) {
       const auto& v = slot(seq, l);
       for (std::int32_t i = keep; i < keep + n; ++i) on_free(l, i, v[static_cast<std::size_t>(i)]);
     }
+    page_delta* log = nullptr;
+    if (recording_) {
+      const auto count = static_cast<std::size_t>(n) * static_cast<std::size_t>(layers_);
+      changes_.pages.resize(changes_.pages.size() + count);
+      log = changes_.pages.data() + (changes_.pages.size() - count);
+    }
     for (std::int32_t l = 0; l < layers_; ++l) {
-      auto& v = slot(seq, l);
-      if (recording_)
-        for (std::int32_t i = keep; i < keep + n; ++i) changes_.pages.push_back({seq, l, i, no_page});
-      v.resize(static_cast<std::size_t>(keep));
+      if (log != nullptr)
+        for (std::int32_t i = keep; i < keep + n; ++i) *log++ = {seq, l, i, no_page};
+      slot(seq, l).resize(static_cast<std::size_t>(keep));
     }
     len_[static_cast<std::size_t>(seq)] = len - tokens;
     pages_per_layer_ -= n;
@@ -307,6 +319,13 @@ class page_table {
   }
 
  private:
+  // Reserves room for `extra` more elements, growing geometrically: reserve(size + extra) alone
+  // would reallocate on every append and make a sequence's growth quadratic.
+  template <class T>
+  static void make_room(std::vector<T>& v, std::size_t extra) {
+    if (v.capacity() - v.size() >= extra) return;
+    v.reserve(std::max(v.size() + extra, 2 * v.capacity()));
+  }
   std::int32_t pages_of(std::int64_t tokens) const noexcept {
     return static_cast<std::int32_t>((tokens + page_size_ - 1) / page_size_);
   }
