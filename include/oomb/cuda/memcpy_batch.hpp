@@ -1,0 +1,108 @@
+// oomb — many copies in one call: cudaMemcpyBatchAsync, with contiguous runs merged first.
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "oomb/core/error.hpp"
+#include "oomb/cuda/error.hpp"
+#include "oomb/offload/stream.hpp"
+
+OOMB_NAMESPACE_BEGIN
+
+/// Sorts `ops` by destination and merges neighbours whose sources and destinations both continue
+/// each other into one copy (pages of neighbouring ids in both pools become one DMA transfer).
+/// Returns the new count; ops[0, count) hold the merged batch. Zero-byte copies are dropped.
+/// Host-only arithmetic, O(n log n) (O(n) when already sorted).
+inline std::size_t merge_contiguous_copies(copy_op* ops, std::size_t count) {
+  const auto dst_of = [](const copy_op& o) { return reinterpret_cast<std::uintptr_t>(o.dst); };
+  const auto by_dst = [&](const copy_op& a, const copy_op& b) { return dst_of(a) < dst_of(b); };
+  if (!std::is_sorted(ops, ops + count, by_dst)) std::sort(ops, ops + count, by_dst);
+  std::size_t out = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const copy_op& op = ops[i];
+    if (op.bytes == 0) continue;
+    if (out > 0) {
+      copy_op& last = ops[out - 1];
+      const bool dst_follows = dst_of(last) + last.bytes == dst_of(op);
+      const bool src_follows = reinterpret_cast<std::uintptr_t>(last.src) + last.bytes ==
+                               reinterpret_cast<std::uintptr_t>(op.src);
+      if (dst_follows && src_follows) {
+        last.bytes += op.bytes;
+        continue;
+      }
+    }
+    ops[out++] = op;
+  }
+  return out;
+}
+
+namespace detail {
+
+/// Scratch arrays for one batch call (structure of arrays, as the runtime wants them); reused so
+/// the hot path allocates nothing once warm.
+struct memcpy_batch_scratch {
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<std::size_t> sizes;
+};
+
+inline memcpy_batch_scratch& thread_batch_scratch() {
+  thread_local memcpy_batch_scratch s;
+  return s;
+}
+
+}  // namespace detail
+
+/// Enqueues every copy of `ops` on `stream` as one batch: copies inside run in any order (they must
+/// not overlap), the batch as a whole in stream order. Uses cudaMemcpyBatchAsync (CUDA >= 12.8;
+/// one driver call, one submission to the copy engines, no SM used) and falls back to one
+/// cudaMemcpyAsync per copy on older toolkits. Memory may be device, pinned, or any mix; pageable
+/// host memory works but is staged by the driver and not truly asynchronous.
+/// The stream must not be the legacy default stream (the batch API refuses it).
+inline void memcpy_batch_async(const copy_op* ops, std::size_t count, cudaStream_t stream) {
+  OOMB_EXPECTS(ops != nullptr || count == 0, "memcpy_batch_async: null batch of ", count, " copies");
+  if (count == 0) return;
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12080
+  detail::memcpy_batch_scratch& s = detail::thread_batch_scratch();
+  s.dsts.clear();
+  s.srcs.clear();
+  s.sizes.clear();
+  for (std::size_t i = 0; i < count; ++i) {
+    if (ops[i].bytes == 0) continue;  // the runtime refuses empty copies
+    s.dsts.push_back(ops[i].dst);
+    s.srcs.push_back(ops[i].src);
+    s.sizes.push_back(ops[i].bytes);
+  }
+  if (s.sizes.empty()) return;
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;    // sources may be written by earlier work
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;     // keep the SMs for compute
+  std::size_t attr_index = 0;
+#if CUDART_VERSION >= 13000
+  // CUDA 13: const arrays, no failure index.
+  OOMB_CUDA_CHECK(cudaMemcpyBatchAsync(s.dsts.data(), s.srcs.data(), s.sizes.data(), s.sizes.size(),
+                                       &attr, &attr_index, 1, stream),
+                  "memcpy_batch_async: batch of ", s.sizes.size(), " copies");
+#else
+  // CUDA 12.8/12.9: non-const arrays and an index of the copy that failed.
+  std::size_t fail_index = 0;
+  OOMB_CUDA_CHECK(cudaMemcpyBatchAsync(s.dsts.data(), const_cast<void**>(s.srcs.data()), s.sizes.data(),
+                                       s.sizes.size(), &attr, &attr_index, 1, &fail_index, stream),
+                  "memcpy_batch_async: batch of ", s.sizes.size(), " copies (copy ", fail_index, " failed)");
+#endif
+#else
+  for (std::size_t i = 0; i < count; ++i) {
+    if (ops[i].bytes == 0) continue;
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(ops[i].dst, ops[i].src, ops[i].bytes, cudaMemcpyDefault, stream),
+                    "memcpy_batch_async: copy ", i, " of ", count, " (", ops[i].bytes, " bytes)");
+  }
+#endif
+}
+
+OOMB_NAMESPACE_END

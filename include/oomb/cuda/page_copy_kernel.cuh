@@ -1,0 +1,201 @@
+// oomb — the gather/scatter kernel: a few blocks copy many equal pages through the SMs.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The device reads (gather, host -> device) or writes (scatter, device -> host) mapped pinned
+// memory directly, so a batch of scattered pages costs one launch instead of one DMA descriptor
+// per page. Each thread moves 16-byte vectors, several loads in flight before the first store:
+// PCIe reads of host memory take ~1-2 us, so ~100-200 KiB must be in flight to fill the link, and
+// kThreads * kUnroll * 16 B = 64 KiB per block gives that with a handful of blocks. Few blocks on
+// purpose: each one holds an SM that compute (a GEMM) then cannot use.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "oomb/core/error.hpp"
+#include "oomb/cuda/error.hpp"
+#include "oomb/cuda/event.hpp"
+#include "oomb/offload/stream.hpp"
+
+OOMB_NAMESPACE_BEGIN
+
+/// One page of a kernel batch: where it comes from and goes to (device or mapped pinned memory,
+/// 16-byte aligned). Kernel batches read these from device memory.
+struct page_copy_desc {
+  const void* src;
+  void* dst;
+};
+
+namespace detail {
+
+inline constexpr int page_copy_threads = 512;
+inline constexpr int page_copy_unroll = 8;
+
+/// Block b handles chunks b, b + gridDim.x, ... of kThreads * kUnroll vectors of the batch seen as
+/// one sequence of `count * vecs_per_page` vectors; a chunk may span pages (small pages keep every
+/// thread busy). Vector v of the batch is vector v % vecs_per_page of page v / vecs_per_page.
+/// 32-bit indices (the launcher checks the batch fits): a 64-bit division per vector would cost
+/// about as long as the PCIe round trip it is meant to hide.
+template <int kThreads, int kUnroll>
+__global__ void __launch_bounds__(kThreads) page_copy_kernel(const page_copy_desc* __restrict__ desc,
+                                                             std::uint32_t vecs_per_page,
+                                                             std::uint32_t total_vecs) {
+  constexpr std::uint32_t chunk = std::uint32_t(kThreads) * kUnroll;
+  const std::uint32_t stride = gridDim.x * chunk;
+  for (std::uint32_t base = blockIdx.x * chunk + threadIdx.x; base < total_vecs; base += stride) {
+    uint4 r[kUnroll];
+    uint4* dst[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::uint32_t v = base + std::uint32_t(u) * kThreads;
+      dst[u] = nullptr;
+      if (v < total_vecs) {
+        const std::uint32_t page = v / vecs_per_page;
+        const std::uint32_t within = v - page * vecs_per_page;
+        const page_copy_desc d = desc[page];
+        r[u] = __ldcs(static_cast<const uint4*>(d.src) + within);  // streaming: read once
+        dst[u] = static_cast<uint4*>(d.dst) + within;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (dst[u] != nullptr) __stcs(dst[u], r[u]);
+  }
+}
+
+}  // namespace detail
+
+/// Enqueues one kernel copying `count` pages of `page_bytes` each, as listed by `desc` (device
+/// memory, `count` entries, valid until the kernel ran), on `stream` with `blocks` blocks.
+/// page_bytes must be a positive multiple of 16 and every address 16-byte aligned (checked by the
+/// caller that builds the list; see page_mover). Throws cuda_error if the launch fails.
+inline void launch_page_copy_kernel(const page_copy_desc* desc, std::size_t count, std::size_t page_bytes,
+                                    int blocks, cudaStream_t stream) {
+  OOMB_EXPECTS(page_bytes > 0 && page_bytes % 16 == 0,
+               "page copy kernel: page bytes must be a positive multiple of 16, got ", page_bytes);
+  OOMB_EXPECTS(blocks > 0, "page copy kernel: blocks must be positive, got ", blocks);
+  if (count == 0) return;
+  constexpr std::uint64_t chunk = std::uint64_t(detail::page_copy_threads) * detail::page_copy_unroll;
+  const std::uint64_t vecs = page_bytes / 16;
+  const std::uint64_t total = vecs * count;
+  OOMB_EXPECTS(total + chunk * std::uint64_t(blocks) < (std::uint64_t(1) << 32),
+               "page copy kernel: a batch of ", count, " pages of ", page_bytes,
+               " bytes is too large for one launch (at most 64 GiB)");
+  const std::uint64_t useful = (total + chunk - 1) / chunk;  // no block without work
+  const unsigned grid = static_cast<unsigned>(useful < std::uint64_t(blocks) ? useful : std::uint64_t(blocks));
+  detail::page_copy_kernel<detail::page_copy_threads, detail::page_copy_unroll>
+      <<<grid, detail::page_copy_threads, 0, stream>>>(desc, static_cast<std::uint32_t>(vecs),
+                                                        static_cast<std::uint32_t>(total));
+  OOMB_CUDA_CHECK_LAUNCH("page copy kernel: launching ", grid, " blocks for ", count, " pages of ",
+                         page_bytes, " bytes");
+}
+
+/// Runs kernel batches from lists of copies: expands each copy (a multiple of the page size, e.g.
+/// a merged run) into per-page descriptors, writes them to a pinned staging slot, uploads them to
+/// the slot's device twin on the same stream (one small copy) and launches the kernel. Slots form
+/// a ring; a slot is written again only after the event recorded behind its last kernel, so the
+/// host blocks only when more than `slots` launches are still in flight (back-pressure, never a
+/// stream- or device-wide wait). Batches above `pages_per_launch` pages take several launches.
+/// Not internally synchronised: one per thread, or a lock.
+class page_copy_engine {
+ public:
+  explicit page_copy_engine(std::size_t pages_per_launch = 8192, int slots = 8)
+      : per_launch_(pages_per_launch), slots_(static_cast<std::size_t>(slots)) {
+    OOMB_EXPECTS(pages_per_launch > 0, "page_copy_engine: pages_per_launch must be positive");
+    OOMB_EXPECTS(slots > 0, "page_copy_engine: slots must be positive, got ", slots);
+    const std::size_t bytes = per_launch_ * slots_.size() * sizeof(page_copy_desc);
+    void* h = nullptr;
+    OOMB_CUDA_CHECK_ALLOC(cudaHostAlloc(&h, bytes, cudaHostAllocPortable),
+                          "page_copy_engine: pinning ", bytes, " bytes of descriptor staging");
+    host_.reset(static_cast<page_copy_desc*>(h));
+    void* d = nullptr;
+    OOMB_CUDA_CHECK_ALLOC(cudaMalloc(&d, bytes), "page_copy_engine: allocating ", bytes,
+                          " bytes of device descriptors");
+    device_.reset(static_cast<page_copy_desc*>(d));
+  }
+
+  /// Enqueues the copies of `ops` (each a positive multiple of `page_bytes`, 16-byte aligned on both
+  /// sides, device or mapped pinned memory) on `stream`, `blocks` blocks per launch. Validates
+  /// everything before enqueuing anything.
+  void enqueue(const copy_op* ops, std::size_t count, std::size_t page_bytes, int blocks, cudaStream_t stream) {
+    OOMB_EXPECTS(ops != nullptr || count == 0, "page_copy_engine: null batch of ", count, " copies");
+    OOMB_EXPECTS(page_bytes > 0 && page_bytes % 16 == 0,
+                 "page_copy_engine: page bytes must be a positive multiple of 16, got ", page_bytes);
+    OOMB_EXPECTS(blocks > 0, "page_copy_engine: blocks must be positive, got ", blocks);
+    std::size_t pages = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const copy_op& o = ops[i];
+      OOMB_EXPECTS(o.bytes % page_bytes == 0, "page_copy_engine: copy ", i, " of ", o.bytes,
+                   " bytes is not a whole number of ", page_bytes, "-byte pages");
+      OOMB_EXPECTS(((reinterpret_cast<std::uintptr_t>(o.src) | reinterpret_cast<std::uintptr_t>(o.dst)) & 15) == 0,
+                   "page_copy_engine: copy ", i, " is not 16-byte aligned (", o.src, " -> ", o.dst, ")");
+      pages += o.bytes / page_bytes;
+    }
+    std::size_t op = 0, page_in_op = 0;
+    while (pages > 0) {
+      const std::size_t n = std::min(pages, per_launch_);
+      slot& s = next_slot();
+      page_copy_desc* h = host_.get() + s.index * per_launch_;
+      for (std::size_t k = 0; k < n; ++k) {
+        while (page_in_op * page_bytes == ops[op].bytes) ++op, page_in_op = 0;
+        const std::size_t off = page_in_op * page_bytes;
+        h[k] = {static_cast<const std::byte*>(ops[op].src) + off, static_cast<std::byte*>(ops[op].dst) + off};
+        ++page_in_op;
+      }
+      page_copy_desc* d = device_.get() + s.index * per_launch_;
+      OOMB_CUDA_CHECK(cudaMemcpyAsync(d, h, n * sizeof(page_copy_desc), cudaMemcpyHostToDevice, stream),
+                      "page_copy_engine: uploading ", n, " descriptors");
+      launch_page_copy_kernel(d, n, page_bytes, blocks, stream);
+      OOMB_CUDA_CHECK(cudaEventRecord(s.done.get(), stream), "page_copy_engine: recording a slot's event");
+      pages -= n;
+    }
+  }
+
+  page_copy_engine(page_copy_engine&&) noexcept = default;
+  page_copy_engine& operator=(page_copy_engine&&) = delete;  // would free staging in flight
+  /// Waits for its own launches (their staging is about to be freed): an edge, not the hot path.
+  ~page_copy_engine() {
+    for (slot& s : slots_)
+      if (s.done) (void)cudaEventSynchronize(s.done.get());
+  }
+
+  std::size_t pages_per_launch() const noexcept { return per_launch_; }
+  std::size_t slots() const noexcept { return slots_.size(); }
+
+ private:
+  struct slot {
+    std::size_t index = 0;
+    cuda_event done;
+  };
+  struct free_host {
+    void operator()(page_copy_desc* p) const noexcept { (void)cudaFreeHost(p); }
+  };
+  struct free_device {
+    void operator()(page_copy_desc* p) const noexcept { (void)cudaFree(p); }
+  };
+
+  slot& next_slot() {
+    slot& s = slots_[next_];
+    if (!s.done) {
+      s.index = next_;
+      s.done = cuda_event::create();
+    }
+    next_ = (next_ + 1) % slots_.size();
+    if (!s.done.ready()) s.done.wait();  // more than slots() launches in flight: back-pressure
+    return s;
+  }
+
+  std::size_t per_launch_;
+  std::vector<slot> slots_;
+  std::size_t next_ = 0;
+  std::unique_ptr<page_copy_desc, free_host> host_;
+  std::unique_ptr<page_copy_desc, free_device> device_;
+};
+
+OOMB_NAMESPACE_END
