@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <future>
 
 #include "oomb/offload/host_stream.hpp"
 
@@ -13,6 +14,17 @@ namespace oomb_test {
 struct slow_host_stream : oomb::host_stream {
   static constexpr std::chrono::microseconds delay{300};
   slow_host_stream() : oomb::host_stream(oomb::host_stream_options{delay}) {}
+};
+
+/// Holds a stream at a point of its queue until open(): makes "still in flight" deterministic.
+struct gate {
+  std::promise<void> promise;
+  std::shared_future<void> opened = promise.get_future().share();
+  /// Enqueue this on a host stream: its later work waits until open().
+  auto task() const {
+    return [f = opened] { f.wait(); };
+  }
+  void open() { promise.set_value(); }
 };
 
 }  // namespace oomb_test

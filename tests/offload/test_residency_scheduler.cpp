@@ -1,0 +1,484 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "oomb/offload/host_backend.hpp"
+#include "oomb/offload/residency_scheduler.hpp"
+#include "scheduler_fixture.hpp"
+#include "test_streams.hpp"
+
+using oomb::access;
+using oomb::page_state;
+using oomb_test::fast_streams;
+using oomb_test::slow_compute;
+using oomb_test::slow_copies;
+
+static_assert(oomb::is_residency_backend_v<oomb::host_backend>);
+static_assert(!oomb::is_residency_backend_v<int>);
+
+namespace {
+void check_accounting(const oomb::host_residency_scheduler& s) {
+  const auto st = s.stats();
+  CHECK(st.capacity == s.capacity());
+  CHECK(s.free_slots() + st.resident == s.capacity());  // free + used = capacity
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("scheduler: prefetch, acquire, read: readers see a slot only after its copy", D,
+                   fast_streams, slow_copies, slow_compute) {
+  oomb_test::tiers<D> t(16, 6);
+  for (std::int32_t p = 0; p < 16; ++p) t.stamp_home(p, 1);
+  t.sched.mark_written(t.ids);
+
+  t.sched.prefetch({3, 4, 5, 9});
+  const auto slots = t.sched.acquire(t.compute, {3, 4, 5, 9}, access::read);
+  REQUIRE(slots.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(t.sched.slot_of(std::vector<int>{3, 4, 5, 9}[i]) == slots[i]);
+    CHECK(t.sched.page_in(slots[i]) == std::vector<int>{3, 4, 5, 9}[i]);
+  }
+  for (std::size_t i = 0; i < 4; ++i) t.check_on_compute(slots[i], std::vector<int>{3, 4, 5, 9}[i], 1);
+  t.sched.release(t.compute, {3, 4, 5, 9});
+  t.settle();
+  CHECK(t.bad.load() == 0);
+  for (int p : {3, 4, 5, 9}) CHECK(t.sched.state(p) == page_state::near);
+  CHECK(t.sched.state(0) == page_state::far);
+
+  const auto st = t.sched.stats();
+  CHECK(st.misses == 4);
+  CHECK(st.hits == 4);  // the acquire found all four prefetched
+  CHECK(st.acquire_misses == 0);
+  CHECK(st.bytes_to_near == 4 * t.bytes());
+  CHECK(st.copies_to_near <= 2);  // pages 3,4,5 are one run when their slots are neighbours
+  CHECK(st.bytes_to_far == 0);
+  CHECK(st.resident == 4);
+  CHECK(st.pinned == 0);
+  check_accounting(t.sched);
+}
+
+TEST_CASE_TEMPLATE("scheduler: gradient pages are zero-filled at first touch, accumulate, and land home",
+                   D, fast_streams, slow_copies, slow_compute) {
+  oomb_test::tiers<D> t(8, 4);
+  for (std::int32_t p = 0; p < 8; ++p) t.stamp_home(p, 7);  // garbage: never marked written
+  const auto s = t.sched.acquire(t.compute, {2, 5}, access::write);
+  t.update_on_compute(s[0], 2, 0);  // checks zeros, writes version 1
+  t.update_on_compute(s[1], 5, 0);
+  t.sched.release(t.compute, {2, 5});
+  CHECK(t.sched.stats().dirty == 2);
+  CHECK(t.sched.write_back({2, 5, 6}) == 2);  // 6 is far: skipped
+  t.settle();
+  CHECK(t.bad.load() == 0);
+  CHECK(oomb_test::has_content(t.home(2), t.bytes(), 2, 1));
+  CHECK(oomb_test::has_content(t.home(5), t.bytes(), 5, 1));
+  CHECK(t.sched.state(2) == page_state::near);
+  CHECK(t.sched.home_written(2));
+  CHECK(t.sched.write_back({2, 5}) == 0);  // clean now: nothing to copy
+
+  // Second round: accumulate onto the slot again; then evict (written back first) and re-read.
+  const auto s2 = t.sched.acquire(t.compute, {2}, access::write);
+  t.update_on_compute(s2[0], 2, 1);
+  t.sched.release(t.compute, {2});
+  t.sched.evict({2});
+  CHECK(t.sched.state(2) == page_state::far);
+  const auto s3 = t.sched.acquire(t.compute, {2}, access::read);  // copy-in waits for the write-back
+  t.check_on_compute(s3[0], 2, 2);
+  t.sched.release(t.compute, {2});
+  t.settle();
+  CHECK(t.bad.load() == 0);
+  const auto st = t.sched.stats();
+  CHECK(st.zero_fills == 2);
+  CHECK(st.write_backs == 3);
+  CHECK(st.bytes_to_far == 3 * t.bytes());
+  CHECK(st.evictions == 1);
+  CHECK(st.acquire_misses == 3);
+  check_accounting(t.sched);
+}
+
+TEST_CASE_TEMPLATE("scheduler: K/V produced near are copied home exactly once", D, fast_streams,
+                   slow_copies, slow_compute) {
+  oomb_test::tiers<D> t(8, 4);
+  const auto s = t.sched.acquire(t.compute, {0, 1, 2}, access::overwrite);
+  for (int i = 0; i < 3; ++i) t.update_on_compute(s[static_cast<std::size_t>(i)], i, 4, true);
+  t.sched.release(t.compute, {0, 1, 2});
+  CHECK(t.sched.stats().zero_fills == 0);  // overwrite: no fill, no copy
+  CHECK(t.sched.stats().bytes_to_near == 0);
+  CHECK(t.sched.write_back({0, 1, 2}) == 3);
+  CHECK(t.sched.stats().copies_to_far <= 3);
+  // Read them many times, evict them, fill the near tier with others: never written home again.
+  for (int round = 0; round < 3; ++round) {
+    const auto r = t.sched.acquire(t.compute, {0, 1, 2}, access::read);
+    for (int i = 0; i < 3; ++i) t.check_on_compute(r[static_cast<std::size_t>(i)], i, 5);
+    t.sched.release(t.compute, {0, 1, 2});
+    t.sched.evict({0, 1, 2});
+    t.sched.flush();
+  }
+  t.settle();
+  CHECK(t.bad.load() == 0);
+  CHECK(t.sched.stats().write_backs == 3);
+  CHECK(t.sched.stats().bytes_to_far == 3 * t.bytes());
+  for (int i = 0; i < 3; ++i) CHECK(oomb_test::has_content(t.home(i), t.bytes(), i, 5));
+}
+
+TEST_CASE("scheduler: page states follow the events (streams held back by gates)") {
+  oomb_test::tiers<> t(8, 4);
+  for (std::int32_t p = 0; p < 8; ++p) t.stamp_home(p, 2);
+  t.sched.mark_written({0, 1});
+  oomb_test::gate in_gate, out_gate, compute_gate;
+  t.copy_in.enqueue(in_gate.task());
+  t.copy_out.enqueue(out_gate.task());
+  t.sched.prefetch({0, 1, 5});  // 5: no home content, zero fill
+  CHECK(t.sched.state(0) == page_state::to_near);
+  CHECK(t.sched.state(5) == page_state::to_near);
+  CHECK(t.sched.state(2) == page_state::far);
+  // acquire returns at once: the compute stream waits, not the host.
+  t.compute.enqueue(compute_gate.task());
+  const auto s = t.sched.acquire(t.compute, {0, 5}, access::write);
+  t.update_on_compute(s[0], 0, 2);
+  t.update_on_compute(s[1], 5, 0);
+  t.sched.release(t.compute, {0, 5});
+  CHECK(t.sched.state(0) == page_state::to_near);
+  in_gate.open();
+  t.copy_in.synchronize();
+  CHECK(t.sched.state(0) == page_state::near_dirty);  // marked at acquire: compute will write it
+  CHECK(t.sched.state(1) == page_state::near);
+  CHECK(t.sched.write_back({0, 5}) == 2);
+  CHECK(t.sched.state(0) == page_state::to_far);  // copy-out is held back
+  compute_gate.open();
+  out_gate.open();
+  t.settle();
+  CHECK(t.sched.state(0) == page_state::near);
+  CHECK(t.sched.state(5) == page_state::near);
+  CHECK(t.bad.load() == 0);
+  CHECK(oomb_test::has_content(t.home(0), t.bytes(), 0, 3));
+  CHECK(oomb_test::has_content(t.home(5), t.bytes(), 5, 1));
+  CHECK(std::string(oomb::to_string(page_state::near_dirty)) == "near_dirty");
+}
+
+TEST_CASE("scheduler: a copy from home waits for the write-back into that home") {
+  oomb_test::tiers<> t(8, 2);
+  const std::int32_t a = 3, y = 6;
+  auto s = t.sched.acquire(t.compute, {a}, access::write);  // zero fill, then version 1
+  t.update_on_compute(s[0], a, 0);
+  t.sched.release(t.compute, {a});
+  oomb_test::gate out_gate;
+  t.copy_out.enqueue(out_gate.task());
+  t.sched.evict({a});  // write-back held back by the gate: a's home is still stale
+  // y takes a's old slot without a copy (overwrite: only the compute stream waits for the
+  // write-back), so a comes back into the other slot: only the home's event orders its copy.
+  auto sy = t.sched.acquire(t.compute, {y}, access::overwrite);
+  CHECK(sy[0] == s[0]);
+  t.sched.prefetch({a});
+  CHECK(t.sched.slot_of(a) != s[0]);
+  auto sa = t.sched.acquire(t.compute, {a}, access::read);
+  t.check_on_compute(sa[0], a, 1);
+  t.sched.release(t.compute, {a});
+  t.update_on_compute(sy[0], y, 0, true);
+  t.sched.release(t.compute, {y});
+  out_gate.open();
+  t.settle();
+  CHECK(t.bad.load() == 0);
+}
+
+TEST_CASE("scheduler: LRU eviction of clean unpinned slots; dirty ones are written back first") {
+  oomb_test::tiers<> t(16, 4);
+  for (std::int32_t p = 0; p < 16; ++p) t.stamp_home(p, 1);
+  t.sched.mark_written(t.ids);
+  t.sched.prefetch({0, 1, 2, 3});
+  t.sched.prefetch({0});  // touch 0: now 1 is least recently used
+  t.sched.prefetch({4});
+  CHECK(t.sched.slot_of(1) == -1);
+  for (int p : {0, 2, 3, 4}) CHECK(t.sched.slot_of(p) >= 0);
+
+  // Make 2 dirty: a clean page (3) is evicted before it even though 2 is older.
+  auto s = t.sched.acquire(t.compute, {2}, access::write);
+  t.update_on_compute(s[0], 2, 1);
+  t.sched.release(t.compute, {2});
+  t.sched.prefetch({5});
+  CHECK(t.sched.slot_of(3) == -1);
+  CHECK(t.sched.slot_of(2) >= 0);
+  CHECK(t.sched.stats().write_backs == 0);
+
+  // Pin 0 and 4; ask for two new pages: only 2 (dirty) and 5 can go, 2 is written back first.
+  auto pinned = t.sched.acquire(t.compute, {0, 4}, access::read);
+  t.sched.prefetch({6, 7});
+  CHECK(t.sched.slot_of(2) == -1);
+  CHECK(t.sched.slot_of(5) == -1);
+  CHECK(t.sched.slot_of(0) == pinned[0]);
+  CHECK(t.sched.slot_of(4) == pinned[1]);
+  CHECK(t.sched.stats().write_backs == 1);
+  CHECK(t.sched.stats().evictions == 4);
+  t.sched.release(t.compute, {0, 4});
+  t.settle();
+  CHECK(t.bad.load() == 0);
+  CHECK(oomb_test::has_content(t.home(2), t.bytes(), 2, 2));
+  check_accounting(t.sched);
+}
+
+TEST_CASE("scheduler: more pages at once than the near tier holds is out_of_memory, state unchanged") {
+  oomb_test::tiers<slow_copies> t(16, 4);
+  for (std::int32_t p = 0; p < 16; ++p) t.stamp_home(p, 1);
+  t.sched.mark_written(t.ids);
+  t.sched.prefetch({0, 1});
+  const auto before = t.sched.stats();
+  const auto pending_in = t.copy_in.pending();
+
+  CHECK_THROWS_WITH_AS(t.sched.prefetch({5, 6, 7, 8, 9}),
+                       doctest::Contains("asked for 5 pages at once, the near tier holds 4 slots"),
+                       oomb::out_of_memory);
+  CHECK_THROWS_WITH_AS(t.sched.acquire(t.compute, {5, 6, 7, 8, 9, 5}, access::read),
+                       doctest::Contains("asked for 5 pages at once"), oomb::out_of_memory);
+  auto pinned = t.sched.acquire(t.compute, {0, 1, 2}, access::read);
+  CHECK_THROWS_WITH_AS(t.sched.prefetch({2, 10, 11}),
+                       doctest::Contains("2 pages need a slot but only 1 of the 4 slots can be freed "
+                                         "(3 pinned by compute, 1 held for this request)"),
+                       oomb::out_of_memory);
+  CHECK(t.sched.slot_of(10) == -1);
+  CHECK(t.sched.stats().resident == 3);
+  CHECK(t.sched.stats().pinned == 3);
+  t.sched.prefetch({10});  // one fits
+  CHECK(t.sched.slot_of(10) >= 0);
+  t.sched.release(t.compute, {0, 1, 2});
+  CHECK(pinned.size() == 3);
+  t.settle();
+  CHECK(before.misses == 2);
+  CHECK(pending_in <= 2);
+  check_accounting(t.sched);
+  t.sched.prefetch({5, 6, 7, 8});  // now everything may be evicted
+  t.settle();
+  CHECK(t.sched.stats().resident == 4);
+}
+
+TEST_CASE("scheduler: bad input names the values and changes nothing") {
+  oomb_test::tiers<> t(8, 3);
+  auto other = oomb_test::far_pool::contiguous(t.mem, 256, 4);
+  oomb::host_stream s1, s2;
+  CHECK_THROWS_WITH_AS(oomb::host_residency_scheduler(t.far, t.mem, 0, s1, s2),
+                       doctest::Contains("at least one slot, got 0"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(oomb::host_residency_scheduler(t.far, t.mem, 2, s1, s1),
+                       doctest::Contains("two different streams"), oomb::invalid_argument);
+  t.far.release(7);
+  CHECK_THROWS_WITH_AS(t.sched.prefetch({1, 7}), doctest::Contains("page 7 (entry 1) is not in use in the far pool"),
+                       oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(t.sched.prefetch({-3}), doctest::Contains("page -3 (entry 0)"), oomb::invalid_argument);
+  CHECK_THROWS_AS(t.sched.acquire(t.compute, {100}, access::read), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(t.sched.release(t.compute, {1}), doctest::Contains("page 1 (entry 0) is not near"),
+                       oomb::invalid_argument);
+  CHECK(t.sched.stats().misses == 0);
+  CHECK(t.sched.slot_of(1) == -1);
+
+  auto s = t.sched.acquire(t.compute, {1, 2}, access::write);
+  CHECK_THROWS_WITH_AS(t.sched.release(t.compute, {1, 1}),
+                       doctest::Contains("page 1 (entry 1) released more often than acquired (1 pins)"),
+                       oomb::invalid_argument);
+  CHECK(t.sched.stats().pinned == 2);  // the refused release unpinned nothing
+  CHECK_THROWS_WITH_AS(t.sched.write_back({2}), doctest::Contains("still acquired by compute (1 pins)"),
+                       oomb::invalid_argument);
+  CHECK_THROWS_AS(t.sched.flush(), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(t.sched.evict({0, 1}), doctest::Contains("page 1 (entry 1) is acquired"),
+                       oomb::invalid_argument);
+  CHECK_THROWS_AS(t.sched.discard({2}), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(t.sched.mark_written({1}), doctest::Contains("has a slot"), oomb::invalid_argument);
+  CHECK_THROWS_AS(t.sched.page_in(3), oomb::invalid_argument);
+  CHECK(t.sched.stats().write_backs == 0);
+  for (std::size_t i = 0; i < 2; ++i) t.update_on_compute(s[i], static_cast<std::int32_t>(i) + 1, 0);
+  t.sched.release(t.compute, {1, 2});
+  CHECK(t.sched.flush() == 2);
+
+  // Releasing a far id that still has a slot is caught at the next call naming it.
+  t.sched.prefetch({3});
+  t.far.release(3);
+  CHECK_THROWS_WITH_AS(t.sched.prefetch({3}), doctest::Contains("discard() it before releasing it"),
+                       oomb::invalid_argument);
+  t.settle();
+  CHECK(t.bad.load() == 0);
+  CHECK(oomb_test::has_content(t.home(1), t.bytes(), 1, 1));
+}
+
+TEST_CASE("scheduler: discard drops dead pages; a recycled id starts empty (zero fill)") {
+  oomb_test::tiers<slow_compute> t(6, 3);
+  auto s = t.sched.acquire(t.compute, {4}, access::write);
+  t.update_on_compute(s[0], 4, 0);
+  t.sched.release(t.compute, {4});
+  t.sched.write_back({4});
+  t.sched.discard({4});
+  CHECK(t.sched.slot_of(4) == -1);
+  CHECK_FALSE(t.sched.home_written(4));
+  CHECK(t.sched.free_slots() == 3);
+  // The same id again (as if released and re-acquired from the far pool): zero-filled, even though
+  // its home still holds the old content, and the slot's old reader/writer are waited for.
+  auto s2 = t.sched.acquire(t.compute, {4}, access::write);
+  t.update_on_compute(s2[0], 4, 0);
+  t.sched.release(t.compute, {4});
+  t.sched.flush();
+  t.settle();
+  CHECK(t.bad.load() == 0);
+  CHECK(t.sched.stats().zero_fills == 2);
+}
+
+TEST_CASE("scheduler: slot reuse waits for slow compute readers; write-backs wait for slow writers") {
+  oomb_test::tiers<slow_compute> t(8, 1);  // one slot: every page evicts the previous one
+  for (std::int32_t p = 0; p < 8; ++p) t.stamp_home(p, 3);
+  t.sched.mark_written(t.ids);
+  for (std::int32_t p = 0; p < 8; ++p) {
+    auto s = t.sched.acquire(t.compute, {p}, p % 2 ? access::write : access::read);
+    if (p % 2)
+      t.update_on_compute(s[0], p, 3);
+    else
+      t.check_on_compute(s[0], p, 3);
+    t.sched.release(t.compute, {p});  // the next acquire reuses the slot at once
+  }
+  t.sched.flush();
+  t.settle();
+  CHECK(t.bad.load() == 0);
+  for (std::int32_t p = 1; p < 8; p += 2) CHECK(oomb_test::has_content(t.home(p), t.bytes(), p, 4));
+  CHECK(t.sched.stats().evictions == 7);
+  CHECK(t.sched.stats().write_backs == 4);
+}
+
+// The model the random sequences are checked against: content versions per page, pins per page.
+TEST_CASE_TEMPLATE("scheduler property: random prefetch/compute/dirty/evict sequences against a model", D,
+                   fast_streams, slow_copies, slow_compute) {
+  constexpr std::int32_t pages = 40, slots = 10;
+  for (std::uint32_t seed : {1u, 2u, 3u}) {
+    CAPTURE(seed);
+    oomb_test::tiers<D> t(pages, slots, 256);
+    std::mt19937 rng(seed);
+    std::vector<std::uint32_t> version(pages, 0);
+    std::vector<int> pins(pages, 0);
+    for (std::int32_t p = 0; p < pages; p += 2) {  // half the homes hold content, half are new
+      version[static_cast<std::size_t>(p)] = 1;
+      t.stamp_home(p, 1);
+    }
+    for (std::int32_t p = 0; p < pages; p += 2) t.sched.mark_written({p});
+    std::vector<std::vector<std::int32_t>> windows;  // acquired, not yet released
+
+    auto random_pages = [&](std::size_t n) {
+      std::vector<std::int32_t> v(static_cast<std::size_t>(pages));
+      std::iota(v.begin(), v.end(), 0);
+      std::shuffle(v.begin(), v.end(), rng);
+      v.resize(n);
+      return v;
+    };
+    // Predicts out_of_memory from the observable state (slots held, our pins).
+    auto must_fail = [&](const std::vector<std::int32_t>& req) {
+      std::set<std::int32_t> distinct(req.begin(), req.end());
+      if (static_cast<std::int32_t>(distinct.size()) > slots) return true;
+      std::int32_t missing = 0, held = 0, pinned_else = 0;
+      for (std::int32_t p : distinct) (t.sched.slot_of(p) >= 0 ? held : missing) += 1;
+      for (std::int32_t p = 0; p < pages; ++p)
+        if (pins[static_cast<std::size_t>(p)] > 0 && !distinct.count(p)) ++pinned_else;
+      return missing > slots - pinned_else - held;
+    };
+
+    for (int step = 0; step < 150; ++step) {
+      const int op = static_cast<int>(rng() % 10);
+      if (op <= 2) {  // prefetch the next window
+        auto req = random_pages(1 + rng() % 12);
+        const bool fail = must_fail(req);
+        const auto before = t.sched.stats();
+        if (fail) {
+          CHECK_THROWS_AS(t.sched.prefetch(req), oomb::out_of_memory);
+          CHECK(t.sched.stats().misses == before.misses);
+          CHECK(t.sched.stats().resident == before.resident);
+        } else {
+          t.sched.prefetch(req);
+          for (std::int32_t p : req) CHECK(t.sched.slot_of(p) >= 0);
+        }
+      } else if (op <= 5 && windows.size() < 2) {  // a window of compute
+        auto req = random_pages(1 + rng() % 6);
+        const auto mode = static_cast<access>(rng() % 3);
+        if (must_fail(req)) {
+          CHECK_THROWS_AS(t.sched.acquire(t.compute, req, mode), oomb::out_of_memory);
+          continue;
+        }
+        const auto s = t.sched.acquire(t.compute, req, mode);
+        for (std::size_t i = 0; i < req.size(); ++i) {
+          const std::int32_t p = req[i];
+          auto& v = version[static_cast<std::size_t>(p)];
+          ++pins[static_cast<std::size_t>(p)];
+          if (mode == access::read) {
+            t.check_on_compute(s[i], p, v);
+          } else {
+            t.update_on_compute(s[i], p, v, mode == access::overwrite);
+            ++v;
+          }
+        }
+        windows.push_back(req);
+      } else if (op <= 7 && !windows.empty()) {  // the window's work is enqueued: release it
+        const std::size_t w = rng() % windows.size();
+        t.sched.release(t.compute, windows[w]);
+        for (std::int32_t p : windows[w]) --pins[static_cast<std::size_t>(p)];
+        windows.erase(windows.begin() + static_cast<std::ptrdiff_t>(w));
+      } else if (op == 8) {  // write back or evict some unpinned pages
+        auto req = random_pages(1 + rng() % 8);
+        req.erase(std::remove_if(req.begin(), req.end(),
+                                 [&](std::int32_t p) { return pins[static_cast<std::size_t>(p)] > 0; }),
+                  req.end());
+        if (rng() % 2)
+          t.sched.write_back(req);
+        else
+          t.sched.evict(req);
+        for (std::int32_t p : req) CHECK(t.sched.state(p) != page_state::near_dirty);
+      } else if (op == 9 && windows.empty()) {  // a chunk ends: its pages die and are reused
+        auto req = random_pages(1 + rng() % 3);
+        t.sched.discard(req);
+        t.compute.synchronize();
+        t.sched.drain();  // homes are written by the host below: every stream idle first
+        for (std::int32_t p : req) {
+          if (rng() % 2) {  // reused with fresh content written by the host
+            version[static_cast<std::size_t>(p)] = 100 + static_cast<std::uint32_t>(step);
+            t.stamp_home(p, version[static_cast<std::size_t>(p)]);
+            t.sched.mark_written({p});
+          } else {  // reused as a new page: zero-filled at first touch
+            version[static_cast<std::size_t>(p)] = 0;
+          }
+        }
+      }
+      // Invariants after every operation.
+      const auto st = t.sched.stats();
+      CHECK(t.sched.free_slots() + st.resident == slots);
+      std::set<std::int32_t> used;
+      std::int32_t pinned_pages = 0;
+      for (std::int32_t p = 0; p < pages; ++p) {
+        const std::int32_t sl = t.sched.slot_of(p);
+        if (pins[static_cast<std::size_t>(p)] > 0) {
+          ++pinned_pages;
+          CHECK(sl >= 0);  // pinned pages are never evicted
+        }
+        if (sl >= 0) {
+          CHECK(used.insert(sl).second);  // one page per slot
+          CHECK(t.sched.page_in(sl) == p);
+        }
+      }
+      CHECK(static_cast<std::int32_t>(used.size()) == st.resident);
+      CHECK(st.pinned == pinned_pages);
+    }
+    for (const auto& w : windows) t.sched.release(t.compute, w);
+    t.sched.flush();
+    t.settle();
+    CHECK(t.bad.load() == 0);  // no reader ever saw a slot before its copy, fill or write landed
+    // Nothing lost: every page with content has it at home.
+    for (std::int32_t p = 0; p < pages; ++p) {
+      const auto v = version[static_cast<std::size_t>(p)];
+      if (v == 0 && !t.sched.home_written(p)) continue;  // never written: no content anywhere
+      CHECK(t.sched.home_written(p));
+      CHECK(oomb_test::has_content(t.home(p), t.bytes(), p, v));
+      CHECK(t.sched.state(p) != page_state::near_dirty);
+    }
+    const auto st = t.sched.stats();
+    CHECK(st.misses > 0);
+    CHECK(st.hits > 0);
+    CHECK(st.evictions > 0);
+    CHECK(st.write_backs > 0);
+    MESSAGE("seed " << seed << ": hits " << st.hits << " misses " << st.misses << " evictions "
+                    << st.evictions << " write-backs " << st.write_backs << " zero fills "
+                    << st.zero_fills);
+  }
+}
