@@ -420,3 +420,53 @@ TEST_CASE("paged_kv_cache: moves keep pages and tables") {
   moved.pop_chunk(s);
   CHECK(moved.stats().in_use == 0);
 }
+
+TEST_CASE("paged_kv_cache: page_ids windows and for_each_span cover a position range page by page") {
+  host_resource r;
+  auto c = small_config(kv_layout::token_major);
+  c.chunk_size = 64;
+  paged_kv_cache<float, host_resource> kv(r, c);
+  const auto s = kv.add_sequence();
+  kv.append(s, 64);
+  kv.append(s, 40);  // 104 tokens: 7 pages
+
+  const auto window = kv.page_ids(s, 1, 2, 5);
+  REQUIRE(window.size() == 3);
+  for (std::int32_t i = 0; i < 3; ++i) CHECK(window[static_cast<std::size_t>(i)] == kv.page_id(s, 1, 2 + i));
+  CHECK(kv.page_ids(s, 1, 7, 7).empty());
+
+  // Write positions [5, 100) through spans, read back through k().
+  std::int64_t covered = 0, expect_pos = 5;
+  kv.for_each_span(s, 1, 5, 100, [&](std::int64_t pos, std::int32_t id, std::int32_t token, std::int32_t count) {
+    CHECK(pos == expect_pos);
+    CHECK(token == pos % 16);
+    CHECK(count >= 1);
+    CHECK(token + count <= 16);
+    CHECK(id == kv.page_id(s, 1, static_cast<std::int32_t>(pos / 16)));
+    const auto page = kv.k_page(id);
+    for (std::int32_t t = 0; t < count; ++t)
+      for (std::int32_t h = 0; h < 2; ++h) page(h, token + t, 3) = static_cast<float>((pos + t) * 10 + h);
+    covered += count;
+    expect_pos += count;
+  });
+  CHECK(covered == 95);
+  for (std::int64_t p = 5; p < 100; ++p)
+    for (std::int32_t h = 0; h < 2; ++h) CHECK(kv.k(s, 1, p, h)[3] == static_cast<float>(p * 10 + h));
+
+  int calls = 0;
+  kv.for_each_span(s, 0, 30, 30, [&](std::int64_t, std::int32_t, std::int32_t, std::int32_t) { ++calls; });
+  CHECK(calls == 0);
+  expect_error<oomb::invalid_argument>(
+      [&] { kv.for_each_span(s, 0, 10, 105, [](std::int64_t, std::int32_t, std::int32_t, std::int32_t) {}); },
+      {"[10, 105)", "[0, 104]"});
+  expect_error<oomb::invalid_argument>(
+      [&] { kv.for_each_span(s, 5, 0, 1, [](std::int64_t, std::int32_t, std::int32_t, std::int32_t) {}); },
+      {"layer 5"});
+  expect_error<oomb::invalid_argument>([&] { kv.page_ids(s, 0, 3, 8); }, {"[3, 8)", "[0, 7]"});
+  expect_error<oomb::invalid_argument>([&] { kv.page_ids(s, 0, -1, 2); }, {"[-1, 2)"});
+
+  // pool(): the same pool, const or not; ids the table holds are owned.
+  auto& pool = kv.pool();
+  CHECK(&pool == &static_cast<const paged_kv_cache<float, host_resource>&>(kv).pool());
+  CHECK(pool.owns(kv.page_id(s, 0, 0)));
+}

@@ -187,6 +187,9 @@ class grad_mirror {
   const std::vector<std::int32_t>& grad_ids() const noexcept { return grad_id_; }
 
   const block_pool<Resource>& pool() const noexcept { return pool_; }
+  /// The pool itself, for a residency scheduler that moves page contents (and writes dirty pages
+  /// back). Acquiring or releasing through it bypasses the id table: don't.
+  block_pool<Resource>& pool() noexcept { return pool_; }
   block_pool_stats stats() const noexcept { return pool_.stats(); }
 
  private:

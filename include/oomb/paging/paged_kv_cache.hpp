@@ -188,6 +188,33 @@ class paged_kv_cache {
   }
   /// All page ids of (seq, layer) in logical order; dangles after the next append/pop of seq.
   id_span page_ids(std::int32_t seq, std::int32_t layer) const { return table_.pages(seq, layer); }
+  /// Ids of logical pages [first, last) of (seq, layer): a window for prefetch lists and kernels.
+  id_span page_ids(std::int32_t seq, std::int32_t layer, std::int32_t first, std::int32_t last) const {
+    const id_span all = table_.pages(seq, layer);
+    OOMB_EXPECTS(0 <= first && first <= last && static_cast<std::size_t>(last) <= all.size(),
+                 "paged_kv_cache: page range [", first, ", ", last, ") of sequence ", seq, " layer ",
+                 layer, " not within [0, ", all.size(), "]");
+    return id_span(all.data() + first, static_cast<std::size_t>(last - first));
+  }
+  /// Calls `f(pos, id, token, count)` for each page holding positions [begin, end) of (seq,
+  /// layer), in order: tokens [token, token + count) of page `id` hold positions [pos, pos + count).
+  /// The way to write a chunk's K/V page by page.
+  template <class F>
+  void for_each_span(std::int32_t seq, std::int32_t layer, std::int64_t begin, std::int64_t end, F&& f) const {
+    const std::int64_t len = table_.seq_len(seq);
+    OOMB_EXPECTS(layer >= 0 && layer < config_.layers, "paged_kv_cache: layer ", layer,
+                 " out of range [0, ", config_.layers, ")");
+    OOMB_EXPECTS(0 <= begin && begin <= end && end <= len, "paged_kv_cache: position range [", begin,
+                 ", ", end, ") of sequence ", seq, " not within [0, ", len, "]");
+    const id_span ids = table_.pages(seq, layer);
+    const std::int64_t p = page_size();
+    for (std::int64_t pos = begin; pos < end;) {
+      const auto token = static_cast<std::int32_t>(pos % p);
+      const auto count = static_cast<std::int32_t>(std::min<std::int64_t>(p - token, end - pos));
+      f(pos, ids[static_cast<std::size_t>(pos / p)], token, count);
+      pos += count;
+    }
+  }
   /// Calls `f(logical_page, id)` for logical pages [first, last) of (seq, layer).
   template <class F>
   void for_each_page(std::int32_t seq, std::int32_t layer, std::int32_t first, std::int32_t last,
@@ -235,6 +262,9 @@ class paged_kv_cache {
   void clear_changes() noexcept { table_.clear_changes(); }
 
   const block_pool<Resource>& pool() const noexcept { return pool_; }
+  /// The pool itself, for a residency scheduler that moves page contents. Acquiring or releasing
+  /// through it bypasses the table and breaks the cache's accounting: don't.
+  block_pool<Resource>& pool() noexcept { return pool_; }
   block_pool_stats stats() const noexcept { return pool_.stats(); }
 
  private:
