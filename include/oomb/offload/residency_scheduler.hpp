@@ -47,6 +47,10 @@
 //   using near_resource = ...;  // memory resource of the slots
 //   using far_resource  = ...;  // memory resource of the homes
 //   void zero_fill(stream_type&, void* dst, std::size_t bytes);  // enqueue a fill with zero bytes
+// and optionally, how a batch of pages moves (the CUDA backend picks copy engines or its gather
+// kernel per batch); without it a page_transfer enqueues one enqueue_copies batch:
+//   transfer_report transfer(stream_type&, block_pool<D>& dst, id_span dst_ids,
+//                            const block_pool<S>& src, id_span src_ids);  // D, S: near/far resources
 #pragma once
 
 #include <algorithm>
@@ -115,6 +119,18 @@ struct is_residency_backend<
     : std::bool_constant<is_stream_v<typename B::stream_type> &&
                          is_memory_resource_v<typename B::near_resource> &&
                          is_memory_resource_v<typename B::far_resource>> {};
+}  // namespace detail
+
+namespace detail {
+template <class B, class D, class S, class = void>
+struct has_backend_transfer : std::false_type {};
+template <class B, class D, class S>
+struct has_backend_transfer<
+    B, D, S,
+    std::enable_if_t<std::is_same_v<
+        decltype(std::declval<B&>().transfer(std::declval<typename B::stream_type&>(), std::declval<block_pool<D>&>(),
+                                             id_span{}, std::declval<const block_pool<S>&>(), id_span{})),
+        transfer_report>>> : std::true_type {};
 }  // namespace detail
 
 /// True when B is a residency backend (see the file comment).
@@ -595,8 +611,7 @@ class residency_scheduler {
     for (std::int32_t id : load_homes_) add_wait(page(id).home_event);
     for (const event_type* e : waits_) copy_in_->wait(*e);
     if (!load_slots_.empty()) {
-      page_transfer<near_resource, far_resource> t(near_, *far_);
-      const transfer_report r = t.enqueue(*copy_in_, load_slots_, load_homes_);
+      const transfer_report r = move_pages(*copy_in_, near_, load_slots_, *far_, load_homes_);
       stats_.bytes_to_near += r.bytes;
       stats_.copies_to_near += r.copies;
     }
@@ -629,6 +644,18 @@ class residency_scheduler {
     for (const event_ptr& u : s.uses) add_wait(u);
   }
 
+  // One batch of page copies: through the backend when it says how, else one enqueue_copies.
+  template <class D, class S>
+  transfer_report move_pages(stream_type& stream, block_pool<D>& dst, id_span dst_ids, const block_pool<S>& src,
+                             id_span src_ids) {
+    if constexpr (detail::has_backend_transfer<Backend, D, S>::value) {
+      return backend_.transfer(stream, dst, dst_ids, src, src_ids);
+    } else {
+      page_transfer<D, S> t(dst, src);
+      return t.enqueue(stream, dst_ids, src_ids);
+    }
+  }
+
   // One batch slot -> home on the copy-out stream, after the slots' compute uses.
   void write_back_slots(const std::vector<std::int32_t>& sids) {
     if (sids.empty()) return;
@@ -643,8 +670,7 @@ class residency_scheduler {
       wb_homes_.push_back(s.page);
     }
     for (const event_type* e : waits_) copy_out_->wait(*e);
-    page_transfer<far_resource, near_resource> t(*far_, near_);
-    const transfer_report r = t.enqueue(*copy_out_, wb_homes_, wb_slots_);
+    const transfer_report r = move_pages(*copy_out_, *far_, wb_homes_, near_, wb_slots_);
     auto written = std::make_shared<const event_type>(copy_out_->record());
     for (std::int32_t sid : sids) {
       slot_rec& s = slots_[static_cast<std::size_t>(sid)];
