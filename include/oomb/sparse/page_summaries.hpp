@@ -84,38 +84,58 @@ class page_summaries {
                  " (tokens come in order; 0 restarts the page)");
     OOMB_EXPECTS(n >= 0 && n <= std::numeric_limits<std::int32_t>::max() - first_token,
                  "page_summaries: bad token count ", n, " at token ", first_token);
-    const auto at = [&](std::int64_t t, std::int64_t h, std::int64_t d) -> const auto& {
-      return keys.data()[t * keys.strides()[0] + h * keys.strides()[1] + d * keys.strides()[2]];
+    const auto& st = keys.strides();
+    // Rows of head_dim channels; a unit channel stride (the common case) gets its own loop so
+    // the compiler vectorises it.
+    const auto for_each_row = [&](auto&& fn) {
+      for (std::int64_t t = 0; t < n; ++t)  // token order outermost: sums independent of chunking
+        for (std::int64_t h = 0; h < kv_heads_; ++h) {
+          const auto* row = keys.data() + t * st[0] + h * st[1];
+          if (st[2] == 1)
+            fn(t, h, row, std::integral_constant<std::int64_t, 1>{});
+          else
+            fn(t, h, row, st[2]);
+        }
     };
     // Check everything before touching anything: strong guarantee.
-    for (std::int64_t t = 0; t < n; ++t)
-      for (std::int64_t h = 0; h < kv_heads_; ++h)
+    bool finite = true;
+    for_each_row([&](std::int64_t, std::int64_t, const auto* row, auto step) {
+      int ok = 1;  // a local flag (not the captured bool) lets the loop vectorise
+      for (std::int64_t d = 0; d < head_dim_; ++d)
+        ok &= std::abs(detail::key_to_float(row[d * step])) <= std::numeric_limits<float>::max();
+      finite = finite && ok;
+    });
+    if (!finite)
+      for_each_row([&](std::int64_t t, std::int64_t h, const auto* row, auto step) {
         for (std::int64_t d = 0; d < head_dim_; ++d)
-          OOMB_EXPECTS(std::isfinite(detail::key_to_float(at(t, h, d))),
-                       "page_summaries: non-finite key ", detail::key_to_float(at(t, h, d)),
-                       " at page ", id, ", token ", first_token + t, ", kv head ", h, ", channel ", d);
+          OOMB_EXPECTS(std::isfinite(detail::key_to_float(row[d * step])), "page_summaries: non-finite key ",
+                       detail::key_to_float(row[d * step]), " at page ", id, ", token ", first_token + t,
+                       ", kv head ", h, ", channel ", d);
+      });
     if (id >= num_ids()) grow_to(id + 1);
     if (first_token == 0) reset(id);
 
-    const std::int64_t row = std::int64_t(kv_heads_) * head_dim_;
-    float* mn = min_.data() + std::int64_t(id) * row;
-    float* mx = max_.data() + std::int64_t(id) * row;
-    double* sum = sum_.data() + std::int64_t(id) * row;
-    for (std::int64_t t = 0; t < n; ++t)  // token order outermost: sums independent of chunking
-      for (std::int64_t h = 0; h < kv_heads_; ++h)
-        for (std::int64_t d = 0; d < head_dim_; ++d) {
-          const auto& k = at(t, h, d);
-          const float f = detail::key_to_float(k);
-          const std::int64_t i = h * head_dim_ + d;
-          mn[i] = f < mn[i] ? f : mn[i];
-          mx[i] = f > mx[i] ? f : mx[i];
-          sum[i] += detail::key_to_double(k);
-        }
+    const std::int64_t row_len = std::int64_t(kv_heads_) * head_dim_;
+    float* const mn0 = min_.data() + std::int64_t(id) * row_len;
+    float* const mx0 = max_.data() + std::int64_t(id) * row_len;
+    double* const sum0 = sum_.data() + std::int64_t(id) * row_len;
+    for_each_row([&](std::int64_t, std::int64_t h, const auto* row, auto step) {
+      float* mn = mn0 + h * head_dim_;
+      float* mx = mx0 + h * head_dim_;
+      double* sum = sum0 + h * head_dim_;
+      for (std::int64_t d = 0; d < head_dim_; ++d) {
+        const auto& k = row[d * step];
+        const float f = detail::key_to_float(k);
+        mn[d] = f < mn[d] ? f : mn[d];
+        mx[d] = f > mx[d] ? f : mx[d];
+        sum[d] += detail::key_to_double(k);
+      }
+    });
     const std::int32_t count = first_token + static_cast<std::int32_t>(n);
     tokens_[static_cast<std::size_t>(id)] = count;
-    float* mean = mean_.data() + std::int64_t(id) * row;
-    for (std::int64_t i = 0; i < row; ++i)
-      mean[i] = count == 0 ? 0.0f : static_cast<float>(sum[i] / count);
+    float* mean = mean_.data() + std::int64_t(id) * row_len;
+    for (std::int64_t i = 0; i < row_len; ++i)
+      mean[i] = count == 0 ? 0.0f : static_cast<float>(sum0[i] / count);
   }
 
   /// Appends tokens [first_token, first_token + count) of the K page of `id`, read from `pool`.

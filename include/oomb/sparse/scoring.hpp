@@ -131,6 +131,8 @@ class tile_scorer {
       float best = -std::numeric_limits<float>::infinity();
       if (s.token_count(id) > 0) {
         for (std::int32_t h = 0; h < kv_heads_; ++h) {
+          // Measured: blocking four queries per page load gains nothing here; the loop is bound
+          // by arithmetic at SSE width (build with -march=native for AVX).
           const float* q = packed_.data() + std::int64_t(h) * per_head * head_dim_;
           for (std::int64_t v = 0; v < per_head; ++v, q += head_dim_) {
             const float x = page_score(kind_, q, s, id, h);
