@@ -62,9 +62,12 @@ void check_args(const attention_args<T, E>& a) {
   OOMB_EXPECTS(a.kv.table.page_size > 0 && a.kv.table.page_size == a.kv.pool.page_size,
                "attention: table page size ", a.kv.table.page_size, " differs from the pool's ",
                a.kv.pool.page_size);
-  if (a.tile_indptr != nullptr)
-    OOMB_EXPECTS(a.tile > 0 && a.tile_pages != nullptr,
-                 "attention: a sparse call needs tile > 0 and tile_pages, got tile ", a.tile);
+  if (a.tile_indptr != nullptr) {
+    OOMB_EXPECTS(a.tile > 0, "attention: a sparse call needs tile > 0, got ", a.tile);
+    const std::int64_t tiles = (std::int64_t(a.sq) + a.tile - 1) / a.tile;
+    OOMB_EXPECTS(a.tile_pages != nullptr || a.tile_indptr[tiles] == 0,
+                 "attention: a sparse call selecting ", a.tile_indptr[tiles], " pages needs tile_pages");
+  }
 }
 
 /// Walks the keys query `i` sees in the window, in page order then token order, calling
