@@ -1,0 +1,159 @@
+// oomb bench — TFLOP/s of the paged attention kernels on the issue's shapes: a 4096-token chunk
+// against 16K / 64K / 256K tokens of past (non-causal) plus itself (causal), forward and backward,
+// KV read through a shuffled page table (paged) and through ids in logical order (contiguous).
+// Forward FLOPs 4 Sq Sk D Hq with the causal square halved; backward 2.5x forward.
+// Plain program (no Google Benchmark) so the binary runs on the GPU machine as is.
+// SPDX-License-Identifier: Apache-2.0
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "trainer/cuda/attention/attention.cuh"
+
+#include "problem.hpp"
+
+namespace {
+
+using attn_test::config;
+using attn_test::cuda_check;
+using attn_test::dev;
+using attn_test::device_problem;
+using attn_test::problem;
+namespace gpu = oomb_trainer::gpu;
+
+template <class F>
+double median_ms(int warmup, int reps, F&& f) {
+  cudaEvent_t a, b;
+  cuda_check(cudaEventCreate(&a), "event");
+  cuda_check(cudaEventCreate(&b), "event");
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    cuda_check(cudaEventRecord(a), "record");
+    f();
+    cuda_check(cudaEventRecord(b), "record");
+    cuda_check(cudaEventSynchronize(b), "sync");
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, a, b), "elapsed");
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+/// Copies the window's K/V pages (one KV head layout, all heads) into a contiguous buffer: the
+/// "gather first" alternative to reading pages through the table.
+__global__ void gather_pages(const uint4* pool, const std::int32_t* ids, std::int64_t pair_vec, std::int32_t npages,
+                             uint4* out) {
+  const std::int64_t n = std::int64_t(npages) * pair_vec;
+  for (std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t pg = e / pair_vec, off = e % pair_vec;
+    out[e] = pool[std::int64_t(ids[pg]) * pair_vec + off];
+  }
+}
+
+struct result {
+  double fwd_ms, bwd_ms;
+};
+
+result time_one(const problem& p, int reps) {
+  device_problem dp(p);
+  const auto a = dp.args();
+  const auto& c = p.c;
+  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
+  const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * p.shape.pair_elements());
+  dev<oomb::bf16> o(qn);
+  dev<float> lse(ln), delta(ln), dq(qn), dk(kn), dv(kn), g(gn);
+  dq.fill_bytes(0);
+  dk.fill_bytes(0);
+  dv.fill_bytes(0);
+  g.fill_bytes(0);
+  const auto grads = dp.grads(g.p);
+  result r{};
+  r.fwd_ms = median_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
+  // sanity: a forward output must be finite
+  const auto l = lse.download();
+  for (float x : l)
+    if (!std::isfinite(x)) {
+      std::fprintf(stderr, "non-finite lse in %s\n", c.name.c_str());
+      std::exit(1);
+    }
+  r.bwd_ms = median_ms(1, reps, [&] {
+    gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+    gpu::attention_backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+  });
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::int64_t> pasts{16384, 65536, 262144};
+  int reps = 5;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) pasts = {16384};
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
+  }
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, 0), "props");
+  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  struct shape {
+    const char* name;
+    std::int32_t hq, hkv, d;
+  };
+  const shape shapes[] = {{"28/4 d128", 28, 4, 128}, {"14/2 d64", 14, 2, 64}};
+  const std::int32_t sq = 4096;
+  std::printf("%-10s %7s | %9s %9s %6s | %9s %9s %6s | %8s %8s\n", "heads", "past", "fwd paged", "fwd contig", "ratio",
+              "bwd paged", "bwd contig", "ratio", "fwd ms", "bwd ms");
+  for (const auto& s : shapes)
+    for (std::int64_t past : pasts) {
+      config c;
+      c.name = s.name;
+      c.sq = sq;
+      c.q_start = past;
+      c.hq = s.hq;
+      c.hkv = s.hkv;
+      c.d = s.d;
+      c.page = 128;
+      c.seed = 7;
+      const double flops_fwd = 4.0 * sq * double(past) * s.d * s.hq + 2.0 * sq * double(sq) * s.d * s.hq;
+      const double flops_bwd = 2.5 * flops_fwd;
+      const int r = past >= 262144 ? std::max(2, reps / 2) : reps;
+      result paged, contig;
+      {
+        c.shuffle_ids = true;
+        const problem p(c, false);
+        paged = time_one(p, r);
+        if (past == 65536) {  // what gathering the window into contiguous memory first would cost
+          device_problem dp(p);
+          const std::int64_t pair_vec = p.shape.pair_elements() * 2 / 16;
+          dev<uint4> out(std::size_t(p.npages) * pair_vec);
+          const double ms = median_ms(1, r, [&] {
+            gather_pages<<<prop.multiProcessorCount * 8, 256>>>(reinterpret_cast<const uint4*>(dp.pool.p), dp.seq_ids.p,
+                                                                 pair_vec, p.npages, out.p);
+          });
+          std::printf("  [gather %s, %lld keys: %.3f ms = %.1f GB/s moved, %.2f%% of the paged forward]\n", s.name,
+                      (long long)p.total, ms, 2.0 * p.npages * pair_vec * 16 / ms / 1e6, 100.0 * ms / paged.fwd_ms);
+        }
+      }
+      {
+        c.shuffle_ids = false;
+        const problem p(c, false);
+        contig = time_one(p, r);
+      }
+      std::printf("%-10s %6lldK | %9.1f %9.1f %6.3f | %9.1f %9.1f %6.3f | %8.3f %8.3f\n", s.name,
+                  (long long)(past / 1024), flops_fwd / paged.fwd_ms / 1e9, flops_fwd / contig.fwd_ms / 1e9,
+                  contig.fwd_ms / paged.fwd_ms, flops_bwd / paged.bwd_ms / 1e9, flops_bwd / contig.bwd_ms / 1e9,
+                  contig.bwd_ms / paged.bwd_ms, paged.fwd_ms, paged.bwd_ms);
+      std::fflush(stdout);
+    }
+  std::printf("TFLOP/s; ratio = contiguous time / paged time (1.0 = paging is free)\n");
+  return 0;
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One call on the GPU machine does everything for the attention kernels: gpu tests, compute-sanitizer
+# (memcheck, racecheck) on the tiny shapes, the benchmark, and the PyTorch SDPA baseline; logs go to
+# $OUT. Run from the repository root with the binaries built here copied to $BIN (.gpu/attn):
+#   bash bench/attention/run_gpu.sh [all|tests|bench|sdpa|sanitize]...
+# SPDX-License-Identifier: Apache-2.0
+set -u -o pipefail
+BIN=${BIN:-.gpu/attn}
+OUT=${OUT:-/tmp/attn-out}
+mkdir -p "$OUT"
+steps=${*:-all}
+has() { [[ " $steps " == *" all "* || " $steps " == *" $1 "* ]]; }
+summary=()
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv \
+  | tee "$OUT/gpu.txt"
+
+if has tests; then
+  timeout 200 "$BIN/test_attention" 2>&1 | tee "$OUT/tests.log"
+  summary+=("tests rc=$?")
+fi
+if has bench; then
+  timeout 150 "$BIN/bench_attention" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+  summary+=("bench rc=$?")
+fi
+if has sdpa; then
+  PYTHONUNBUFFERED=1 timeout 150 python3 bench/attention/sdpa_baseline.py ${SDPA_ARGS:-} 2>&1 | tee "$OUT/sdpa.log"
+  summary+=("sdpa rc=$?")
+fi
+if has sanitize; then
+  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_attention" \
+    -tc='*sanitize*,*bit for bit*,*reject*' >"$OUT/memcheck.log" 2>&1
+  summary+=("memcheck rc=$?")
+  tail -4 "$OUT/memcheck.log"
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/test_attention" -tc='*sanitize*' \
+    >"$OUT/racecheck.log" 2>&1
+  summary+=("racecheck rc=$?")
+  tail -4 "$OUT/racecheck.log"
+fi
+
+echo "==== summary"
+for s in "${summary[@]}"; do echo "$s"; done
+[[ -f "$OUT/tests.log" ]] && grep -E "^\[doctest\] (test cases|assertions)|ERROR|FAILED" "$OUT/tests.log" | head -20
+[[ -f "$OUT/bench.log" ]] && grep -vE "^\s*$" "$OUT/bench.log" | tail -12
+[[ -f "$OUT/sdpa.log" ]] && tail -14 "$OUT/sdpa.log"
+exit 0

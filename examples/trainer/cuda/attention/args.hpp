@@ -1,0 +1,39 @@
+// oomb trainer — what one GPU attention call works on: the queries of a chunk against one window of
+// key pages. Mirrors cpu::attention_args (examples/trainer/cpu/attention.hpp) with device pointers,
+// bf16 queries and an fp32 scale, so a test can run both on the same data.
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+
+#include <oomb/core/bf16.hpp>
+#include <oomb/paging/views.hpp>
+
+namespace oomb_trainer::gpu {
+
+/// Every pointer is device memory. Query i of the chunk sits at absolute position q_start + i;
+/// query head h reads KV head h / (hq / hkv). Sequence 0 of kv.table lists the window's pages, the
+/// logical pages first_page, first_page + 1, ... of the sequence. Causal everywhere.
+struct attention_args {
+  const oomb::bf16* q = nullptr;  ///< [sq][hq][d], RoPE applied
+  std::int64_t q_start = 0;
+  std::int32_t sq = 0;
+  std::int32_t hq = 0;
+  std::int32_t hkv = 0;
+  std::int32_t d = 0;
+  float scale = 0.0f;  ///< usually 1/sqrt(d)
+  oomb::paged_kv_view<const oomb::bf16> kv{};
+  std::int32_t first_page = 0;
+  /// kv.table.num_pages(0), known on the host (the backward's grid is sized from it, so a launch
+  /// never reads the device table back). Must equal the device table's count.
+  std::int32_t window_pages = 0;
+  /// Optional page-sparse past: per tile of `tile` consecutive queries, the sorted (strictly
+  /// increasing) logical page indices of the past pages (wholly before q_start) it attends; entries
+  /// outside the window are ignored. The chunk's own pages are always attended causally.
+  /// nullptr = dense. tile * (hq / hkv) must be a multiple of 128.
+  const std::int32_t* tile_indptr = nullptr;  ///< [ceil(sq / tile) + 1]
+  const std::int32_t* tile_pages = nullptr;
+  std::int32_t tile = 128;
+};
+
+}  // namespace oomb_trainer::gpu

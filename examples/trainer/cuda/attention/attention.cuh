@@ -1,0 +1,197 @@
+// oomb trainer — the GPU attention entry points: argument checks (oomb exceptions naming the
+// values), then one launch on the caller's stream. No allocation, no host synchronisation.
+// SPDX-License-Identifier: Apache-2.0
+//
+//   attention_forward(args, o, lse, stream)        o [sq][hq][d] (bf16 or float), lse [hq][sq]
+//   attention_merge(sq, hq, d, o_acc, lse_acc, o, lse, stream)   windows fold by log-sum-exp
+//   attention_backward_delta(sq, hq, d, o, d_o, delta, stream)   delta [hq][sq] = rowsum(dO o O)
+//   attention_backward(args, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream)
+// The backward of one window takes the GLOBAL lse (after all windows merged) and the delta of the
+// global O; it adds into dq [sq][hq][d], dk_own / dv_own [sq][hkv][d] (row = position - q_start)
+// and the fp32 gradient pages of past pages (dpast.grad_id[id] >= 0 for every past page of the
+// window). Summing the backward over windows that partition the keys equals one pass.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_runtime.h>
+
+#include <oomb/core/bf16.hpp>
+#include <oomb/core/error.hpp>
+#include <oomb/paging/views.hpp>
+
+#include "args.hpp"
+#include "variants.cuh"
+
+namespace oomb_trainer::gpu {
+
+namespace detail {
+
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) OOMB_FAIL(oomb::cuda_error, what, ": ", cudaGetErrorString(e));
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+inline int log2_exact(std::int32_t x) {
+  int l = 0;
+  while ((std::int32_t(1) << l) < x) ++l;
+  return l;
+}
+
+/// Checks what both directions need and derives the kernels' parameters.
+inline kernel_params make_params(const attention_args& a, int rows_per_tile_multiple) {
+  OOMB_EXPECTS(a.q != nullptr, "attention: q is null");
+  OOMB_EXPECTS(a.sq > 0, "attention: sq must be positive, got ", a.sq);
+  OOMB_EXPECTS(a.hq > 0 && a.hkv > 0 && a.hq % a.hkv == 0, "attention: hq (", a.hq,
+               ") must be a positive multiple of hkv (", a.hkv, ")");
+  OOMB_EXPECTS(a.d == 64 || a.d == 128, "attention: head_dim must be 64 or 128, got ", a.d);
+  OOMB_EXPECTS(a.q_start >= 0, "attention: q_start must be >= 0, got ", a.q_start);
+  OOMB_EXPECTS(std::isfinite(a.scale) && a.scale > 0.0f, "attention: scale must be positive and finite, got ", a.scale);
+  OOMB_EXPECTS(std::int64_t(a.sq) * a.hq * a.d < (std::int64_t(1) << 31) && std::int64_t(a.sq) * (a.hq / a.hkv) < (std::int64_t(1) << 30),
+               "attention: sq * hq * d must be below 2^31, got sq = ", a.sq, ", hq = ", a.hq);
+  const auto& pool = a.kv.pool;
+  const auto& table = a.kv.table;
+  OOMB_EXPECTS(pool.base != nullptr, "attention: kv.pool.base is null");
+  OOMB_EXPECTS(table.indptr != nullptr && table.indices != nullptr && table.last_page_len != nullptr,
+               "attention: kv.table has a null array");
+  OOMB_EXPECTS(pool.page_size >= 16 && (pool.page_size & (pool.page_size - 1)) == 0,
+               "attention: page_size must be a power of two >= 16, got ", pool.page_size);
+  OOMB_EXPECTS(table.page_size == pool.page_size, "attention: kv.table.page_size (", table.page_size,
+               ") differs from kv.pool.page_size (", pool.page_size, ")");
+  OOMB_EXPECTS(pool.head_dim == a.d, "attention: kv.pool.head_dim (", pool.head_dim, ") differs from d (", a.d, ")");
+  OOMB_EXPECTS(pool.kv_heads == a.hkv, "attention: kv.pool.kv_heads (", pool.kv_heads, ") differs from hkv (", a.hkv, ")");
+  OOMB_EXPECTS(aligned16(pool.base) && aligned16(a.q), "attention: q and kv.pool.base must be 16-byte aligned");
+  OOMB_EXPECTS(pool.pair_stride % 8 == 0 && pool.v_offset % 8 == 0 && pool.stride_token % 8 == 0 &&
+                   pool.stride_head % 8 == 0,
+               "attention: page strides must be multiples of 8 elements (16 bytes), got pair_stride ",
+               pool.pair_stride, ", v_offset ", pool.v_offset, ", stride_token ", pool.stride_token,
+               ", stride_head ", pool.stride_head);
+  OOMB_EXPECTS(a.first_page >= 0, "attention: first_page must be >= 0, got ", a.first_page);
+  OOMB_EXPECTS(a.window_pages >= 0 && std::int64_t(a.window_pages) * pool.page_size < (std::int64_t(1) << 31),
+               "attention: window_pages out of range: ", a.window_pages);
+  const int group = a.hq / a.hkv;
+  if (a.tile_indptr != nullptr || a.tile_pages != nullptr) {
+    OOMB_EXPECTS(a.tile_indptr != nullptr && a.tile_pages != nullptr,
+                 "attention: sparse needs both tile_indptr and tile_pages");
+    OOMB_EXPECTS(a.tile > 0 && (std::int64_t(a.tile) * group) % rows_per_tile_multiple == 0,
+                 "attention: sparse tile (", a.tile, " queries) times group (", group, ") must be a multiple of ",
+                 rows_per_tile_multiple, " rows");
+    OOMB_EXPECTS((a.sq + a.tile - 1) / a.tile <= 4096, "attention: at most 4096 sparse query tiles per call, got ",
+                 (a.sq + a.tile - 1) / a.tile);
+  }
+  kernel_params p{};
+  p.q = reinterpret_cast<const std::uint16_t*>(a.q);
+  p.q_start = a.q_start;
+  p.sq = a.sq;
+  p.hq = a.hq;
+  p.hkv = a.hkv;
+  p.group = group;
+  p.scale = a.scale;
+  p.scale_log2 = a.scale * 1.4426950408889634f;
+  p.pool = pool;
+  p.indptr = table.indptr;
+  p.indices = table.indices;
+  p.last_page_len = table.last_page_len;
+  p.log_page = log2_exact(pool.page_size);
+  p.first_page = a.first_page;
+  p.tile_indptr = a.tile_indptr;
+  p.tile_pages = a.tile_pages;
+  p.tile = a.tile;
+  return p;
+}
+
+template <class Kernel>
+void allow_smem(Kernel k, int bytes) {
+  // Idempotent and cheap; done on every launch so the first call on each device also gets it.
+  const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess)
+    OOMB_FAIL(oomb::cuda_error, "attention: cannot raise shared memory to ", bytes, " bytes: ", cudaGetErrorString(e));
+}
+
+}  // namespace detail
+
+/// Forward over one window: o (O = oomb::bf16 or float) normalised within the window, lse natural
+/// log (-inf, o = 0 for queries that see no key of the window).
+template <class O>
+void attention_forward(const attention_args& a, O* o, float* lse, cudaStream_t stream) {
+  static_assert(std::is_same_v<O, oomb::bf16> || std::is_same_v<O, float>, "o is bf16 or float");
+  const int group = a.hq > 0 && a.hkv > 0 ? a.hq / a.hkv : 1;
+  const detail::kernel_params p = detail::make_params(a, 128);
+  OOMB_EXPECTS(o != nullptr && lse != nullptr, "attention_forward: o and lse must not be null");
+  OOMB_EXPECTS((reinterpret_cast<std::uintptr_t>(o) & 7u) == 0, "attention_forward: o must be 8-byte aligned");
+  dispatch_head_dim(a.d, [&](auto dc) {
+    using Cfg = typename forward_config<decltype(dc)::value>::type;
+    static_assert(Cfg::BM == 128, "the sparse-tile check above assumes 128-row blocks");
+    const auto kernel = detail::attention_forward_kernel<Cfg, O>;
+    detail::allow_smem(kernel, Cfg::smem_bytes);
+    const dim3 grid((std::int64_t(a.sq) * group + Cfg::BM - 1) / Cfg::BM, a.hkv);
+    kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, o, lse);
+  });
+  detail::check_launch("attention_forward");
+}
+
+/// o_acc, lse_acc (start: 0, -inf) absorb one window's o, lse. All fp32, [sq][hq][d] and [hq][sq].
+inline void attention_merge(std::int32_t sq, std::int32_t hq, std::int32_t d, float* o_acc, float* lse_acc,
+                            const float* o, const float* lse, cudaStream_t stream) {
+  OOMB_EXPECTS(sq > 0 && hq > 0 && d > 0, "attention_merge: sizes must be positive, got sq ", sq, ", hq ", hq, ", d ", d);
+  OOMB_EXPECTS(o_acc && lse_acc && o && lse, "attention_merge: null pointer");
+  const std::int64_t threads = std::int64_t(sq) * hq * 32;
+  detail::attention_merge_kernel<<<(threads + 255) / 256, 256, 0, stream>>>(sq, hq, d, o_acc, lse_acc, o, lse);
+  detail::check_launch("attention_merge");
+}
+
+/// delta [hq][sq] = rowsum(dO * O) of the global output; computed once, reused by every window.
+template <class O>
+void attention_backward_delta(std::int32_t sq, std::int32_t hq, std::int32_t d, const O* o, const oomb::bf16* d_o,
+                              float* delta, cudaStream_t stream) {
+  static_assert(std::is_same_v<O, oomb::bf16> || std::is_same_v<O, float>, "o is bf16 or float");
+  OOMB_EXPECTS(sq > 0 && hq > 0 && d > 0, "attention_backward_delta: sizes must be positive, got sq ", sq, ", hq ", hq,
+               ", d ", d);
+  OOMB_EXPECTS(o && d_o && delta, "attention_backward_delta: null pointer");
+  const std::int64_t threads = std::int64_t(sq) * hq * 32;
+  detail::attention_delta_kernel<O><<<(threads + 255) / 256, 256, 0, stream>>>(
+      sq, hq, d, o, reinterpret_cast<const std::uint16_t*>(d_o), delta);
+  detail::check_launch("attention_backward_delta");
+}
+
+/// Backward over one window (see the file comment). dq, dk_own, dv_own, gradient pages: fp32, added to.
+inline void attention_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
+                               float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
+                               cudaStream_t stream) {
+  const detail::kernel_params p = detail::make_params(a, 64);
+  OOMB_EXPECTS(lse && delta && d_o && dq && dk_own && dv_own, "attention_backward: null pointer");
+  OOMB_EXPECTS(detail::aligned16(d_o), "attention_backward: d_o must be 16-byte aligned");
+  OOMB_EXPECTS(((reinterpret_cast<std::uintptr_t>(dq) | reinterpret_cast<std::uintptr_t>(dk_own) |
+                 reinterpret_cast<std::uintptr_t>(dv_own)) & 7u) == 0,
+               "attention_backward: dq, dk_own, dv_own must be 8-byte aligned");
+  const bool has_past = a.q_start > std::int64_t(a.first_page) * a.kv.pool.page_size;
+  if (has_past) {
+    OOMB_EXPECTS(dpast.grad_id != nullptr && dpast.pool.base != nullptr,
+                 "attention_backward: the window holds past pages but dpast is empty");
+    OOMB_EXPECTS(dpast.pool.page_size == a.kv.pool.page_size && dpast.pool.kv_heads == a.hkv &&
+                     dpast.pool.head_dim == a.d,
+                 "attention_backward: gradient pool shape (page ", dpast.pool.page_size, ", heads ",
+                 dpast.pool.kv_heads, ", dim ", dpast.pool.head_dim, ") differs from the KV pool's");
+    OOMB_EXPECTS(((reinterpret_cast<std::uintptr_t>(dpast.pool.base)) & 7u) == 0 && dpast.pool.pair_stride % 2 == 0 &&
+                     dpast.pool.v_offset % 2 == 0 && dpast.pool.stride_token % 2 == 0 && dpast.pool.stride_head % 2 == 0,
+                 "attention_backward: gradient pages must be 8-byte aligned");
+  }
+  detail::backward_outputs out{dq, dk_own, dv_own, dpast};
+  dispatch_head_dim(a.d, [&](auto dc) {
+    using Cfg = typename backward_config<decltype(dc)::value>::type;
+    const auto kernel = detail::attention_backward_kernel<Cfg>;
+    detail::allow_smem(kernel, Cfg::smem_bytes);
+    const std::int64_t keys = std::int64_t(a.window_pages) * a.kv.pool.page_size;
+    const dim3 grid(static_cast<unsigned>((keys + Cfg::BN - 1) / Cfg::BN), a.hkv);
+    if (grid.x == 0) return;
+    kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, lse, delta, reinterpret_cast<const std::uint16_t*>(d_o),
+                                                            out);
+  });
+  detail::check_launch("attention_backward");
+}
+
+}  // namespace oomb_trainer::gpu

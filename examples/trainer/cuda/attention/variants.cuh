@@ -1,0 +1,44 @@
+// oomb trainer — every attention kernel that is compiled, listed in one place.
+// SPDX-License-Identifier: Apache-2.0
+//
+// GQA group size, page size, layout (head- or token-major), dense or sparse and the window are
+// run-time values of the same kernels, so the instances are only:
+//   forward   head_dim 64, 128  x  output element oomb::bf16, float
+//   backward  head_dim 64, 128
+//   delta     output element oomb::bf16, float;  merge (float)
+// Adding a head size means one line in each table below and one case in dispatch_head_dim.
+#pragma once
+
+#include <type_traits>
+
+#include <oomb/core/error.hpp>
+
+#include "backward.cuh"
+#include "forward.cuh"
+
+namespace oomb_trainer::gpu {
+
+/// Tile shapes per head size (measured: docs/attention-notes.md).
+template <int D>
+struct forward_config;
+//                                                             D  BM   BN  warps  blocks/SM
+template <> struct forward_config<64> { using type = detail::forward_tile<64, 128, 64, 4, 2>; };
+template <> struct forward_config<128> { using type = detail::forward_tile<128, 128, 64, 4, 2>; };
+
+template <int D>
+struct backward_config;
+//                                                                D  keys rows warps blocks/SM
+template <> struct backward_config<64> { using type = detail::backward_tile<64, 128, 64, 8, 1>; };
+template <> struct backward_config<128> { using type = detail::backward_tile<128, 128, 64, 8, 1>; };
+
+/// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
+template <class F>
+decltype(auto) dispatch_head_dim(int d, F&& f) {
+  switch (d) {
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    default: OOMB_FAIL(oomb::invalid_argument, "attention: head_dim must be 64 or 128, got ", d);
+  }
+}
+
+}  // namespace oomb_trainer::gpu

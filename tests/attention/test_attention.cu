@@ -1,0 +1,428 @@
+// oomb tests — the GPU attention kernels against the CPU reference (small shapes, every output and
+// gradient) and against a plain fp32 GPU reference (the benchmark's large shapes).
+// SPDX-License-Identifier: Apache-2.0
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <future>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <oomb/core/error.hpp>
+
+#include "trainer/cpu/attention.hpp"
+#include "trainer/cuda/attention/attention.cuh"
+
+#include "problem.hpp"
+#include "reference_gpu.cuh"
+
+namespace {
+
+using attn_test::config;
+using attn_test::dev;
+using attn_test::device_problem;
+using attn_test::problem;
+using attn_test::rel_err;
+using attn_test::to_double;
+using oomb::bf16;
+namespace gpu = oomb_trainer::gpu;
+namespace cpu = oomb_trainer::cpu;
+
+constexpr double tolerance = 2e-2;  // norm-wise relative error, bf16 inputs
+
+void sync() { attn_test::cuda_check(cudaDeviceSynchronize(), "sync"); }
+
+/// The CPU reference of one problem, in double: forward over all pages, then backward fed with the
+/// forward's o rounded to bf16 and lse rounded to fp32 (exactly what the GPU backward is given).
+struct cpu_result {
+  std::vector<double> o, lse, o_in, lse_in, dq, dk_own, dv_own, dgrad;
+};
+
+cpu_result run_cpu(const problem& p) {
+  const auto& c = p.c;
+  cpu_result r;
+  std::vector<double> qd = to_double(p.q), dod = to_double(p.d_o);
+  std::vector<std::int32_t> indptr{0, p.npages}, last{p.last_len};
+  cpu::attention_args<double, bf16> a;
+  a.q = qd.data();
+  a.q_start = c.q_start;
+  a.sq = c.sq;
+  a.hq = c.hq;
+  a.hkv = c.hkv;
+  a.d = c.d;
+  a.scale = 1.0 / std::sqrt(double(float(c.d)));
+  a.scale = double(1.0f / std::sqrt(static_cast<float>(c.d)));  // the GPU's fp32 scale, exactly
+  a.kv.pool = oomb::page_pool_view<const bf16>::over(p.pool.data(), p.shape);
+  a.kv.table.indptr = indptr.data();
+  a.kv.table.indices = p.seq_ids.data();
+  a.kv.table.last_page_len = last.data();
+  a.kv.table.num_seqs = 1;
+  a.kv.table.page_size = c.page;
+  a.first_page = 0;
+  if (c.sparse) {
+    a.tile_indptr = p.tile_indptr.data();
+    a.tile_pages = p.tile_pages.data();
+    a.tile = c.tile;
+  }
+  const std::size_t qn = p.q.size();
+  r.o.resize(qn);
+  r.lse.resize(static_cast<std::size_t>(c.sq) * c.hq);
+  cpu::attention_forward(a, r.o.data(), r.lse.data());
+  r.o_in.resize(qn);
+  r.lse_in.resize(r.lse.size());
+  for (std::size_t i = 0; i < qn; ++i) r.o_in[i] = double(float(bf16(float(r.o[i]))));
+  for (std::size_t i = 0; i < r.lse.size(); ++i) r.lse_in[i] = double(float(r.lse[i]));
+  r.dq.assign(qn, 0.0);
+  r.dk_own.assign(static_cast<std::size_t>(c.sq) * c.hkv * c.d, 0.0);
+  r.dv_own.assign(r.dk_own.size(), 0.0);
+  r.dgrad.assign(static_cast<std::size_t>(std::int64_t(p.n_grad) * p.shape.pair_elements()), 0.0);
+  oomb::grad_mirror_view<double> g;
+  g.pool = oomb::page_pool_view<double>::over(r.dgrad.data(), p.shape);
+  g.grad_id = p.grad_id.data();
+  g.num_kv_ids = p.n_ids;
+  cpu::attention_backward(a, r.o_in.data(), r.lse_in.data(), dod.data(), r.dq.data(), r.dk_own.data(),
+                          r.dv_own.data(), g);
+  return r;
+}
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<double> minus(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<double> r(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) r[i] = double(a[i]) - double(b[i]);
+  return r;
+}
+
+struct gpu_result {
+  std::vector<float> lse;
+  std::vector<double> o, dq, dk_own, dv_own, dgrad;  // gradients: what the call added
+  bool untouched_ok = true;                          // pages with no reference gradient stayed bitwise
+};
+
+/// Runs the GPU kernels on problem p. merged: forward per window (fp32 partials) folded by
+/// attention_merge and backward summed over windows; else one pass over all pages.
+gpu_result run_gpu(const problem& p, const cpu_result& ref, bool merged, bool bf16_out) {
+  const auto& c = p.c;
+  device_problem dp(p);
+  gpu_result r;
+  const std::size_t qn = p.q.size(), ln = static_cast<std::size_t>(c.sq) * c.hq;
+  dev<float> lse(ln);
+  if (!merged) {
+    lse.fill_bytes(0xff);  // NaN: every element must be written
+    if (bf16_out) {
+      dev<bf16> o(qn);
+      o.fill_bytes(0xff);
+      gpu::attention_forward(dp.args(), o.p, lse.p, nullptr);
+      r.o = to_double(o.download());
+    } else {
+      dev<float> o(qn);
+      o.fill_bytes(0xff);
+      gpu::attention_forward(dp.args(), o.p, lse.p, nullptr);
+      r.o = to_double(o.download());
+    }
+  } else {
+    dev<float> o_acc(std::vector<float>(qn, 0.0f));
+    lse.upload(std::vector<float>(ln, -INFINITY));
+    dev<float> o_w(qn), lse_w(ln);
+    for (int w = 0; w < int(p.windows.size()); ++w) {
+      o_w.fill_bytes(0xff);
+      lse_w.fill_bytes(0xff);
+      gpu::attention_forward(dp.args(w), o_w.p, lse_w.p, nullptr);
+      gpu::attention_merge(c.sq, c.hq, c.d, o_acc.p, lse.p, o_w.p, lse_w.p, nullptr);
+    }
+    r.o = to_double(o_acc.download());
+  }
+  r.lse = lse.download();
+  sync();
+
+  // Backward, given the reference's o (bf16) and lse (fp32); outputs start random ("+=").
+  std::vector<bf16> o_in(qn);
+  for (std::size_t i = 0; i < qn; ++i) o_in[i] = bf16(float(ref.o_in[i]));
+  std::vector<float> lse_in(ref.lse_in.begin(), ref.lse_in.end());
+  dev<bf16> o_dev(o_in);
+  dev<float> lse_dev(lse_in), delta(ln);
+  delta.fill_bytes(0xff);
+  gpu::attention_backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
+  const std::size_t kn = static_cast<std::size_t>(c.sq) * c.hkv * c.d;
+  const std::size_t gn = static_cast<std::size_t>(std::int64_t(p.n_grad) * p.shape.pair_elements());
+  const auto dq0 = random_floats(qn, c.seed + 11), dk0 = random_floats(kn, c.seed + 12),
+             dv0 = random_floats(kn, c.seed + 13), g0 = random_floats(gn, c.seed + 14);
+  dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);
+  const auto grads = dp.grads(gp.p);
+  if (!merged) {
+    gpu::attention_backward(dp.args(), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+  } else {
+    for (int w = 0; w < int(p.windows.size()); ++w)
+      gpu::attention_backward(dp.args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+  }
+  sync();
+  r.dq = minus(dq.download(), dq0);
+  r.dk_own = minus(dk.download(), dk0);
+  r.dv_own = minus(dv.download(), dv0);
+  const auto g1 = gp.download();
+  r.dgrad = minus(g1, g0);
+  for (std::size_t i = 0; i < gn; ++i)
+    if (ref.dgrad[i] == 0.0 && g1[i] != g0[i]) r.untouched_ok = false;
+  return r;
+}
+
+struct errors {
+  double o, lse, dq, dk_own, dv_own, dgrad;
+};
+
+errors compare(const gpu_result& g, const cpu_result& r) {
+  return {rel_err(g.o, r.o), rel_err(g.lse, r.lse), rel_err(g.dq, r.dq), rel_err(g.dk_own, r.dk_own),
+          rel_err(g.dv_own, r.dv_own), rel_err(g.dgrad, r.dgrad)};
+}
+
+void check_errors(const std::string& name, const errors& e, bool untouched_ok, double tol = tolerance) {
+  std::printf("  %-34s o %.2e  lse %.2e  dq %.2e  dk_own %.2e  dv_own %.2e  dpast %.2e%s\n", name.c_str(), e.o,
+              e.lse, e.dq, e.dk_own, e.dv_own, e.dgrad, untouched_ok ? "" : "  UNSELECTED PAGES CHANGED");
+  std::fflush(stdout);
+  INFO(name);
+  CHECK(e.o <= tol);
+  CHECK(e.lse <= tol);
+  CHECK(e.dq <= tol);
+  CHECK(e.dk_own <= tol);
+  CHECK(e.dv_own <= tol);
+  CHECK(e.dgrad <= tol);
+  CHECK(untouched_ok);
+}
+
+config make(const char* name, std::int32_t sq, std::int64_t q_start, std::int32_t hq, std::int32_t hkv, std::int32_t d,
+            std::int32_t page, oomb::kv_layout layout = oomb::kv_layout::head_major) {
+  config c;
+  c.name = name;
+  c.sq = sq;
+  c.q_start = q_start;
+  c.hq = hq;
+  c.hkv = hkv;
+  c.d = d;
+  c.page = page;
+  c.layout = layout;
+  c.seed = std::hash<std::string>{}(name);
+  return c;
+}
+
+config sparse(config c, std::int32_t tile, std::int32_t windows = 1) {
+  c.sparse = true;
+  c.tile = tile;
+  c.windows = windows;
+  return c;
+}
+config windowed(config c, std::int32_t windows) {
+  c.windows = windows;
+  return c;
+}
+
+/// Runs every config: CPU references in parallel threads, GPU runs in order.
+void run_all(const std::vector<config>& cfgs) {
+  std::vector<std::unique_ptr<problem>> probs;
+  for (const auto& c : cfgs) probs.push_back(std::make_unique<problem>(c));
+  std::vector<std::future<cpu_result>> refs;
+  for (const auto& p : probs) refs.push_back(std::async(std::launch::async, [&p] { return run_cpu(*p); }));
+  for (std::size_t i = 0; i < probs.size(); ++i) {
+    const problem& p = *probs[i];
+    const cpu_result ref = refs[i].get();
+    const bool merged = p.c.windows > 1;
+    const gpu_result g = run_gpu(p, ref, merged, !merged);
+    check_errors(p.c.name + (merged ? " [" + std::to_string(p.windows.size()) + " windows]" : ""), compare(g, ref),
+                 g.untouched_ok);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("attention: reference fp32 GPU kernels match the CPU reference") {
+  std::printf("fp32 GPU reference vs CPU reference (norm-wise relative error)\n");
+  const std::vector<config> cfgs = {
+      make("ref g7 d128 p64", 150, 200, 14, 2, 128, 64),
+      sparse(make("ref sparse g2 d64 p16", 130, 300, 4, 2, 64, 16, oomb::kv_layout::token_major), 64),
+  };
+  for (const auto& c : cfgs) {
+    const problem p(c);
+    const cpu_result ref = run_cpu(p);
+    device_problem dp(p);
+    const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
+    const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * p.shape.pair_elements());
+    dev<float> o(qn), lse(ln);
+    attn_test::ref::forward(dp.args(), dp.window_len(), o.p, lse.p);
+    std::vector<float> o_in(ref.o_in.begin(), ref.o_in.end()), lse_in(ref.lse_in.begin(), ref.lse_in.end());
+    dev<float> o_dev(o_in), lse_dev(lse_in);
+    dev<float> dq(std::vector<float>(qn, 0.0f)), dk(std::vector<float>(kn, 0.0f)), dv(std::vector<float>(kn, 0.0f)),
+        gp(std::vector<float>(gn, 0.0f));
+    attn_test::ref::backward(dp.args(), dp.window_len(), o_dev.p, lse_dev.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p));
+    gpu_result g;
+    g.o = to_double(o.download());
+    g.lse = lse.download();
+    g.dq = to_double(dq.download());
+    g.dk_own = to_double(dk.download());
+    g.dv_own = to_double(dv.download());
+    g.dgrad = to_double(gp.download());
+    check_errors(c.name, compare(g, ref), true, 1e-4);
+  }
+}
+
+TEST_CASE("attention: dense, every group size, both head dims, ragged lengths, page sizes and layouts") {
+  std::printf("dense kernels vs CPU reference (norm-wise relative error)\n");
+  using oomb::kv_layout;
+  run_all({
+      make("g7 d128 p128 14:2", 200, 300, 14, 2, 128, 128),
+      make("g7 d128 p128 28:4", 130, 384, 28, 4, 128, 128, kv_layout::token_major),
+      make("g7 d64 p64 14:2 tm", 257, 129, 14, 2, 64, 64, kv_layout::token_major),
+      make("g7 d64 no past", 140, 0, 7, 1, 64, 128),
+      make("g5 d128 p16 40:8", 150, 77, 40, 8, 128, 16, kv_layout::token_major),
+      make("g5 d64 p128", 300, 0, 5, 1, 64, 128),
+      make("g1 d128 p32", 190, 500, 3, 3, 128, 32),
+      make("g1 d64 p256", 129, 600, 2, 2, 64, 256),
+      make("g2 d128 p64", 64, 64, 4, 2, 128, 64),
+      make("g2 d64 p16", 333, 250, 8, 4, 64, 16),
+      make("g2 d128 p128 tiny", 1, 5, 2, 1, 128, 128),
+      make("g7 d64 p16 long past", 100, 1500, 7, 1, 64, 16),
+  });
+}
+
+TEST_CASE("attention: page-sparse past, every group size, both head dims") {
+  std::printf("sparse kernels vs CPU reference (norm-wise relative error)\n");
+  using oomb::kv_layout;
+  run_all({
+      sparse(make("sparse g7 d128 p64", 300, 700, 14, 2, 128, 64), 128),
+      sparse(make("sparse g1 d64 p16", 260, 400, 2, 2, 64, 16, kv_layout::token_major), 128),
+      sparse(make("sparse g2 d128 p32", 200, 333, 4, 2, 128, 32), 64),
+      sparse(make("sparse g5 d64 p128", 256, 1000, 10, 2, 64, 128), 128),
+      sparse(make("sparse g7 d64 p128 28:4", 130, 640, 28, 4, 64, 128), 128),
+  });
+}
+
+TEST_CASE("attention: several windows merged equal one pass") {
+  std::printf("windows merged (forward by attention_merge, backward summed) vs CPU one pass\n");
+  using oomb::kv_layout;
+  run_all({
+      windowed(make("win g7 d128 p64", 200, 500, 14, 2, 128, 64), 3),
+      windowed(make("win g5 d64 p16", 150, 300, 10, 2, 64, 16, kv_layout::token_major), 4),
+      windowed(make("win g1 d128 p128", 130, 700, 2, 2, 128, 128), 3),
+      windowed(make("win g2 d64 p32", 100, 200, 4, 2, 64, 32), 2),
+      sparse(make("win sparse g5 d64 p128", 256, 1000, 10, 2, 64, 128), 128, 3),
+      sparse(make("win sparse g7 d128 p16", 150, 600, 14, 2, 128, 16), 128, 3),
+  });
+}
+
+TEST_CASE("attention: sparse selecting every past page equals dense, bit for bit") {
+  for (int d : {64, 128}) {
+    config c = make("all", 300, 900, 14, 2, d, 64);
+    c.sparse = true;
+    c.keep = 1.0;
+    problem p(c);
+    // every tile selects every past page
+    p.tile_pages.clear();
+    p.tile_indptr.assign(1, 0);
+    for (int t = 0; t < (c.sq + c.tile - 1) / c.tile; ++t) {
+      for (int pg = 0; pg < c.q_start / c.page; ++pg) p.tile_pages.push_back(pg);
+      p.tile_indptr.push_back(int(p.tile_pages.size()));
+    }
+    device_problem dp(p);
+    const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq;
+    dev<bf16> o1(qn), o2(qn);
+    dev<float> l1(ln), l2(ln);
+    auto a = dp.args();
+    gpu::attention_forward(a, o1.p, l1.p, nullptr);
+    a.tile_indptr = nullptr;
+    a.tile_pages = nullptr;
+    gpu::attention_forward(a, o2.p, l2.p, nullptr);
+    sync();
+    const auto x1 = o1.download(), x2 = o2.download();
+    const auto y1 = l1.download(), y2 = l2.download();
+    bool same = true;
+    for (std::size_t i = 0; i < qn; ++i) same = same && x1[i] == x2[i];
+    for (std::size_t i = 0; i < ln; ++i) same = same && std::memcmp(&y1[i], &y2[i], 4) == 0;
+    CHECK(same);
+  }
+}
+
+TEST_CASE("attention: launchers reject bad arguments with oomb exceptions") {
+  config c = make("args", 64, 64, 4, 2, 128, 64);
+  problem p(c);
+  device_problem dp(p);
+  dev<float> o(p.q.size()), lse(std::size_t(c.sq) * c.hq);
+  auto bad = [&](auto mutate) {
+    auto a = dp.args();
+    mutate(a);
+    CHECK_THROWS_AS(gpu::attention_forward(a, o.p, lse.p, nullptr), oomb::invalid_argument);
+  };
+  bad([](gpu::attention_args& a) { a.d = 96; });
+  bad([](gpu::attention_args& a) { a.hkv = 3; });
+  bad([](gpu::attention_args& a) { a.sq = 0; });
+  bad([](gpu::attention_args& a) { a.kv.table.page_size = 32; });
+  bad([](gpu::attention_args& a) { a.q = nullptr; });
+  bad([](gpu::attention_args& a) { a.scale = -1.0f; });
+  bad([&](gpu::attention_args& a) {  // sparse tile * group not a multiple of 128 rows
+    a.tile_indptr = dp.tile_indptr.p;
+    a.tile_pages = dp.tile_pages.p;
+    a.tile = 16;
+  });
+  CHECK_THROWS_AS(gpu::attention_forward(dp.args(), o.p, static_cast<float*>(nullptr), nullptr), oomb::invalid_argument);
+  CHECK_THROWS_AS(gpu::attention_merge(0, 1, 1, o.p, lse.p, o.p, lse.p, nullptr), oomb::invalid_argument);
+}
+
+TEST_CASE("attention: sanitize (tiny shapes, for compute-sanitizer)") {
+  using oomb::kv_layout;
+  run_all({
+      sparse(make("sanitize g2 d128 p16", 70, 100, 4, 2, 128, 16, kv_layout::token_major), 64, 2),
+      windowed(make("sanitize g5 d64 p32", 40, 50, 5, 1, 64, 32), 2),
+  });
+}
+
+namespace {
+
+void large_vs_reference(config c) {
+  problem p(c, false);
+  device_problem dp(p);
+  const auto a = dp.args();
+  const std::int32_t len = dp.window_len();
+  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
+  const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * p.shape.pair_elements());
+  dev<float> ro(qn), rl(ln);
+  attn_test::ref::forward(a, len, ro.p, rl.p);
+  dev<bf16> o(qn);
+  dev<float> l(ln);
+  o.fill_bytes(0xff);
+  l.fill_bytes(0xff);
+  gpu::attention_forward(a, o.p, l.p, nullptr);
+  sync();
+  // Backward from the reference's fp32 o and lse.
+  dev<float> rdq(std::vector<float>(qn, 0.0f)), rdk(std::vector<float>(kn, 0.0f)), rdv(std::vector<float>(kn, 0.0f)),
+      rg(std::vector<float>(gn, 0.0f));
+  attn_test::ref::backward(a, len, ro.p, rl.p, dp.d_o.p, rdq.p, rdk.p, rdv.p, dp.grads(rg.p));
+  dev<float> delta(ln), dq(std::vector<float>(qn, 0.0f)), dk(std::vector<float>(kn, 0.0f)),
+      dv(std::vector<float>(kn, 0.0f)), g(std::vector<float>(gn, 0.0f));
+  gpu::attention_backward_delta(c.sq, c.hq, c.d, ro.p, dp.d_o.p, delta.p, nullptr);
+  gpu::attention_backward(a, rl.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(g.p), nullptr);
+  sync();
+  const errors e{rel_err(to_double(o.download()), to_double(ro.download())),
+                 rel_err(l.download(), rl.download()),
+                 rel_err(dq.download(), rdq.download()),
+                 rel_err(dk.download(), rdk.download()),
+                 rel_err(dv.download(), rdv.download()),
+                 rel_err(g.download(), rg.download())};
+  check_errors(c.name, e, true);
+}
+
+}  // namespace
+
+TEST_CASE("attention: large shapes against the fp32 GPU reference") {
+  std::printf("large shapes vs fp32 GPU reference (norm-wise relative error)\n");
+  config c1 = make("large 28:4 d128 4096 x 16K past", 4096, 16384, 28, 4, 128, 128);
+  config c2 = make("large 14:2 d64 4096 x 16K past", 4096, 16384, 14, 2, 64, 128);
+  config c3 = sparse(make("large sparse 28:4 d128 2048 x 8K", 2048, 8192, 28, 4, 128, 128), 128);
+  c3.keep = 0.25;
+  large_vs_reference(c1);
+  large_vs_reference(c2);
+  large_vs_reference(c3);
+}
