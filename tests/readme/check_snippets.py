@@ -4,8 +4,9 @@
 
 In a Markdown file, a line `<!-- snippet: tests/readme/tour.cpp#NAME -->` must be followed by a
 fenced code block; in the named file, the lines between `// snippet-begin: NAME` and
-`// snippet-end: NAME` are the region. The block must equal the region with its common
-indentation removed, so the docs cannot drift from code a test compiles and runs.
+`// snippet-end: NAME` (`#` instead of `//` in CMake and shell files) are the region. The block
+must equal the region with its common indentation removed, so the docs cannot drift from code a
+test compiles and runs.
 Usage: check_snippets.py SOURCE_DIR FILE.md...
 """
 import pathlib
@@ -13,16 +14,18 @@ import re
 import sys
 import textwrap
 
-MARKER = re.compile(r"<!--\s*snippet:\s*(\S+?)#(\S+)\s*-->")
+MARKER = re.compile(r"^\s*<!--\s*snippet:\s*(\S+?)#(\S+)\s*-->\s*$")
 
 
 def region(path: pathlib.Path, name: str) -> str:
     lines = path.read_text().splitlines()
-    begin = [i for i, l in enumerate(lines) if l.strip() == f"// snippet-begin: {name}"]
-    end = [i for i, l in enumerate(lines) if l.strip() == f"// snippet-end: {name}"]
+    def marked(kind):
+        return [i for i, l in enumerate(lines)
+                if l.strip() in (f"// snippet-{kind}: {name}", f"# snippet-{kind}: {name}")]
+    begin, end = marked("begin"), marked("end")
     if len(begin) != 1 or len(end) != 1 or end[0] <= begin[0]:
-        raise ValueError(f"{path}: needs exactly one '// snippet-begin: {name}' before one "
-                         f"'// snippet-end: {name}'")
+        raise ValueError(f"{path}: needs exactly one 'snippet-begin: {name}' line before one "
+                         f"'snippet-end: {name}' line (after // or #)")
     return textwrap.dedent("\n".join(lines[begin[0] + 1:end[0]])).strip("\n")
 
 
@@ -47,7 +50,7 @@ def main() -> int:
         md_path = pathlib.Path(md)
         lines = md_path.read_text().splitlines()
         for n, line in enumerate(lines):
-            m = MARKER.search(line)
+            m = MARKER.match(line)
             if not m:
                 continue
             where = f"{md_path.name}:{n + 1}"

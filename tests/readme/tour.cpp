@@ -80,3 +80,42 @@ TEST_CASE("readme tour: a page pool on a capped host resource") {
   CHECK_THROWS_AS((oomb::page_shape{100, 8, 128, oomb::kv_layout::head_major}.validate()),
                   oomb::invalid_argument);
 }
+
+TEST_CASE("readme tour: a paged KV cache") {
+  oomb::host_resource host;
+  // snippet-begin: cache
+  // K/V of 4 layers in one pool of 256 page pairs (fp32 here; bf16 on the GPU), chunks of 512.
+  oomb::paged_kv_config config;
+  config.layers = 4;
+  config.shape = {128, 2, 64, oomb::kv_layout::token_major};
+  config.chunk_size = 512;  // a multiple of the page size, or invalid_argument
+  config.pool.max_pages = 256;
+  oomb::paged_kv_cache<float, oomb::host_resource> cache(host, config);
+
+  const std::int32_t seq = cache.add_sequence();
+  cache.append(seq, 512);  // chunk 0: 4 pages in each layer, all taken at once or none
+  cache.append(seq, 300);  // chunk 1, the last, may be partial: 3 more pages per layer
+  cache.k(seq, /*layer=*/1, /*pos=*/700, /*head=*/0)[5] = 0.25f;
+
+  // What a kernel or the CPU reference reads: the pool and one layer's CSR page table.
+  oomb::paged_kv_view<float> layer1 = cache.view(1);
+  float k = layer1.k_at(seq, 700, 0)[5];  // 0.25f
+  // A device copy of the tables is updated from the change log, not rebuilt.
+  oomb::page_table_changes deltas = cache.take_changes();
+
+  cache.pop_chunk(seq);  // stage 2 walks back: chunk 1's pages return to the pool
+  // snippet-end: cache
+
+  CHECK(k == 0.25f);
+  CHECK(deltas.pages.size() == 4 * 7);  // 7 pages appended in each of 4 layers
+  CHECK(layer1.table.num_pages(seq) == 7);
+  CHECK(layer1.table.seq_len(seq) == 812);
+  CHECK(cache.seq_len(seq) == 512);
+  CHECK(cache.num_pages(seq) == 4);
+  CHECK(cache.k(seq, 1, 300, 0)[0] == cache.view(1).k_at(seq, 300, 0)[0]);
+  CHECK_THROWS_AS(cache.append(seq, 513), oomb::invalid_argument);    // more than a chunk
+  CHECK_THROWS_AS(cache.k(seq, 1, 512, 0), oomb::invalid_argument);   // popped position
+  config.chunk_size = 500;
+  CHECK_THROWS_AS((oomb::paged_kv_cache<float, oomb::host_resource>(host, config)),
+                  oomb::invalid_argument);
+}
