@@ -31,11 +31,14 @@
 #include "oomb/paging/paged_kv_cache.hpp"
 #include "oomb/paging/grad_mirror.hpp"
 
-// offload: the stream concept, the host stream, batched page transfers
+// offload: the stream concept, the host stream, batched page transfers, the residency scheduler
+// and its CPU backend
 #include "oomb/offload/stream.hpp"
 #include "oomb/offload/id_span.hpp"
 #include "oomb/offload/host_stream.hpp"
 #include "oomb/offload/page_transfer.hpp"
+#include "oomb/offload/residency_scheduler.hpp"
+#include "oomb/offload/host_backend.hpp"
 
 // sparse: per-page key summaries, Quest / mean-key scoring of query tiles, top-k page selection
 // with sink and local pages, the per-tile sparse page table (CSR) and its POD view
