@@ -482,3 +482,42 @@ TEST_CASE_TEMPLATE("scheduler property: random prefetch/compute/dirty/evict sequ
                     << st.zero_fills);
   }
 }
+
+namespace {
+// A backend that says how batches move (the CUDA backend's hook), counting its calls.
+struct counting_backend : oomb::host_backend {
+  int* batches;
+  explicit counting_backend(int* b = nullptr) : batches(b) {}
+  template <class D, class S>
+  oomb::transfer_report transfer(oomb::host_stream& s, oomb::block_pool<D>& dst, oomb::id_span dst_ids,
+                                 const oomb::block_pool<S>& src, oomb::id_span src_ids) {
+    ++*batches;
+    return oomb::transfer_pages(s, dst, dst_ids, src, src_ids);
+  }
+};
+static_assert(oomb::is_residency_backend_v<counting_backend>);
+}  // namespace
+
+TEST_CASE("scheduler: a backend's transfer hook moves every batch, both ways") {
+  oomb::host_resource mem;
+  auto far = oomb_test::far_pool::contiguous(mem, 256, 8);
+  std::vector<std::int32_t> ids(8);
+  far.acquire(8, ids.data());
+  for (std::int32_t p = 0; p < 8; ++p) oomb_test::write_content(far.address(p), 256, p, 1);
+  oomb::host_stream in, out, compute;
+  int batches = 0;
+  oomb::residency_scheduler<counting_backend> s(far, mem, 4, in, out, counting_backend(&batches));
+  s.mark_written({0, 1, 2, 3});
+  s.prefetch({0, 1, 2});
+  CHECK(batches == 1);
+  auto slots = s.acquire(compute, {0}, access::write);
+  compute.enqueue([p = s.near_pool().address(slots[0])] { oomb_test::write_content(p, 256, 0, 2); });
+  s.release(compute, {0});
+  s.write_back({0});
+  CHECK(batches == 2);
+  compute.synchronize();
+  s.drain();
+  CHECK(oomb_test::has_content(far.address(0), 256, 0, 2));
+  CHECK(s.stats().bytes_to_near == 3 * 256);
+  CHECK(s.stats().bytes_to_far == 256);
+}

@@ -274,8 +274,7 @@ class host_stream {
             }
             break;
           case task_kind::signal:
-            t.event->complete(err);
-            break;
+            break;  // completed below, once this item no longer counts as pending
           case task_kind::await:
             t.event->block_until_done();
             raised = t.event->error;  // the awaited work failed: so does what depends on it
@@ -286,6 +285,7 @@ class host_stream {
           if (raised && !error) error = raised;
           running = false;
         }
+        if (t.kind == task_kind::signal) t.event->complete(err);
       }
     }
 

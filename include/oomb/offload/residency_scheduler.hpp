@@ -99,7 +99,7 @@ struct residency_stats {
   std::uint64_t zero_fills = 0;      ///< pages zero-filled at first touch
   std::uint64_t hits = 0;            ///< pages asked (prefetch or acquire) that already had a slot
   std::uint64_t misses = 0;          ///< pages asked that needed a slot
-  std::uint64_t acquire_misses = 0;  ///< of which at acquire: compute waits for a copy not prefetched
+  std::uint64_t acquire_misses = 0;  ///< of which at a read/write acquire: a copy not prefetched
   std::uint64_t evictions = 0;       ///< slots taken from one page for another, or by evict()
   std::uint64_t write_backs = 0;     ///< pages copied home (dirty pages only)
   std::int32_t capacity = 0;         ///< slots of the near tier
@@ -569,7 +569,7 @@ class residency_scheduler {
     // --- changes start here ---
     stats_.hits += distinct_.size() - static_cast<std::size_t>(missing);
     stats_.misses += static_cast<std::size_t>(missing);
-    if (at_acquire) stats_.acquire_misses += static_cast<std::size_t>(missing);
+    if (at_acquire && mode != access::overwrite) stats_.acquire_misses += static_cast<std::size_t>(missing);
     write_back_slots(dirty_victims_);
     for (std::int32_t sid : victims_) {
       detach(sid);
