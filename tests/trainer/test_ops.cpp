@@ -125,8 +125,10 @@ TEST_CASE("ops: RoPE rotate-half at absolute positions") {
   oomb_trainer::cpu::rope_forward(n, heads, d, y.data(), tab);
   const double angle = 1002.0 / std::pow(theta, 2.0 / 8.0);
   const std::size_t base = (2 * heads + 1) * d;  // row t = 2, head 1
-  CHECK(y[base + 1] == doctest::Approx(x[base + 1] * std::cos(angle) - x[base + 5] * std::sin(angle)).epsilon(1e-13));
-  CHECK(y[base + 5] == doctest::Approx(x[base + 5] * std::cos(angle) + x[base + 1] * std::sin(angle)).epsilon(1e-13));
+  const double c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));  // fp32 tables
+  CHECK(y[base + 1] == doctest::Approx(x[base + 1] * c - x[base + 5] * s).epsilon(1e-14));
+  CHECK(y[base + 5] == doctest::Approx(x[base + 5] * c + x[base + 1] * s).epsilon(1e-14));
+  CHECK(std::abs(c - std::cos(angle)) > 0);  // the rounding is real: angle computed in double, stored fp32
 
   const vec w = random_vector<double>(x.size(), 11);
   auto loss = [&] {
@@ -137,9 +139,12 @@ TEST_CASE("ops: RoPE rotate-half at absolute positions") {
   vec dx = w;
   oomb_trainer::cpu::rope_backward(n, heads, d, dx.data(), tab);
   CHECK(rel_err(dx, numeric_grad(x, loss)) < 1e-8);
-  // float tables are the double ones rounded (angles computed in double).
+  // float and double tables hold the same fp32 values.
   const oomb_trainer::cpu::rope_table<float> tf(1000, n, d, theta);
-  for (std::size_t i = 0; i < tf.cos.size(); ++i) CHECK(tf.cos[i] == static_cast<float>(tab.cos[i]));
+  for (std::size_t i = 0; i < tf.cos.size(); ++i) {
+    CHECK(static_cast<double>(tf.cos[i]) == tab.cos[i]);
+    CHECK(static_cast<double>(tf.sin[i]) == tab.sin[i]);
+  }
 }
 
 TEST_CASE("ops: SwiGLU") {

@@ -160,12 +160,10 @@ class chunk_recurrent {
       copy_in_ = std::make_unique<oomb::host_stream>();
       copy_out_ = std::make_unique<oomb::host_stream>();
       compute_ = std::make_unique<oomb::host_stream>();
-      // The scheduler streams a far pool it does not own; the cache and mirror hand theirs out
-      // const (they own the ids), the scheduler only moves page contents.
-      kv_sched_ = std::make_unique<scheduler>(const_cast<oomb::block_pool<resource>&>(cache_->pool()), res_,
-                                              opt.near_pages, *copy_in_, *copy_out_);
-      grad_sched_ = std::make_unique<scheduler>(const_cast<oomb::block_pool<resource>&>(mirror_->pool()), res_,
-                                                opt.near_pages, *copy_in_, *copy_out_);
+      // The schedulers stream the cache's and the mirror's pools (which own the ids); the two
+      // share the copy streams.
+      kv_sched_ = std::make_unique<scheduler>(cache_->pool(), res_, opt.near_pages, *copy_in_, *copy_out_);
+      grad_sched_ = std::make_unique<scheduler>(mirror_->pool(), res_, opt.near_pages, *copy_in_, *copy_out_);
       grad_map_.assign(static_cast<std::size_t>(opt.near_pages), -1);
     }
     if (opt.sparse) {
