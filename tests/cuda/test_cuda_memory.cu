@@ -169,8 +169,10 @@ TEST_CASE("vmm_device_resource: reserve, commit in steps, the base never moves, 
   v.unreserve(base, max);
   CHECK(v.committed(base) == 0);
 
-  // Exhaustion: reserve far more than the device has, then commit it all.
-  const std::size_t huge = std::size_t(1) << 40;
+  // Exhaustion: reserve half again as much as the device has, then commit it all.
+  std::size_t free_bytes = 0, total_bytes = 0;
+  OOMB_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes), "test");
+  const std::size_t huge = (total_bytes + total_bytes / 2 + g - 1) / g * g;
   void* big = v.reserve(huge, 256);
   CHECK_THROWS_AS(v.commit(big, huge), oomb::out_of_memory);
   CHECK(v.committed(big) == 0);

@@ -56,13 +56,6 @@ class cuda_event {
     if (event_ != nullptr) OOMB_CUDA_CHECK(cudaEventSynchronize(event_), "cuda_event: waiting for an event");
   }
 
-  /// Milliseconds between two completed timing events (`start` recorded first).
-  friend float elapsed_ms(const cuda_event& start, const cuda_event& stop) {
-    float ms = 0;
-    OOMB_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, stop.event_), "cuda_event: reading elapsed time");
-    return ms;
-  }
-
   cudaEvent_t get() const noexcept { return event_; }
   explicit operator bool() const noexcept { return event_ != nullptr; }
 
@@ -79,5 +72,12 @@ class cuda_event {
 };
 
 static_assert(is_event_v<cuda_event>);
+
+/// Milliseconds between two completed timing events (`start` recorded first).
+inline float elapsed_ms(const cuda_event& start, const cuda_event& stop) {
+  float ms = 0;
+  OOMB_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cuda_event: reading elapsed time");
+  return ms;
+}
 
 OOMB_NAMESPACE_END

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -57,6 +58,19 @@ inline memcpy_batch_scratch& thread_batch_scratch() {
   return s;
 }
 
+inline std::atomic<std::uint64_t>& batch_fallback_counter() {
+  static std::atomic<std::uint64_t> n{0};
+  return n;
+}
+
+inline void memcpy_each_async(const copy_op* ops, std::size_t count, cudaStream_t stream) {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (ops[i].bytes == 0) continue;
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(ops[i].dst, ops[i].src, ops[i].bytes, cudaMemcpyDefault, stream),
+                    "memcpy_batch_async: copy ", i, " of ", count, " (", ops[i].bytes, " bytes)");
+  }
+}
+
 }  // namespace detail
 
 /// Enqueues every copy of `ops` on `stream` as one batch: copies inside run in any order (they must
@@ -86,23 +100,30 @@ inline void memcpy_batch_async(const copy_op* ops, std::size_t count, cudaStream
   std::size_t attr_index = 0;
 #if CUDART_VERSION >= 13000
   // CUDA 13: const arrays, no failure index.
-  OOMB_CUDA_CHECK(cudaMemcpyBatchAsync(s.dsts.data(), s.srcs.data(), s.sizes.data(), s.sizes.size(),
-                                       &attr, &attr_index, 1, stream),
-                  "memcpy_batch_async: batch of ", s.sizes.size(), " copies");
+  const cudaError_t e = cudaMemcpyBatchAsync(s.dsts.data(), s.srcs.data(), s.sizes.data(), s.sizes.size(),
+                                             &attr, &attr_index, 1, stream);
 #else
   // CUDA 12.8/12.9: non-const arrays and an index of the copy that failed.
   std::size_t fail_index = 0;
-  OOMB_CUDA_CHECK(cudaMemcpyBatchAsync(s.dsts.data(), const_cast<void**>(s.srcs.data()), s.sizes.data(),
-                                       s.sizes.size(), &attr, &attr_index, 1, &fail_index, stream),
-                  "memcpy_batch_async: batch of ", s.sizes.size(), " copies (copy ", fail_index, " failed)");
+  const cudaError_t e = cudaMemcpyBatchAsync(s.dsts.data(), const_cast<void**>(s.srcs.data()), s.sizes.data(),
+                                             s.sizes.size(), &attr, &attr_index, 1, &fail_index, stream);
 #endif
+  if (e == cudaSuccess) return;
+  // The batch API refuses some operand kinds on some drivers (pageable memory, a legacy stream):
+  // copy one by one instead (re-running a copy the batch may have started is harmless: copies in
+  // a batch do not overlap). Any other failure is an error.
+  if (e != cudaErrorInvalidValue && e != cudaErrorNotSupported)
+    detail::raise_cuda<cuda_error>(__FILE__, __LINE__, e, "cudaMemcpyBatchAsync", "memcpy_batch_async: batch of ",
+                                   s.sizes.size(), " copies");
+  (void)cudaGetLastError();
+  ++detail::batch_fallback_counter();
+  detail::memcpy_each_async(ops, count, stream);
 #else
-  for (std::size_t i = 0; i < count; ++i) {
-    if (ops[i].bytes == 0) continue;
-    OOMB_CUDA_CHECK(cudaMemcpyAsync(ops[i].dst, ops[i].src, ops[i].bytes, cudaMemcpyDefault, stream),
-                    "memcpy_batch_async: copy ", i, " of ", count, " (", ops[i].bytes, " bytes)");
-  }
+  detail::memcpy_each_async(ops, count, stream);
 #endif
 }
+
+/// Batches memcpy_batch_async copied one by one because the batch API refused them (see there).
+inline std::uint64_t memcpy_batch_fallbacks() noexcept { return detail::batch_fallback_counter().load(); }
 
 OOMB_NAMESPACE_END

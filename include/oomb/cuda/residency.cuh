@@ -1,0 +1,116 @@
+// oomb — the residency scheduler on CUDA: device slots near, pinned homes far, CUDA streams.
+// SPDX-License-Identifier: Apache-2.0
+//
+// cuda_backend is the policy residency_scheduler (oomb/offload/residency_scheduler.hpp) is
+// instantiated with on the GPU, so code written against residency_scheduler<Backend> moves from
+// the CPU (host_backend) to the GPU by changing this one type:
+//  - prefetch copies run on the scheduler's copy-in stream, write-backs on its copy-out stream
+//    (two streams: the two PCIe directions overlap); compute streams wait on their events
+//    (cudaStreamWaitEvent), the host never waits on the hot path;
+//  - batches move by cuda_page_transfer: copy engines (cudaMemcpyBatchAsync) for long runs, the
+//    gather/scatter kernel for many scattered pages (cuda_transfer_options chooses; set
+//    path = memcpy_batch to leave every SM to compute);
+//  - gradient pages are zeroed in their slot at first touch with cudaMemsetAsync, in order with
+//    the copy-in stream's copies.
+// Streams: use high-priority streams for copy_in / copy_out (cuda_stream::greatest_priority()) so
+// kernel-path copies are scheduled ahead of compute blocks waiting for an SM.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+
+#include "oomb/cuda/device_resource.hpp"
+#include "oomb/cuda/page_transfer.cuh"
+#include "oomb/cuda/pinned_resource.hpp"
+#include "oomb/cuda/stream.hpp"
+#include "oomb/memory/block_pool.hpp"
+#include "oomb/offload/id_span.hpp"
+#include "oomb/offload/page_transfer.hpp"
+#include "oomb/offload/residency_scheduler.hpp"
+
+OOMB_NAMESPACE_BEGIN
+
+/// Residency backend over CUDA streams: slots in `NearResource` (device memory), homes in pinned
+/// memory. `Stream` is cuda_stream (owners) or cuda_stream_view (streams owned elsewhere, e.g. by
+/// a framework; the scheduler then keeps pointers to the caller's view objects).
+template <class NearResource = device_resource, class Stream = cuda_stream>
+class cuda_backend {
+  static_assert(NearResource::kind == memory_kind::device, "cuda_backend: the near tier is device memory");
+
+ public:
+  using stream_type = Stream;
+  using near_resource = NearResource;
+  using far_resource = pinned_resource;
+
+  explicit cuda_backend(cuda_transfer_options options = {}) : options_(options) {}
+
+  /// cudaMemsetAsync of `bytes` zero bytes at `dst` on `stream`.
+  void zero_fill(stream_type& stream, void* dst, std::size_t bytes) const {
+    cuda_stream_view(stream).enqueue_memset(dst, 0, bytes);
+  }
+
+  /// One batch of page copies between the tiers, by the path options() choose. The transfer
+  /// objects (validation scratch, kernel staging) are kept per direction and rebuilt only when the
+  /// scheduler's pools move (the scheduler itself was moved).
+  template <class D, class S>
+  transfer_report transfer(stream_type& stream, block_pool<D>& dst, id_span dst_ids, const block_pool<S>& src,
+                           id_span src_ids) {
+    auto& t = slot_for(dst, src);
+    const cuda_transfer_report r = t.enqueue(cuda_stream_view(stream), dst_ids, src_ids);
+    if (r.copies > 0) ++(r.path == transfer_path::kernel ? kernel_batches_ : copy_engine_batches_);
+    return r;
+  }
+
+  const cuda_transfer_options& options() const noexcept { return options_; }
+  /// Takes effect from the next batch.
+  void set_options(const cuda_transfer_options& o) {
+    options_ = o;
+    if (in_) in_->set_options(o);
+    if (out_) out_->set_options(o);
+  }
+  /// Batches moved by the gather/scatter kernel, and by the copy engines (memcpy batch / per page).
+  std::uint64_t kernel_batches() const noexcept { return kernel_batches_; }
+  std::uint64_t copy_engine_batches() const noexcept { return copy_engine_batches_; }
+
+ private:
+  using in_transfer = cuda_page_transfer<near_resource, far_resource>;
+  using out_transfer = cuda_page_transfer<far_resource, near_resource>;
+
+  template <class D, class S>
+  auto& slot_for(block_pool<D>& dst, const block_pool<S>& src) {
+    if constexpr (std::is_same_v<D, near_resource> && std::is_same_v<S, far_resource>) {
+      if (!in_ || in_pools_[0] != &dst || in_pools_[1] != &src) {
+        in_ = std::make_unique<in_transfer>(dst, src, options_);
+        in_pools_[0] = &dst;
+        in_pools_[1] = &src;
+      }
+      return *in_;
+    } else {
+      static_assert(std::is_same_v<D, far_resource> && std::is_same_v<S, near_resource>,
+                    "cuda_backend moves pages between its near and far tiers only");
+      if (!out_ || out_pools_[0] != &dst || out_pools_[1] != &src) {
+        out_ = std::make_unique<out_transfer>(dst, src, options_);
+        out_pools_[0] = &dst;
+        out_pools_[1] = &src;
+      }
+      return *out_;
+    }
+  }
+
+  cuda_transfer_options options_;
+  std::unique_ptr<in_transfer> in_;
+  std::unique_ptr<out_transfer> out_;
+  const void* in_pools_[2] = {nullptr, nullptr};  // the pools in_ was built for (compared, never used)
+  const void* out_pools_[2] = {nullptr, nullptr};
+  std::uint64_t kernel_batches_ = 0, copy_engine_batches_ = 0;
+};
+
+static_assert(is_residency_backend_v<cuda_backend<>>);
+static_assert(is_residency_backend_v<cuda_backend<device_resource, cuda_stream_view>>);
+
+/// The residency scheduler of CUDA builds: device slots (cudaMalloc), pinned homes, cuda_streams.
+using cuda_residency_scheduler = residency_scheduler<cuda_backend<>>;
+
+OOMB_NAMESPACE_END
