@@ -119,3 +119,56 @@ TEST_CASE("readme tour: a paged KV cache") {
   CHECK_THROWS_AS((oomb::paged_kv_cache<float, oomb::host_resource>(host, config)),
                   oomb::invalid_argument);
 }
+
+TEST_CASE("readme tour: pages stream through a near tier") {
+  oomb::host_resource host;
+  oomb::paged_kv_config config;
+  config.layers = 2;
+  config.shape = {16, 2, 8, oomb::kv_layout::head_major};
+  config.chunk_size = 64;
+  config.pool.max_pages = 32;
+  oomb::paged_kv_cache<float, oomb::host_resource> cache(host, config);
+  const std::int32_t seq = cache.add_sequence();
+  cache.append(seq, 64);
+  for (std::int64_t pos = 0; pos < 64; ++pos) cache.k(seq, 0, pos, 1)[7] = float(pos) + 0.5f;
+
+  // snippet-begin: stream
+  // The near tier (device slots on the GPU; host memory here): 8 slots the size of a K/V pair,
+  // filled on a copy-in stream and written back on a copy-out stream.
+  oomb::host_stream compute, copy_in, copy_out;
+  oomb::host_residency_scheduler near(cache.pool(), host, /*slots=*/8, copy_in, copy_out);
+
+  // Declare the pages needed next, then use them: compute waits for their copies, not the host.
+  oomb::id_span window = cache.page_ids(seq, /*layer=*/0);  // 4 pages of layer 0
+  near.mark_written(window);  // their homes hold K/V written by the host (else: zero-filled)
+  near.prefetch(window);      // one batch of copies on copy_in
+  std::vector<std::int32_t> slots = near.acquire(compute, window, oomb::access::read);
+  float seen = 0;
+  compute.enqueue([&] {  // stands for a kernel reading the slots
+    auto* k = reinterpret_cast<float*>(near.near_pool().address(slots[2]));
+    seen = k[1 * 16 * 8 + 3 * 8 + 7];  // head 1, token 3, dim 7 of logical page 2
+  });
+  near.release(compute, window);  // the slots may be reused once that work has run
+  compute.synchronize();          // the edge of a step: the host waits
+  // seen == K at position 2 * 16 + 3 == 35.5f; near.stats().bytes_to_near == 4 * pair bytes
+  // snippet-end: stream
+
+  CHECK(seen == 35.5f);
+  CHECK(slots.size() == 4);
+  CHECK(near.stats().bytes_to_near == 4 * cache.pair_bytes());
+  CHECK(near.stats().copies_to_near >= 1);
+  near.prefetch(window);  // already near: no new copy
+  CHECK(near.stats().bytes_to_near == 4 * cache.pair_bytes());
+  near.drain();
+  cache.append(seq, 64);  // 8 pages per layer now: 16 distinct pages do not fit 8 slots
+  std::vector<std::int32_t> all;
+  for (std::int32_t layer = 0; layer < 2; ++layer)
+    for (std::int32_t id : cache.page_ids(seq, layer)) all.push_back(id);
+  CHECK(all.size() == 16);
+  CHECK_THROWS_AS(near.prefetch(all), oomb::out_of_memory);
+  near.prefetch(cache.page_ids(seq, 1));  // still usable: 8 pages fit; never written: zero-filled
+  CHECK(near.stats().bytes_to_near == 4 * cache.pair_bytes());
+  CHECK(near.stats().zero_fills == 8);
+  near.drain();
+  near.drain();
+}
