@@ -13,6 +13,7 @@
 #include "oomb/core/memory_kind.hpp"
 #include "oomb/core/bf16.hpp"
 #include "oomb/core/tensor.hpp"
+#include "oomb/core/id_span.hpp"
 
 // memory: the resource concept, host memory, adaptors, growable ranges, the block pool
 #include "oomb/memory/resource.hpp"
@@ -34,7 +35,6 @@
 // offload: the stream concept, the host stream, batched page transfers, the residency scheduler
 // and its CPU backend
 #include "oomb/offload/stream.hpp"
-#include "oomb/offload/id_span.hpp"
 #include "oomb/offload/host_stream.hpp"
 #include "oomb/offload/page_transfer.hpp"
 #include "oomb/offload/residency_scheduler.hpp"

@@ -29,7 +29,7 @@
 #include "oomb/cuda/page_copy_kernel.cuh"
 #include "oomb/cuda/stream_view.hpp"
 #include "oomb/memory/block_pool.hpp"
-#include "oomb/offload/id_span.hpp"
+#include "oomb/core/id_span.hpp"
 #include "oomb/offload/page_transfer.hpp"
 
 OOMB_NAMESPACE_BEGIN

@@ -26,7 +26,7 @@
 #include "oomb/cuda/pinned_resource.hpp"
 #include "oomb/cuda/stream.hpp"
 #include "oomb/memory/block_pool.hpp"
-#include "oomb/offload/id_span.hpp"
+#include "oomb/core/id_span.hpp"
 #include "oomb/offload/page_transfer.hpp"
 #include "oomb/offload/residency_scheduler.hpp"
 

@@ -22,7 +22,7 @@
 
 #include "oomb/core/error.hpp"
 #include "oomb/memory/block_pool.hpp"
-#include "oomb/offload/id_span.hpp"
+#include "oomb/core/id_span.hpp"
 #include "oomb/offload/stream.hpp"
 #include "oomb/paging/page_shape.hpp"
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "oomb/core/error.hpp"
-#include "oomb/offload/id_span.hpp"
+#include "oomb/core/id_span.hpp"
 #include "oomb/paging/views.hpp"
 
 OOMB_NAMESPACE_BEGIN
