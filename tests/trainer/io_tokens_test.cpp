@@ -152,3 +152,20 @@ TEST_CASE("token file writer refuses ids outside the vocabulary, naming the posi
                                        {"position 2", "id 5", "[0, 5)"});
   CHECK(dir.entries().empty());
 }
+
+TEST_CASE("convert_raw_tokens (make-tokens): raw little-endian uint32 ids to a token file") {
+  temp_dir dir;
+  const auto toks = random_tokens(300000, 151936, 3);  // more than one conversion chunk
+  io_test::write_bytes(dir / "raw.u32", std::string(reinterpret_cast<const char*>(toks.data()), 4 * toks.size()));
+  CHECK(convert_raw_tokens(dir / "raw.u32", dir / "t.tokens", 151936) == toks.size());
+  CHECK(io_test::read_bytes(dir / "t.tokens") == token_file_bytes(toks.data(), toks.size(), 151936));
+  const auto r = token_reader::open(dir / "t.tokens", 151936);
+  CHECK(r.read(299990, 10).back() == static_cast<std::int32_t>(toks.back()));
+
+  expect_error<oomb::invalid_argument>([&] { (void)convert_raw_tokens(dir / "raw.u32", dir / "small.tokens", 1000); },
+                                       {"position "});
+  io_test::write_bytes(dir / "odd.u32", "abcdefg");
+  expect_error([&] { (void)convert_raw_tokens(dir / "odd.u32", dir / "o.tokens", 0); }, {"odd.u32", "7 bytes"});
+  expect_error<oomb::error>([&] { (void)convert_raw_tokens(dir / "none.u32", dir / "o.tokens", 0); }, {"none.u32"});
+  CHECK(dir.entries() == std::vector<std::string>{"odd.u32", "raw.u32", "t.tokens"});  // nothing half written
+}

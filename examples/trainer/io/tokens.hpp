@@ -176,10 +176,7 @@ class token_windows {
 
 namespace detail {
 
-template <class Int, class Sink>
-void emit_token_file(const Int* tokens, std::size_t n, std::uint32_t vocab, Sink&& sink) {
-  static_assert(std::is_integral_v<Int>, "token ids are integers");
-  OOMB_EXPECTS(tokens != nullptr || n == 0, "token file writer: null tokens");
+inline std::string token_file_header(std::uint64_t count, std::uint32_t vocab) {
   unsigned char h[token_file_header_size] = {};
   std::memcpy(h, token_file_magic, 8);
   auto put32 = [&](int at, std::uint32_t v) {
@@ -187,26 +184,40 @@ void emit_token_file(const Int* tokens, std::size_t n, std::uint32_t vocab, Sink
   };
   put32(8, token_file_version);
   put32(12, token_file_header_size);
-  const auto count = static_cast<std::uint64_t>(n);
   put32(16, static_cast<std::uint32_t>(count & 0xffffffffu));
   put32(20, static_cast<std::uint32_t>(count >> 32));
   put32(24, vocab);
-  sink(h, sizeof h);
+  return std::string(reinterpret_cast<const char*>(h), sizeof h);
+}
+
+// Checks ids [0, n) (at file positions first + i) against the vocabulary and packs them as uint32.
+template <class Int>
+void pack_tokens(const Int* tokens, std::size_t n, std::uint32_t vocab, std::uint64_t first,
+                 std::vector<std::uint32_t>& out) {
+  static_assert(std::is_integral_v<Int>, "token ids are integers");
+  out.resize(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    const Int t = tokens[k];
+    bool ok = true;
+    if constexpr (std::is_signed_v<Int>) ok = t >= 0;
+    ok = ok && static_cast<std::uint64_t>(t) <= std::numeric_limits<std::int32_t>::max() &&
+         (vocab == 0 || static_cast<std::uint64_t>(t) < vocab);
+    OOMB_EXPECTS(ok, "token file writer: token at position ", first + k, " has id ", +t, ", outside [0, ",
+                 (vocab ? std::uint64_t{vocab} : std::uint64_t{1} << 31), ")");
+    out[k] = static_cast<std::uint32_t>(t);
+  }
+}
+
+template <class Int, class Sink>
+void emit_token_file(const Int* tokens, std::size_t n, std::uint32_t vocab, Sink&& sink) {
+  OOMB_EXPECTS(tokens != nullptr || n == 0, "token file writer: null tokens");
+  const std::string h = token_file_header(n, vocab);
+  sink(h.data(), h.size());
   std::vector<std::uint32_t> buf;
   constexpr std::size_t chunk = 1u << 18;
   for (std::size_t i = 0; i < n; i += chunk) {
     const std::size_t m = std::min(chunk, n - i);
-    buf.resize(m);
-    for (std::size_t k = 0; k < m; ++k) {
-      const Int t = tokens[i + k];
-      bool ok = true;
-      if constexpr (std::is_signed_v<Int>) ok = t >= 0;
-      ok = ok && static_cast<std::uint64_t>(t) <= std::numeric_limits<std::int32_t>::max() &&
-           (vocab == 0 || static_cast<std::uint64_t>(t) < vocab);
-      OOMB_EXPECTS(ok, "token file writer: token at position ", i + k, " has id ", +t,
-                   ", outside [0, ", (vocab ? std::uint64_t{vocab} : std::uint64_t{1} << 31), ")");
-      buf[k] = static_cast<std::uint32_t>(t);
-    }
+    pack_tokens(tokens + i, m, vocab, i, buf);
     sink(buf.data(), 4 * m);
   }
 }
@@ -230,6 +241,32 @@ void write_token_file(const std::string& path, const Int* tokens, std::size_t n,
   atomic_file f(path);
   detail::emit_token_file(tokens, n, vocab, [&](const void* p, std::size_t k) { f.write(p, k); });
   f.commit();
+}
+
+/// Converts a raw array of little-endian uint32 ids (e.g. numpy's `a.astype("<u4").tofile(path)`)
+/// into a token file, streaming (any size), atomically. A raw size not a multiple of 4 is a
+/// format_error; an id outside [0, vocab) an invalid_argument naming its position. Returns the
+/// number of tokens.
+inline std::uint64_t convert_raw_tokens(const std::string& raw_path, const std::string& out_path,
+                                        std::uint32_t vocab) {
+  const byte_source in = byte_source::open_file(raw_path);
+  OOMB_CHECK(in.size() % 4 == 0, oomb::format_error, raw_path, ": ", in.size(),
+             " bytes is not a whole number of uint32 tokens");
+  const std::uint64_t count = in.size() / 4;
+  atomic_file f(out_path);
+  const std::string h = detail::token_file_header(count, vocab);
+  f.write(h.data(), h.size());
+  std::vector<std::uint32_t> raw, packed;
+  constexpr std::size_t chunk = 1u << 18;
+  for (std::uint64_t i = 0; i < count; i += chunk) {
+    const auto m = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, count - i));
+    raw.resize(m);
+    in.read(4 * i, raw.data(), 4 * m);
+    detail::pack_tokens(raw.data(), m, vocab, i, packed);
+    f.write(packed.data(), 4 * m);
+  }
+  f.commit();
+  return count;
 }
 
 }  // namespace oomb_trainer
