@@ -79,6 +79,16 @@ TEST_CASE("selection: ties go to the lower page index") {
   // A NaN score loses even to -infinity.
   std::vector<float> odd = {1, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(), 2};
   CHECK(oomb::select_pages(odd.data(), 4, {3, 0, 0}) == std::vector<std::int32_t>{0, 2, 3});
+  // -0 and +0 are equal scores: the lower index wins.
+  const std::vector<float> zeros = {-1.0f, -0.0f, 0.0f, -2.0f};
+  CHECK(oomb::select_pages(zeros.data(), 4, {1, 0, 0}) == std::vector<std::int32_t>{1});
+  const std::vector<float> zeros2 = {-1.0f, 0.0f, -0.0f, -2.0f};
+  CHECK(oomb::select_pages(zeros2.data(), 4, {1, 0, 0}) == std::vector<std::int32_t>{1});
+  // Infinities order as numbers; the largest finite float still loses to +inf.
+  const std::vector<float> big = {std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                                  -std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min()};
+  CHECK(oomb::select_pages(big.data(), 4, {1, 0, 0}) == std::vector<std::int32_t>{1});
+  CHECK(oomb::select_pages(big.data(), 4, {3, 0, 0}) == std::vector<std::int32_t>{0, 1, 3});
 }
 
 TEST_CASE("selection: few pages keep them all; sink and local only") {

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -56,33 +59,39 @@ class page_selector {
     out.reserve(static_cast<std::size_t>(config_.max_pages()));
     for (std::int32_t i = 0; i < mid_begin; ++i) out.push_back(i);
     if (config_.budget > 0) {
-      scratch_.resize(static_cast<std::size_t>(mid_end - mid_begin));
-      for (std::int32_t i = mid_begin; i < mid_end; ++i) scratch_[static_cast<std::size_t>(i - mid_begin)] = i;
-      const auto key = [scores](std::int32_t i) {
-        const float s = scores[i];
-        return std::isnan(s) ? -std::numeric_limits<float>::infinity() : s;
-      };
-      // A strict total order: higher key first, then lower index. NaN shares -inf's key, so
-      // the order stays a strict weak ordering.
-      const auto better = [&](std::int32_t a, std::int32_t b) {
-        const float ka = key(a), kb = key(b);
-        if (ka != kb) return ka > kb;
-        if (std::isnan(scores[a]) != std::isnan(scores[b])) return !std::isnan(scores[a]);
-        return a < b;
-      };
-      const auto top = scratch_.begin() + config_.budget;
-      std::nth_element(scratch_.begin(), top - 1, scratch_.end(), better);
-      std::sort(scratch_.begin(), top);
-      out.insert(out.end(), scratch_.begin(), top);
+      // One integer per candidate orders them exactly as documented (higher score, then lower
+      // index), so nth_element compares plain integers: no NaN special cases in the comparator.
+      keys_.resize(static_cast<std::size_t>(mid_end - mid_begin));
+      for (std::int32_t i = mid_begin; i < mid_end; ++i)
+        keys_[static_cast<std::size_t>(i - mid_begin)] = rank_key(scores[i], i);
+      const auto top = keys_.begin() + config_.budget;
+      std::nth_element(keys_.begin(), top - 1, keys_.end(), std::greater<std::uint64_t>());
+      const std::size_t first = out.size();
+      for (auto it = keys_.begin(); it != top; ++it)
+        out.push_back(static_cast<std::int32_t>(~static_cast<std::uint32_t>(*it)));
+      std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
     }
     for (std::int32_t i = mid_end; i < num_past; ++i) out.push_back(i);
   }
 
   const selection_config& config() const noexcept { return config_; }
 
+  /// The order select() ranks by, as one integer (larger is better): the score mapped to an
+  /// order-preserving uint32 (NaN lowest, -0 == +0) in the high half, ~index in the low half.
+  static std::uint64_t rank_key(float score, std::int32_t index) noexcept {
+    score += 0.0f;  // -0 + 0 == +0: -0 ties with +0
+    std::uint32_t bits;
+    std::memcpy(&bits, &score, sizeof bits);
+    // Negative: flip all bits; positive: set the sign bit. Branch-free (random signs would
+    // mispredict). -inf maps to 0x007fffff, above 0, which NaN takes.
+    const std::uint32_t flip = static_cast<std::uint32_t>(-static_cast<std::int32_t>(bits >> 31)) | 0x80000000u;
+    const std::uint32_t order = std::isnan(score) ? 0u : bits ^ flip;
+    return (std::uint64_t(order) << 32) | std::uint64_t(~static_cast<std::uint32_t>(index));
+  }
+
  private:
   selection_config config_;
-  std::vector<std::int32_t> scratch_;
+  std::vector<std::uint64_t> keys_;
 };
 
 /// One-shot form of page_selector::select.
