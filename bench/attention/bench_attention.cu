@@ -63,6 +63,36 @@ struct result {
   double fwd_ms, bwd_ms;
 };
 
+/// Times one forward tile shape with a forced cluster split (0: the launcher's choice).
+template <class Cfg>
+double time_fwd(const device_problem& dp, int split, int reps) {
+  const auto a = dp.args();
+  dev<oomb::bf16> o(dp.h.q.size());
+  dev<float> lse(std::size_t(dp.h.c.sq) * dp.h.c.hq);
+  return median_ms(1, reps, [&] { gpu::detail::launch_forward<Cfg>(a, o.p, lse.p, nullptr, split); });
+}
+
+/// Times one backward tile shape (delta included).
+template <class Cfg>
+double time_bwd(const device_problem& dp, int reps) {
+  const auto a = dp.args();
+  const auto& c = dp.h.c;
+  const std::size_t qn = dp.h.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
+  const std::size_t gn = std::size_t(std::int64_t(dp.h.n_grad) * dp.h.shape.pair_elements());
+  dev<oomb::bf16> o(qn);
+  dev<float> lse(ln), delta(ln), dq(qn), dk(kn), dv(kn), g(gn);
+  dq.fill_bytes(0);
+  dk.fill_bytes(0);
+  dv.fill_bytes(0);
+  g.fill_bytes(0);
+  gpu::attention_forward(a, o.p, lse.p, nullptr);
+  const auto grads = dp.grads(g.p);
+  return median_ms(1, reps, [&] {
+    gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+    gpu::detail::launch_backward<Cfg>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+  });
+}
+
 result time_one(const problem& p, int reps) {
   device_problem dp(p);
   const auto a = dp.args();
@@ -133,6 +163,23 @@ int main(int argc, char** argv) {
         paged = time_one(p, r);
         if (past == 65536) {  // what gathering the window into contiguous memory first would cost
           device_problem dp(p);
+          // the same work with other tile shapes / splits (variants.cuh lists them)
+          const double tf = flops_fwd / 1e9, tb = flops_bwd / 1e9;
+          if (s.d == 128) {
+            using F = gpu::forward_config<128>::type;
+            for (int sp = 1; sp <= 4; ++sp)
+              std::printf("  [fwd d128 split %d: %.1f TFLOP/s]\n", sp, tf / time_fwd<F>(dp, sp, r));
+          } else {
+            using F = gpu::forward_config<64>::type;
+            using F2 = gpu::experimental::forward_d64_bn128;
+            for (int sp = 1; sp <= 4; ++sp)
+              std::printf("  [fwd d64 BN64 split %d: %.1f | BN128 split %d: %.1f TFLOP/s]\n", sp,
+                          tf / time_fwd<F>(dp, sp, r), sp, tf / time_fwd<F2>(dp, sp, r));
+            std::printf("  [bwd d64 BM64: %.1f | BM128: %.1f | BM64 2 blocks/SM: %.1f TFLOP/s]\n",
+                        tb / time_bwd<gpu::backward_config<64>::type>(dp, r),
+                        tb / time_bwd<gpu::experimental::backward_d64_bm128>(dp, r),
+                        tb / time_bwd<gpu::experimental::backward_d64_2blocks>(dp, r));
+          }
           const std::int64_t pair_vec = p.shape.pair_elements() * 2 / 16;
           dev<uint4> out(std::size_t(p.npages) * pair_vec);
           const double ms = median_ms(1, r, [&] {

@@ -29,10 +29,10 @@ if has sdpa; then
 fi
 if has sanitize; then
   timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_attention" \
-    -tc='*sanitize*,*bit for bit*,*reject*' >"$OUT/memcheck.log" 2>&1
+    -tc='*sanitize*,*bit for bit*,*reject*,*split*' >"$OUT/memcheck.log" 2>&1
   summary+=("memcheck rc=$?")
   tail -4 "$OUT/memcheck.log"
-  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/test_attention" -tc='*sanitize*' \
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/test_attention" -tc='*sanitize*,*split*' \
     >"$OUT/racecheck.log" 2>&1
   summary+=("racecheck rc=$?")
   tail -4 "$OUT/racecheck.log"

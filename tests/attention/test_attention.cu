@@ -314,6 +314,46 @@ TEST_CASE("attention: several windows merged equal one pass") {
   });
 }
 
+TEST_CASE("attention: forward split across a thread-block cluster (1..4 CTAs per row block) matches") {
+  std::printf("forward with forced cluster splits vs CPU reference\n");
+  using oomb::kv_layout;
+  const std::vector<config> cfgs = {
+      make("split g7 d128 p64", 200, 1300, 14, 2, 128, 64),
+      sparse(make("split sparse g5 d64 p16", 150, 900, 10, 2, 64, 16, kv_layout::token_major), 128),
+  };
+  for (const auto& c : cfgs) {
+    const problem p(c);
+    const cpu_result ref = run_cpu(p);
+    device_problem dp(p);
+    const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq;
+    for (int split = 1; split <= 4; ++split) {
+      dev<float> o(qn), lse(ln);
+      o.fill_bytes(0xff);
+      lse.fill_bytes(0xff);
+      if (c.d == 128)
+        gpu::detail::launch_forward<gpu::forward_config<128>::type>(dp.args(), o.p, lse.p, nullptr, split);
+      else
+        gpu::detail::launch_forward<gpu::forward_config<64>::type>(dp.args(), o.p, lse.p, nullptr, split);
+      sync();
+      const double eo = rel_err(to_double(o.download()), ref.o), el = rel_err(lse.download(), ref.lse);
+      std::printf("  %-34s split %d: o %.2e  lse %.2e\n", c.name.c_str(), split, eo, el);
+      CHECK(eo <= tolerance);
+      CHECK(el <= tolerance);
+    }
+  }
+}
+
+TEST_CASE("attention: fast_divmod is exact") {
+  for (std::uint32_t d = 1; d <= 200; ++d) {
+    const gpu::detail::fast_divmod f(d);
+    bool ok = true;
+    for (std::uint32_t n = 0; n < 100000; ++n) ok = ok && f.div(n) == n / d;
+    for (std::uint32_t n : {0x7fffffffu, 0x7ffffffeu, 0x40000000u, 123456789u}) ok = ok && f.div(n) == n / d;
+    INFO("d = ", d);
+    CHECK(ok);
+  }
+}
+
 TEST_CASE("attention: sparse selecting every past page equals dense, bit for bit") {
   for (int d : {64, 128}) {
     config c = make("all", 300, 900, 14, 2, d, 64);

@@ -12,6 +12,7 @@
 // window). Summing the backward over windows that partition the keys equals one pass.
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -80,6 +81,7 @@ inline kernel_params make_params(const attention_args& a, int rows_per_tile_mult
     OOMB_EXPECTS(a.tile > 0 && (std::int64_t(a.tile) * group) % rows_per_tile_multiple == 0,
                  "attention: sparse tile (", a.tile, " queries) times group (", group, ") must be a multiple of ",
                  rows_per_tile_multiple, " rows");
+    OOMB_EXPECTS(std::int64_t(a.tile) * group < (std::int64_t(1) << 30), "attention: sparse tile too large: ", a.tile);
     OOMB_EXPECTS((a.sq + a.tile - 1) / a.tile <= 4096, "attention: at most 4096 sparse query tiles per call, got ",
                  (a.sq + a.tile - 1) / a.tile);
   }
@@ -90,6 +92,7 @@ inline kernel_params make_params(const attention_args& a, int rows_per_tile_mult
   p.hq = a.hq;
   p.hkv = a.hkv;
   p.group = group;
+  p.group_div = fast_divmod(static_cast<std::uint32_t>(group));
   p.scale = a.scale;
   p.scale_log2 = a.scale * 1.4426950408889634f;
   p.pool = pool;
@@ -101,6 +104,7 @@ inline kernel_params make_params(const attention_args& a, int rows_per_tile_mult
   p.tile_indptr = a.tile_indptr;
   p.tile_pages = a.tile_pages;
   p.tile = a.tile;
+  p.tile_rows_div = fast_divmod(a.tile_indptr != nullptr ? static_cast<std::uint32_t>(a.tile * group) : 1u);
   return p;
 }
 
@@ -114,24 +118,102 @@ void allow_smem(Kernel k, int bytes) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// How many CTAs (one cluster) share each row block of the forward. A grid of B blocks on S
+/// resident slots runs in ceil(B / S) waves; splitting every block's keys in s parts fills the
+/// last wave better (B = 896 on 264 slots: 85% busy; s = 2: 97%). Splits need a few key tiles
+/// each. hint > 0 forces a split (the benchmark compares them).
+template <class Kernel>
+int forward_split(Kernel kernel, int threads, int smem, int blocks, std::int64_t key_tiles, int hint) {
+  if (hint > 0) return hint;
+  // Resident CTAs per split factor, per instantiation; the first device that asks decides.
+  static std::atomic<int> slots_per_split[5] = {0, 0, 0, 0, 0};
+  double best_eff = 0;
+  int best = 1;
+  for (int s = 1; s <= 4; ++s) {
+    if (s > 1 && key_tiles < 4 * s) break;
+    if (slots_per_split[s] == 0) {
+      int slots = 0;
+      if (s == 1) {
+        int dev = 0, sms = 0, per_sm = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+        slots = sms * per_sm;
+      } else {
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = dim3(static_cast<unsigned>(s) * 64);
+        cfg.blockDim = dim3(static_cast<unsigned>(threads));
+        cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = static_cast<unsigned>(s);
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+          (void)cudaGetLastError();  // a failed query only means "do not split this way"
+          clusters = 0;
+        }
+        slots = clusters * s;
+      }
+      slots_per_split[s] = slots > 0 ? slots : -1;
+    }
+    const int slots = slots_per_split[s];
+    if (slots <= 0) continue;
+    const std::int64_t n = std::int64_t(blocks) * s;
+    const double eff = double(n) / double((n + slots - 1) / slots * slots);
+    if (eff > best_eff + 0.03) {  // a split costs a merge: take it only for a clear gain
+      best_eff = eff;
+      best = s;
+    }
+  }
+  return best;
+}
+
+/// Launches the forward with tile shape Cfg (the public entry picks Cfg from variants.cuh).
+template <class Cfg, class O>
+void launch_forward(const attention_args& a, O* o, float* lse, cudaStream_t stream, int split_hint = 0) {
+  static_assert(std::is_same_v<O, oomb::bf16> || std::is_same_v<O, float>, "o is bf16 or float");
+  static_assert(Cfg::BM == 128, "the sparse-tile check assumes 128-row blocks");
+  OOMB_EXPECTS(a.d == Cfg::D, "attention_forward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
+  const kernel_params p = make_params(a, Cfg::BM);
+  OOMB_EXPECTS(o != nullptr && lse != nullptr, "attention_forward: o and lse must not be null");
+  OOMB_EXPECTS((reinterpret_cast<std::uintptr_t>(o) & 7u) == 0, "attention_forward: o must be 8-byte aligned");
+  const auto kernel = attention_forward_kernel<Cfg, O>;
+  allow_smem(kernel, Cfg::smem_bytes);
+  const int blocks = static_cast<int>((std::int64_t(a.sq) * p.group + Cfg::BM - 1) / Cfg::BM) * a.hkv;
+  const int split = forward_split(kernel, Cfg::THREADS, Cfg::smem_bytes, blocks,
+                                  std::int64_t(a.window_pages) * a.kv.pool.page_size / Cfg::BN, split_hint);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks / a.hkv * split), static_cast<unsigned>(a.hkv));
+  cfg.blockDim = dim3(Cfg::THREADS);
+  cfg.dynamicSmemBytes = Cfg::smem_bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(split);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = split > 1 ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p, o, lse, split);
+  if (e != cudaSuccess) OOMB_FAIL(oomb::cuda_error, "attention_forward: launch failed: ", cudaGetErrorString(e));
+  check_launch("attention_forward");
+}
+
+}  // namespace detail
+
 /// Forward over one window: o (O = oomb::bf16 or float) normalised within the window, lse natural
 /// log (-inf, o = 0 for queries that see no key of the window).
 template <class O>
 void attention_forward(const attention_args& a, O* o, float* lse, cudaStream_t stream) {
-  static_assert(std::is_same_v<O, oomb::bf16> || std::is_same_v<O, float>, "o is bf16 or float");
-  const int group = a.hq > 0 && a.hkv > 0 ? a.hq / a.hkv : 1;
-  const detail::kernel_params p = detail::make_params(a, 128);
-  OOMB_EXPECTS(o != nullptr && lse != nullptr, "attention_forward: o and lse must not be null");
-  OOMB_EXPECTS((reinterpret_cast<std::uintptr_t>(o) & 7u) == 0, "attention_forward: o must be 8-byte aligned");
   dispatch_head_dim(a.d, [&](auto dc) {
-    using Cfg = typename forward_config<decltype(dc)::value>::type;
-    static_assert(Cfg::BM == 128, "the sparse-tile check above assumes 128-row blocks");
-    const auto kernel = detail::attention_forward_kernel<Cfg, O>;
-    detail::allow_smem(kernel, Cfg::smem_bytes);
-    const dim3 grid((std::int64_t(a.sq) * group + Cfg::BM - 1) / Cfg::BM, a.hkv);
-    kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, o, lse);
+    detail::launch_forward<typename forward_config<decltype(dc)::value>::type>(a, o, lse, stream);
   });
-  detail::check_launch("attention_forward");
 }
 
 /// o_acc, lse_acc (start: 0, -inf) absorb one window's o, lse. All fp32, [sq][hq][d] and [hq][sq].
@@ -158,13 +240,17 @@ void attention_backward_delta(std::int32_t sq, std::int32_t hq, std::int32_t d, 
   detail::check_launch("attention_backward_delta");
 }
 
-/// Backward over one window (see the file comment). dq, dk_own, dv_own, gradient pages: fp32, added to.
-inline void attention_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
-                               float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
-                               cudaStream_t stream) {
-  const detail::kernel_params p = detail::make_params(a, 64);
+namespace detail {
+
+/// Launches the backward with tile shape Cfg (the public entry picks Cfg from variants.cuh).
+template <class Cfg>
+void launch_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
+                     float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
+                     cudaStream_t stream) {
+  OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
+  const kernel_params p = make_params(a, Cfg::BM);
   OOMB_EXPECTS(lse && delta && d_o && dq && dk_own && dv_own, "attention_backward: null pointer");
-  OOMB_EXPECTS(detail::aligned16(d_o), "attention_backward: d_o must be 16-byte aligned");
+  OOMB_EXPECTS(aligned16(d_o), "attention_backward: d_o must be 16-byte aligned");
   OOMB_EXPECTS(((reinterpret_cast<std::uintptr_t>(dq) | reinterpret_cast<std::uintptr_t>(dk_own) |
                  reinterpret_cast<std::uintptr_t>(dv_own)) & 7u) == 0,
                "attention_backward: dq, dk_own, dv_own must be 8-byte aligned");
@@ -180,18 +266,26 @@ inline void attention_backward(const attention_args& a, const float* lse, const 
                      dpast.pool.v_offset % 2 == 0 && dpast.pool.stride_token % 2 == 0 && dpast.pool.stride_head % 2 == 0,
                  "attention_backward: gradient pages must be 8-byte aligned");
   }
-  detail::backward_outputs out{dq, dk_own, dv_own, dpast};
+  const backward_outputs out{dq, dk_own, dv_own, dpast};
+  const auto kernel = attention_backward_kernel<Cfg>;
+  allow_smem(kernel, Cfg::smem_bytes);
+  const std::int64_t keys = std::int64_t(a.window_pages) * a.kv.pool.page_size;
+  const dim3 grid(static_cast<unsigned>((keys + Cfg::BN - 1) / Cfg::BN), a.hkv);
+  if (grid.x == 0) return;
+  kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, lse, delta, reinterpret_cast<const std::uint16_t*>(d_o), out);
+  check_launch("attention_backward");
+}
+
+}  // namespace detail
+
+/// Backward over one window (see the file comment). dq, dk_own, dv_own, gradient pages: fp32, added to.
+inline void attention_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
+                               float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
+                               cudaStream_t stream) {
   dispatch_head_dim(a.d, [&](auto dc) {
-    using Cfg = typename backward_config<decltype(dc)::value>::type;
-    const auto kernel = detail::attention_backward_kernel<Cfg>;
-    detail::allow_smem(kernel, Cfg::smem_bytes);
-    const std::int64_t keys = std::int64_t(a.window_pages) * a.kv.pool.page_size;
-    const dim3 grid(static_cast<unsigned>((keys + Cfg::BN - 1) / Cfg::BN), a.hkv);
-    if (grid.x == 0) return;
-    kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, lse, delta, reinterpret_cast<const std::uint16_t*>(d_o),
-                                                            out);
+    detail::launch_backward<typename backward_config<decltype(dc)::value>::type>(a, lse, delta, d_o, dq, dk_own,
+                                                                                 dv_own, dpast, stream);
   });
-  detail::check_launch("attention_backward");
 }
 
 }  // namespace oomb_trainer::gpu

@@ -23,14 +23,25 @@
 
 namespace oomb_trainer::gpu::detail {
 
-template <int D_, int BN_, int BM_, int WARPS_, int MIN_BLOCKS_>
+/// Tile shape of the backward: BN keys per block, BM packed query rows per step, and three warp
+/// layouts: S/dP as WM_S (rows) x WARPS/WM_S (keys), dK/dV as WK (keys) x WARPS/WK (d), dQ as
+/// WM_Q (rows) x WARPS/WM_Q (d).
+template <int D_, int BN_, int BM_, int WARPS_, int MIN_BLOCKS_, int WM_S_, int WK_, int WM_Q_>
 struct backward_tile {
   static constexpr int D = D_, BN = BN_, BM = BM_, WARPS = WARPS_, MIN_BLOCKS = MIN_BLOCKS_;
   static constexpr int THREADS = WARPS * 32;
-  static constexpr int max_tiles = 4096;  // sparse query tiles one call may have
-  static constexpr int smem_bytes =
-      (2 * BN * D + 2 * 2 * BM * D + 2 * BM * BN) * 2 + 2 * 2 * BM * 4 + max_tiles;
-  static_assert(BN == 128 && BM == 64 && WARPS == 8, "the warp layouts below assume 128 keys x 64 rows, 8 warps");
+  static constexpr int WM_S = WM_S_, WN_S = WARPS / WM_S_, WK = WK_, WD = WARPS / WK_, WM_Q = WM_Q_,
+                       WN_Q = WARPS / WM_Q_;
+  static constexpr int S_M = BM / WM_S, S_N = BN / WN_S;  // one warp's S/dP tile
+  static constexpr int KV_M = BN / WK, KV_N = D / WD;     // one warp's dK/dV tile
+  static constexpr int Q_M = BM / WM_Q, Q_N = D / WN_Q;   // one warp's dQ tile
+  static constexpr int max_tiles = 4096;                  // sparse query tiles one call may have
+  static constexpr int tiles_bytes = 2 * BN * D * 2 + 2 * 2 * BM * D * 2 + 2 * BM * BN * 2;
+  static constexpr int smem_bytes = tiles_bytes + 2 * 4 * BM * 4 + max_tiles;
+  static_assert(S_M % 16 == 0 && S_N % 16 == 0 && KV_M % 16 == 0 && KV_N % 16 == 0 && Q_M % 16 == 0 &&
+                    Q_N % 16 == 0 && BM % 16 == 0 && BN % 16 == 0,
+                "warp tiles must be multiples of 16");
+  static_assert((S_N / 8) <= 8 && ((S_N / 8) & (S_N / 8 - 1)) == 0, "S tile columns: 16, 32 or 64");
 };
 
 struct backward_outputs {
@@ -47,19 +58,24 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
                               const backward_outputs outp) {
   constexpr int D = Cfg::D, BN = Cfg::BN, BM = Cfg::BM, THREADS = Cfg::THREADS;
   constexpr int CPR = D / 8, RPP = THREADS / CPR;
-  constexpr int NT_KV = D / 16;  // n8 tiles of a warp's dK/dV slice (D/2 columns)
-  constexpr int NT_Q = D / 32;   // n8 tiles of a warp's dQ slice (D/4 columns)
+  constexpr int MT_S = Cfg::S_M / 16, NT_S = Cfg::S_N / 8;
+  constexpr int MT_KV = Cfg::KV_M / 16, NT_KV = Cfg::KV_N / 8;
+  constexpr int MT_Q = Cfg::Q_M / 16, NT_Q = Cfg::Q_N / 8;
+  constexpr int QSTAGE = BM * D * 2;
+  static_assert(BN % RPP == 0 && BM % RPP == 0 && RPP % 8 == 0, "load passes");
 
   extern __shared__ __align__(128) unsigned char smem[];
   const std::uint32_t sK = smem_addr(smem);
   const std::uint32_t sV = sK + BN * D * 2;
-  const std::uint32_t sQ = sV + BN * D * 2;          // 2 stages
-  const std::uint32_t sdO = sQ + 2 * BM * D * 2;     // 2 stages
-  const std::uint32_t sP = sdO + 2 * BM * D * 2;     // [BM][BN]
-  const std::uint32_t sdS = sP + BM * BN * 2;        // [BM][BN]
-  float* sL = reinterpret_cast<float*>(smem + (2 * BN * D + 4 * BM * D + 2 * BM * BN) * 2);  // [2][BM] lse * log2 e
-  float* sDelta = sL + 2 * BM;                                                             // [2][BM]
-  std::uint8_t* sBits = reinterpret_cast<std::uint8_t*>(sDelta + 2 * BM);
+  const std::uint32_t sQ = sV + BN * D * 2;      // 2 stages
+  const std::uint32_t sdO = sQ + 2 * QSTAGE;     // 2 stages
+  const std::uint32_t sP = sdO + 2 * QSTAGE;     // [BM][BN]
+  const std::uint32_t sdS = sP + BM * BN * 2;    // [BM][BN]
+  float* sL = reinterpret_cast<float*>(smem + Cfg::tiles_bytes);  // [2][BM] lse
+  float* sDelta = sL + 2 * BM;                                    // [2][BM]
+  int* sRowQ = reinterpret_cast<int*>(sDelta + 2 * BM);           // [2][BM] query index (-1: no row)
+  int* sRowOff = sRowQ + 2 * BM;                                  // [2][BM] element offset of the row in q / dq
+  std::uint8_t* sBits = reinterpret_cast<std::uint8_t*>(sRowOff + 2 * BM);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -79,14 +95,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 
   // K and V of the block, once.
   const int lrow = tid / CPR, lchunk = tid % CPR;
+  const std::uint32_t dst0 = swizzled<D>::offset(lrow, lchunk);
 #pragma unroll
   for (int i = 0; i < BN / RPP; ++i) {
-    const int r = lrow + i * RPP;
-    const std::int32_t s = s0 + r;
+    const std::int32_t s = s0 + lrow + i * RPP;
     const bool ok = s < win.len;
     const std::int64_t off = ok ? p.pool.offset(win.ids[s >> p.log_page], s & page_mask, kvh) + lchunk * 8 : 0;
-    cp_async_16(sK + swizzled<D>::offset(r, lchunk), base + off, ok);
-    cp_async_16(sV + swizzled<D>::offset(r, lchunk), base + off + p.pool.v_offset, ok);
+    cp_async_16(sK + dst0 + i * RPP * (D * 2), base + off, ok);
+    cp_async_16(sV + dst0 + i * RPP * (D * 2), base + off + (ok ? p.pool.v_offset : 0), ok);
   }
 
   // Sparse: bit b of sBits[tile] says whether that query tile attends page j0 + b of the block.
@@ -118,26 +134,37 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   // Next query tile at or after b that has work for this block.
   auto next_block = [&](int b) {
     if (sparse)
-      while (b < nqb && sBits[(b * BM) / tile_rows] == 0) b = ((b * BM) / tile_rows + 1) * tile_rows / BM;
+      while (b < nqb) {
+        const std::uint32_t t = p.tile_rows_div.div(static_cast<std::uint32_t>(b * BM));
+        if (sBits[t] != 0) break;
+        b = static_cast<int>((t + 1) * static_cast<std::uint32_t>(tile_rows) / BM);
+      }
     return b;
   };
 
+  const int head0 = kvh * p.group;
+  // Issues the loads of query block b into `stage` and records its rows' query index and offset.
   auto load_q = [&](int b, int stage) {
 #pragma unroll
     for (int i = 0; i < BM / RPP; ++i) {
-      const int r = lrow + i * RPP, R = b * BM + r;
+      const int R = b * BM + lrow + i * RPP;
       const bool ok = R < rows;
-      const std::int64_t off = ok ? (std::int64_t(R / p.group) * p.hq + kvh * p.group + R % p.group) * D + lchunk * 8 : 0;
-      const std::uint32_t dst = swizzled<D>::offset(r, lchunk) + stage * (BM * D * 2);
+      const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
+      const std::int64_t off = ok ? (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + lchunk * 8 : 0;
+      const std::uint32_t dst = dst0 + i * RPP * (D * 2) + stage * QSTAGE;
       cp_async_16(sQ + dst, p.q + off, ok);
       cp_async_16(sdO + dst, d_o + off, ok);
     }
-    if (tid < BM) {
-      const int R = b * BM + tid;
+    for (int r = tid; r < BM; r += THREADS) {
+      const int R = b * BM + r;
       const bool ok = R < rows;
-      const std::int64_t off = ok ? std::int64_t(kvh * p.group + R % p.group) * p.sq + R / p.group : 0;
-      cp_async_4(smem_addr(sL + stage * BM + tid), lse + off, ok);
-      cp_async_4(smem_addr(sDelta + stage * BM + tid), delta + off, ok);
+      const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
+      const int hh = head0 + (R - qi * p.group);
+      const std::int64_t off = ok ? std::int64_t(hh) * p.sq + qi : 0;
+      cp_async_4(smem_addr(sL + stage * BM + r), lse + off, ok);
+      cp_async_4(smem_addr(sDelta + stage * BM + r), delta + off, ok);
+      sRowQ[stage * BM + r] = ok ? qi : -1;
+      sRowOff[stage * BM + r] = ok ? (qi * p.hq + hh) * D : 0;
     }
   };
 
@@ -146,19 +173,29 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   if (b < nqb) load_q(b, 0);
   cp_async_commit();
 
-  // Warp layouts: S/dP and dQ tiles as 2 (rows) x 4 (keys / d); dK/dV as 4 (keys) x 2 (d).
-  const int wm = warp >> 2, wn = warp & 3;
-  const int wk = warp >> 1, wd = warp & 1;
+  const int wm = warp / Cfg::WN_S, wn = warp % Cfg::WN_S;   // S / dP
+  const int wk = warp / Cfg::WD, wd = warp % Cfg::WD;       // dK / dV
+  const int wq = warp / Cfg::WN_Q, wqn = warp % Cfg::WN_Q;  // dQ
 
-  float acc_dk[2][NT_KV][4], acc_dv[2][NT_KV][4];
+  // Per-lane fragment addresses (see frag_addr); Q/dO get the stage offset per step.
+  const frag_addr<D> fQ0(sQ, lane, true), fdO0(sdO, lane, true);
+  const frag_addr<D> fK_b(sK, lane, false), fV_b(sV, lane, false), fK_a(sK, lane, true);
+  const frag_addr<BN> fP_b(sP, lane, false), fdS_b(sdS, lane, false), fdS_a(sdS, lane, true);
+  // Where this thread stores its P / dS pairs: row wm*S_M + mt*16 + g + 8h, chunk (c0 + nt) ^ g
+  // with c0 = wn*S_N/8 a multiple of NT_S, so the chunk is ((c0 ^ g) ^ nt).
+  const std::uint32_t pd_row = static_cast<std::uint32_t>((wm * Cfg::S_M + g) * (BN * 2) + 4 * t4);
+  const std::uint32_t pd_chunk = static_cast<std::uint32_t>(((wn * Cfg::S_N / 8) ^ g) << 4);
+
+  float acc_dk[MT_KV][NT_KV][4], acc_dv[MT_KV][NT_KV][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT_KV; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NT_KV; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_dk[mt][nt][e] = acc_dv[mt][nt][e] = 0.0f;
 
   constexpr float log2e = 1.4426950408889634f;
+  const std::int64_t kbase = pos0 + s0 - p.q_start;  // key column c sits at query index kbase + c
   for (int it = 0; b < nqb; ++it) {
     const int stage = it & 1;
     cp_async_wait<0>();
@@ -166,33 +203,37 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     const int nb = next_block(b + 1);
     if (nb < nqb) load_q(nb, stage ^ 1);
     cp_async_commit();
-    const std::uint32_t sQs = sQ + stage * (BM * D * 2), sdOs = sdO + stage * (BM * D * 2);
+    frag_addr<D> fQ = fQ0, fdO = fdO0;
+    fQ.base += stage * QSTAGE;
+    fdO.base += stage * QSTAGE;
     const float* sLs = sL + stage * BM;
     const float* sDs = sDelta + stage * BM;
+    const int* rowq = sRowQ + stage * BM;
+    const int* rowoff = sRowOff + stage * BM;
 
-    // S = Q K^T and dP = dO V^T, rows wm*32.., keys wn*32..
-    float s[2][4][4], dp[2][4][4];
+    // S = Q K^T and dP = dO V^T on this warp's S_M x S_N tile.
+    float s[MT_S][NT_S][4], dp[MT_S][NT_S][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT_S; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      std::uint32_t a[2][4], ad[2][4];
+      std::uint32_t a[MT_S][4], ad[MT_S][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        load_a<D>(sQs, wm * 32 + mt * 16, kk * 16, lane, a[mt]);
-        load_a<D>(sdOs, wm * 32 + mt * 16, kk * 16, lane, ad[mt]);
+      for (int mt = 0; mt < MT_S; ++mt) {
+        load_a(fQ, wm * Cfg::S_M + mt * 16, kk * 16, a[mt]);
+        load_a(fdO, wm * Cfg::S_M + mt * 16, kk * 16, ad[mt]);
       }
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
+      for (int np = 0; np < NT_S / 2; ++np) {
         std::uint32_t bk[4], bv[4];
-        load_b_nk<D>(sK, wn * 32 + np * 16, kk * 16, lane, bk);
-        load_b_nk<D>(sV, wn * 32 + np * 16, kk * 16, lane, bv);
+        load_b_nk(fK_b, wn * Cfg::S_N + np * 16, kk * 16, bk);
+        load_b_nk(fV_b, wn * Cfg::S_N + np * 16, kk * 16, bv);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < MT_S; ++mt) {
           mma_16816(s[mt][2 * np], a[mt], bk[0], bk[1]);
           mma_16816(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
           mma_16816(dp[mt][2 * np], ad[mt], bv[0], bv[1]);
@@ -202,56 +243,63 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     }
 
     // P = exp(scale S - lse), dS = P (dP - delta); masked entries are 0. Both go to shared memory.
-    const unsigned bits = sparse ? sBits[(b * BM) / tile_rows] : full_bits;
-    const bool need_mask = s_end - s0 < BN || bits != full_bits || kmax > p.q_start + (b * BM) / p.group;
+    // Two copies of the loop so that tiles needing no mask carry no per-element test.
+    const unsigned bits = sparse ? sBits[p.tile_rows_div.div(static_cast<std::uint32_t>(b * BM))] : full_bits;
+    auto softmax_grad = [&](auto masked) {
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < MT_S; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wm * 32 + mt * 16 + g + 8 * h;
-        const int R = b * BM + r;
-        const float l2 = sLs[r] * log2e;
-        const float lref = l2 == -INFINITY ? INFINITY : l2;
-        const float dl = sDs[r];
-        const std::int64_t qpos = p.q_start + (R < rows ? R / p.group : 0);
+        for (int h = 0; h < 2; ++h) {
+          const int r = wm * Cfg::S_M + mt * 16 + g + 8 * h;
+          const float l2 = sLs[r] * log2e;
+          const float lref = l2 == -INFINITY ? INFINITY : l2;
+          const float dl = sDs[r];
+          const std::uint32_t roff = pd_row + static_cast<std::uint32_t>((mt * 16 + 8 * h) * (BN * 2));
+          [[maybe_unused]] const std::int64_t qlim = std::int64_t(rowq[r]) - kbase;  // visible: col <= qlim
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          float pv[2], dv[2];
+          for (int nt = 0; nt < NT_S; ++nt) {
+            float pv[2], dv[2];
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int col = wn * 32 + nt * 8 + 2 * t4 + c;
-            float pe = fast_exp2(fmaf(s[mt][nt][2 * h + c], p.scale_log2, -lref));
-            if (need_mask) {
-              const std::int32_t sk = s0 + col;
-              const bool ok = sk < s_end && ((bits >> ((sk >> p.log_page) - j0)) & 1u) && pos0 + sk <= qpos;
-              if (!ok) pe = 0.0f;
+            for (int c = 0; c < 2; ++c) {
+              float pe = fast_exp2(fmaf(s[mt][nt][2 * h + c], p.scale_log2, -lref));
+              if constexpr (decltype(masked)::value) {
+                const int col = wn * Cfg::S_N + nt * 8 + 2 * t4 + c;
+                const std::int32_t sk = s0 + col;
+                const bool ok = sk < s_end && ((bits >> ((sk >> p.log_page) - j0)) & 1u) && col <= qlim;
+                if (!ok) pe = 0.0f;
+              }
+              pv[c] = pe;
+              dv[c] = pe * (dp[mt][nt][2 * h + c] - dl);
             }
-            pv[c] = pe;
-            dv[c] = pe * (dp[mt][nt][2 * h + c] - dl);
+            const std::uint32_t off = roff + (pd_chunk ^ static_cast<std::uint32_t>(nt << 4));
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + off), "r"(pack_bf16(pv[0], pv[1])));
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + off), "r"(pack_bf16(dv[0], dv[1])));
           }
-          const std::uint32_t off = swizzled<BN>::offset(r, (wn * 32 + nt * 8) >> 3) + 4 * t4;
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + off), "r"(pack_bf16(pv[0], pv[1])));
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + off), "r"(pack_bf16(dv[0], dv[1])));
         }
-      }
+    };
+    if (s_end - s0 < BN || bits != full_bits ||
+        kmax > p.q_start + std::int64_t(p.group_div.div(static_cast<std::uint32_t>(b * BM))))
+      softmax_grad(std::true_type{});
+    else
+      softmax_grad(std::false_type{});
     __syncthreads();
 
-    // dV += P^T dO, dK += dS^T Q: keys wk*32.., d columns wd*D/2..
+    // dV += P^T dO, dK += dS^T Q on this warp's KV_M keys x KV_N columns.
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {
-      std::uint32_t ap[2][4], as[2][4];
+      std::uint32_t ap[MT_KV][4], as[MT_KV][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        load_a_t<BN>(sP, wk * 32 + mt * 16, kk * 16, lane, ap[mt]);
-        load_a_t<BN>(sdS, wk * 32 + mt * 16, kk * 16, lane, as[mt]);
+      for (int mt = 0; mt < MT_KV; ++mt) {
+        load_a_t(fP_b, wk * Cfg::KV_M + mt * 16, kk * 16, ap[mt]);
+        load_a_t(fdS_b, wk * Cfg::KV_M + mt * 16, kk * 16, as[mt]);
       }
 #pragma unroll
       for (int np = 0; np < NT_KV / 2; ++np) {
         std::uint32_t bo[4], bq[4];
-        load_b_kn<D>(sdOs, wd * (D / 2) + np * 16, kk * 16, lane, bo);
-        load_b_kn<D>(sQs, wd * (D / 2) + np * 16, kk * 16, lane, bq);
+        load_b_kn(fdO, wd * Cfg::KV_N + np * 16, kk * 16, bo);
+        load_b_kn(fQ, wd * Cfg::KV_N + np * 16, kk * 16, bq);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < MT_KV; ++mt) {
           mma_16816(acc_dv[mt][2 * np], ap[mt], bo[0], bo[1]);
           mma_16816(acc_dv[mt][2 * np + 1], ap[mt], bo[2], bo[3]);
           mma_16816(acc_dk[mt][2 * np], as[mt], bq[0], bq[1]);
@@ -260,39 +308,38 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
       }
     }
 
-    // dQ += scale * dS K: rows wm*32.., d columns wn*D/4..; added to global memory.
+    // dQ += scale * dS K on this warp's Q_M rows x Q_N columns, added to global memory.
     {
-      float dq[2][NT_Q][4];
+      float dq[MT_Q][NT_Q][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < MT_Q; ++mt)
 #pragma unroll
         for (int nt = 0; nt < NT_Q; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) dq[mt][nt][e] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
-        std::uint32_t a[2][4];
+        std::uint32_t a[MT_Q][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) load_a<BN>(sdS, wm * 32 + mt * 16, kk * 16, lane, a[mt]);
+        for (int mt = 0; mt < MT_Q; ++mt) load_a(fdS_a, wq * Cfg::Q_M + mt * 16, kk * 16, a[mt]);
 #pragma unroll
         for (int np = 0; np < NT_Q / 2; ++np) {
           std::uint32_t bk[4];
-          load_b_kn<D>(sK, wn * (D / 4) + np * 16, kk * 16, lane, bk);
+          load_b_kn(fK_a, wqn * Cfg::Q_N + np * 16, kk * 16, bk);
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
+          for (int mt = 0; mt < MT_Q; ++mt) {
             mma_16816(dq[mt][2 * np], a[mt], bk[0], bk[1]);
             mma_16816(dq[mt][2 * np + 1], a[mt], bk[2], bk[3]);
           }
         }
       }
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < MT_Q; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int R = b * BM + wm * 32 + mt * 16 + g + 8 * h;
-          if (R >= rows) continue;
-          float* dst = outp.dq + (std::int64_t(R / p.group) * p.hq + kvh * p.group + R % p.group) * D +
-                       wn * (D / 4) + 2 * t4;
+          const int r = wq * Cfg::Q_M + mt * 16 + g + 8 * h;
+          if (rowq[r] < 0) continue;
+          float* dst = outp.dq + rowoff[r] + wqn * Cfg::Q_N + 2 * t4;
 #pragma unroll
           for (int nt = 0; nt < NT_Q; ++nt)
             red_add_v2(dst + nt * 8, dq[mt][nt][2 * h] * p.scale, dq[mt][nt][2 * h + 1] * p.scale);
@@ -304,10 +351,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 
   // Epilogue: each key row has exactly one owner (this block), so a plain read-add-write suffices.
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT_KV; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const std::int32_t sk = s0 + wk * 32 + mt * 16 + g + 8 * h;
+      const std::int32_t sk = s0 + wk * Cfg::KV_M + mt * 16 + g + 8 * h;
       if (sk >= s_end) continue;
       const std::int64_t pos = pos0 + sk;
       float *dk, *dv;
@@ -324,7 +371,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
       }
 #pragma unroll
       for (int nt = 0; nt < NT_KV; ++nt) {
-        const int col = wd * (D / 2) + nt * 8 + 2 * t4;
+        const int col = wd * Cfg::KV_N + nt * 8 + 2 * t4;
         float2 k2 = *reinterpret_cast<float2*>(dk + col), v2 = *reinterpret_cast<float2*>(dv + col);
         k2.x += acc_dk[mt][nt][2 * h] * p.scale;
         k2.y += acc_dk[mt][nt][2 * h + 1] * p.scale;

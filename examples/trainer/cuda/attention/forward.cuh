@@ -33,43 +33,52 @@ struct forward_tile {
 
 template <class Cfg, class O>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
-    attention_forward_kernel(const kernel_params p, O* __restrict__ out, float* __restrict__ lse_out) {
+    attention_forward_kernel(const kernel_params p, O* __restrict__ out, float* __restrict__ lse_out, int split) {
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, THREADS = Cfg::THREADS, MT = Cfg::MT;
   constexpr int NT_S = BN / 8, NT_O = D / 8;
   constexpr int CPR = D / 8;            // 16-byte chunks per row
   constexpr int RPP = THREADS / CPR;    // rows one pass of the block loads
   constexpr int KV_PASSES = BN / RPP;
-  static_assert(BN % RPP == 0 && BM % RPP == 0, "load passes");
+  constexpr int KV_STAGE = BN * D * 2;  // bytes of one K (or V) stage
+  static_assert(BN % RPP == 0 && BM % RPP == 0 && RPP % 8 == 0, "load passes");
 
   extern __shared__ __align__(128) unsigned char smem[];
   const std::uint32_t sQ = smem_addr(smem);
-  const std::uint32_t sK = sQ + BM * D * 2;       // stage s at sK + s * BN * D * 2
-  const std::uint32_t sV = sK + 2 * BN * D * 2;
+  const std::uint32_t sK = sQ + BM * D * 2;  // stage s at sK + s * KV_STAGE
+  const std::uint32_t sV = sK + 2 * KV_STAGE;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const int kvh = blockIdx.y;
+  // `split` CTAs (one thread-block cluster) share a row block, each taking a contiguous part of its
+  // key tiles; rank 0 merges the partial results through distributed shared memory.
+  const int rank = static_cast<int>(blockIdx.x) % split;
   // Heaviest (latest, most causal work) blocks first.
-  const int r0 = (gridDim.x - 1 - blockIdx.x) * BM;
+  const int r0 = (static_cast<int>(gridDim.x) / split - 1 - static_cast<int>(blockIdx.x) / split) * BM;
   const int rows = p.sq * p.group;
-  const int q_lo = r0 / p.group;
-  const int q_hi = ((r0 + BM < rows ? r0 + BM : rows) - 1) / p.group;
+  const int q_lo = static_cast<int>(p.group_div.div(r0));
+  const int q_hi = static_cast<int>(p.group_div.div((r0 + BM < rows ? r0 + BM : rows) - 1));
   const std::int64_t qpos_lo = p.q_start + q_lo, qpos_hi = p.q_start + q_hi;
 
   const virtual_keys keys(p, p.tile_indptr ? q_lo / p.tile : 0);
   const std::int32_t vlen = keys.vlen;
   const std::int32_t page_mask = (1 << p.log_page) - 1;
   const auto base = reinterpret_cast<const std::uint16_t*>(p.pool.base);
+  // Pages at least one tile long hold each tile whole: one page-table lookup per tile.
+  const bool uniform = (1 << p.log_page) >= BN;
 
-  // Q tile (rows past the chunk read as zeros).
+  // Q tile (rows past the chunk read as zeros). Rows a thread loads are RPP apart, so their
+  // swizzle (row & 7) is the same and the destination advances by a constant.
   const int lrow = tid / CPR, lchunk = tid % CPR;
+  const std::uint32_t dst0 = swizzled<D>::offset(lrow, lchunk);
 #pragma unroll
   for (int i = 0; i < BM / RPP; ++i) {
-    const int r = lrow + i * RPP, R = r0 + r;
+    const int R = r0 + lrow + i * RPP;
     const bool ok = R < rows;
+    const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
     const std::uint16_t* src =
-        ok ? p.q + (std::int64_t(R / p.group) * p.hq + kvh * p.group + R % p.group) * D + lchunk * 8 : p.q;
-    cp_async_16(sQ + swizzled<D>::offset(r, lchunk), src, ok);
+        ok ? p.q + (std::int64_t(qi) * p.hq + kvh * p.group + (R - qi * p.group)) * D + lchunk * 8 : p.q;
+    cp_async_16(sQ + dst0 + i * RPP * (D * 2), src, ok);
   }
 
   // Tiles of keys visible to at least one row: positions are monotonic in the virtual slot.
@@ -85,44 +94,73 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     }
     n_blocks = lo;
   }
+  const int b_begin = n_blocks * rank / split, b_end = n_blocks * (rank + 1) / split;
 
+  // Page ids of a tile, fetched one tile before its load is issued.
   std::int32_t ids[KV_PASSES];
   auto fetch_ids = [&](int blk) {
+    if (uniform) {
+      ids[0] = keys.id(blk * BN);
+    } else {
 #pragma unroll
-    for (int i = 0; i < KV_PASSES; ++i) {
-      const std::int32_t v = blk * BN + lrow + i * RPP;
-      ids[i] = v < vlen ? keys.id(v) : -1;
+      for (int i = 0; i < KV_PASSES; ++i) {
+        const std::int32_t v = blk * BN + lrow + i * RPP;
+        ids[i] = v < vlen ? keys.id(v) : -1;
+      }
     }
   };
+  const std::int64_t row_step = std::int64_t(RPP) * p.pool.stride_token;
   auto load_kv = [&](int blk, int stage) {
+    const std::int32_t v0 = blk * BN;
+    const std::uint32_t dk = sK + stage * KV_STAGE + dst0, dv = sV + stage * KV_STAGE + dst0;
+    if (uniform) {
+      const std::uint16_t* src = base + p.pool.offset(ids[0], (v0 & page_mask) + lrow, kvh) + lchunk * 8;
+      if (v0 + BN <= vlen) {  // a full tile: no row checks
 #pragma unroll
-    for (int i = 0; i < KV_PASSES; ++i) {
-      const int r = lrow + i * RPP;
-      const std::int32_t v = blk * BN + r;
-      const bool ok = ids[i] >= 0;
-      const std::int64_t off = ok ? p.pool.offset(ids[i], v & page_mask, kvh) + lchunk * 8 : 0;
-      const std::uint32_t dst = swizzled<D>::offset(r, lchunk) + stage * (BN * D * 2);
-      cp_async_16(sK + dst, base + off, ok);
-      cp_async_16(sV + dst, base + off + p.pool.v_offset, ok);
+        for (int i = 0; i < KV_PASSES; ++i) {
+          cp_async_16(dk + i * RPP * (D * 2), src + i * row_step, true);
+          cp_async_16(dv + i * RPP * (D * 2), src + i * row_step + p.pool.v_offset, true);
+        }
+      } else {
+        const std::int32_t valid = vlen - v0 - lrow;  // rows lrow + i * RPP < vlen - v0
+#pragma unroll
+        for (int i = 0; i < KV_PASSES; ++i) {
+          const bool ok = i * RPP < valid;
+          const std::uint16_t* sk = ok ? src + i * row_step : base;
+          cp_async_16(dk + i * RPP * (D * 2), sk, ok);
+          cp_async_16(dv + i * RPP * (D * 2), sk + (ok ? p.pool.v_offset : 0), ok);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < KV_PASSES; ++i) {
+        const std::int32_t v = v0 + lrow + i * RPP;
+        const bool ok = ids[i] >= 0;
+        const std::int64_t off = ok ? p.pool.offset(ids[i], v & page_mask, kvh) + lchunk * 8 : 0;
+        cp_async_16(dk + i * RPP * (D * 2), base + off, ok);
+        cp_async_16(dv + i * RPP * (D * 2), base + off + (ok ? p.pool.v_offset : 0), ok);
+      }
     }
   };
 
-  if (n_blocks > 0) {
-    fetch_ids(0);
-    load_kv(0, 0);
+  if (b_end > b_begin) {
+    fetch_ids(b_begin);
+    load_kv(b_begin, 0);
   }
   cp_async_commit();
-  if (n_blocks > 1) fetch_ids(1);
+  if (b_end > b_begin + 1) fetch_ids(b_begin + 1);
 
-  // Per-thread rows: (mt, h) -> local row warp * WM + mt * 16 + g + 8h.
-  std::int64_t qpos[MT][2];
+  // Per-thread rows: (mt, h) -> local row warp * WM + mt * 16 + g + 8h; qrow = its query index.
+  int qrow[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int R = r0 + warp * Cfg::WM + mt * 16 + g + 8 * h;
-      qpos[mt][h] = p.q_start + (R < rows ? R / p.group : q_hi);
+      qrow[mt][h] = R < rows ? static_cast<int>(p.group_div.div(R)) : q_hi;
     }
+
+  const frag_addr<D> fQ(sQ, lane, true), fK0(sK, lane, false), fV0(sV, lane, true);
 
   float acc_o[MT][NT_O][4];
   float row_max[MT][2], row_sum[MT][2];
@@ -136,16 +174,18 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     row_sum[mt][0] = row_sum[mt][1] = 0.0f;
   }
 
-  for (int blk = 0; blk < n_blocks; ++blk) {
-    const int stage = blk & 1;
+  for (int blk = b_begin; blk < b_end; ++blk) {
+    const int stage = (blk - b_begin) & 1;
     cp_async_wait<0>();
     __syncthreads();
-    if (blk + 1 < n_blocks) {
+    if (blk + 1 < b_end) {
       load_kv(blk + 1, stage ^ 1);
-      if (blk + 2 < n_blocks) fetch_ids(blk + 2);
+      if (blk + 2 < b_end) fetch_ids(blk + 2);
     }
     cp_async_commit();
-    const std::uint32_t sKs = sK + stage * (BN * D * 2), sVs = sV + stage * (BN * D * 2);
+    frag_addr<D> fK = fK0, fV = fV0;
+    fK.base += stage * KV_STAGE;
+    fV.base += stage * KV_STAGE;
 
     // S = Q K^T for this warp's rows.
     float s[MT][NT_S][4];
@@ -159,11 +199,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     for (int kk = 0; kk < D / 16; ++kk) {
       std::uint32_t a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) load_a<D>(sQ, warp * Cfg::WM + mt * 16, kk * 16, lane, a[mt]);
+      for (int mt = 0; mt < MT; ++mt) load_a(fQ, warp * Cfg::WM + mt * 16, kk * 16, a[mt]);
 #pragma unroll
       for (int np = 0; np < BN / 16; ++np) {
         std::uint32_t b[4];
-        load_b_nk<D>(sKs, np * 16, kk * 16, lane, b);
+        load_b_nk(fK, np * 16, kk * 16, b);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -180,28 +220,33 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const std::int32_t v = v0 + nt * 8 + 2 * t4 + c;
-          const std::int64_t kpos = v < vlen ? keys.pos(v) : INT64_MAX;
+          // key position relative to q_start, as query indices count (past keys are negative)
+          const std::int64_t krel = v < vlen ? keys.pos(v) - p.q_start : INT64_MAX;
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-              if (kpos > qpos[mt][h]) s[mt][nt][2 * h + c] = -INFINITY;
+              if (krel > qrow[mt][h]) s[mt][nt][2 * h + c] = -INFINITY;
         }
     }
 
-    // Online softmax in base 2 (scores scaled by scale * log2 e).
+    // Online softmax in base 2 (scores scaled by scale * log2 e). The O rescale is skipped when no
+    // row of the warp raised its maximum (the common case once a few tiles are in).
+    float corr[MT][2];
+    bool grew = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = row_max[mt][h];
+        float raw = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < NT_S; ++nt)
-          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]) * p.scale_log2);
+        for (int nt = 0; nt < NT_S; ++nt) raw = fmaxf(raw, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+        float mx = fmaxf(row_max[mt][h], raw * p.scale_log2);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float ref = mx == -INFINITY ? 0.0f : mx;
-        const float corr = fast_exp2(row_max[mt][h] - ref);
+        corr[mt][h] = mx == row_max[mt][h] ? 1.0f : fast_exp2(row_max[mt][h] - ref);
+        grew |= mx != row_max[mt][h];
         row_max[mt][h] = mx;
         float sum = 0.0f;
 #pragma unroll
@@ -212,13 +257,19 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
             s[mt][nt][2 * h + c] = pe;
             sum += pe;
           }
-        row_sum[mt][h] = row_sum[mt][h] * corr + sum;
+        row_sum[mt][h] = row_sum[mt][h] * corr[mt][h] + sum;
+      }
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < NT_O; ++nt) {
-          acc_o[mt][nt][2 * h] *= corr;
-          acc_o[mt][nt][2 * h + 1] *= corr;
+          acc_o[mt][nt][0] *= corr[mt][0];
+          acc_o[mt][nt][1] *= corr[mt][0];
+          acc_o[mt][nt][2] *= corr[mt][1];
+          acc_o[mt][nt][3] *= corr[mt][1];
         }
-      }
+    }
 
     // O += P V, P straight from the accumulators (their layout is mma's A layout).
 #pragma unroll
@@ -234,7 +285,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         std::uint32_t b[4];
-        load_b_kn<D>(sVs, dp * 16, ks * 16, lane, b);
+        load_b_kn(fV, dp * 16, ks * 16, b);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816(acc_o[mt][2 * dp], a[mt], b[0], b[1]);
@@ -244,6 +295,57 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     }
   }
   cp_async_wait<0>();
+
+  if (split > 1) {
+    // Ranks > 0 park (O, max, partial sum) in their own shared memory, thread-major so each
+    // thread's float4s are contiguous across the block; rank 0 folds them in by log-sum-exp.
+    static_assert(MT * NT_O * 16 * THREADS <= 4 * BN * D * 2 && MT * 16 * THREADS <= BM * D * 2,
+                  "partials fit in the K/V and Q tiles");
+    __syncthreads();
+    if (rank != 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        float4* ml = reinterpret_cast<float4*>(smem) + mt * THREADS + tid;
+        *ml = make_float4(row_max[mt][0], row_max[mt][1], row_sum[mt][0], row_sum[mt][1]);
+#pragma unroll
+        for (int nt = 0; nt < NT_O; ++nt)
+          reinterpret_cast<float4*>(smem + BM * D * 2)[(mt * NT_O + nt) * THREADS + tid] =
+              make_float4(acc_o[mt][nt][0], acc_o[mt][nt][1], acc_o[mt][nt][2], acc_o[mt][nt][3]);
+      }
+    }
+    cluster_sync();
+    if (rank == 0) {
+      for (int q = 1; q < split; ++q) {
+        const std::uint32_t rq = cluster_map(sQ, static_cast<std::uint32_t>(q));
+        const std::uint32_t rk = cluster_map(sK, static_cast<std::uint32_t>(q));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const float4 ml = ld_cluster_v4(rq + static_cast<std::uint32_t>((mt * THREADS + tid) * 16));
+          float ca[2], cb[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float mo = h ? ml.y : ml.x, so = h ? ml.w : ml.z;
+            const float mx = fmaxf(row_max[mt][h], mo);
+            const float ref = mx == -INFINITY ? 0.0f : mx;
+            ca[h] = fast_exp2(row_max[mt][h] - ref);
+            cb[h] = fast_exp2(mo - ref);
+            row_sum[mt][h] = row_sum[mt][h] * ca[h] + so * cb[h];
+            row_max[mt][h] = mx;
+          }
+#pragma unroll
+          for (int nt = 0; nt < NT_O; ++nt) {
+            const float4 v = ld_cluster_v4(rk + static_cast<std::uint32_t>(((mt * NT_O + nt) * THREADS + tid) * 16));
+            acc_o[mt][nt][0] = acc_o[mt][nt][0] * ca[0] + v.x * cb[0];
+            acc_o[mt][nt][1] = acc_o[mt][nt][1] * ca[0] + v.y * cb[0];
+            acc_o[mt][nt][2] = acc_o[mt][nt][2] * ca[1] + v.z * cb[1];
+            acc_o[mt][nt][3] = acc_o[mt][nt][3] * ca[1] + v.w * cb[1];
+          }
+        }
+      }
+    }
+    cluster_sync();  // the other ranks' shared memory stays alive until rank 0 has read it
+    if (rank != 0) return;
+  }
 
   // Epilogue: normalise, write O (in the caller's element type) and the natural-log lse.
 #pragma unroll
@@ -256,7 +358,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
       const int R = r0 + warp * Cfg::WM + mt * 16 + g + 8 * h;
       if (R >= rows) continue;
       const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      const int qi = R / p.group, hh = kvh * p.group + R % p.group;
+      const int qi = qrow[mt][h], hh = kvh * p.group + (R - qi * p.group);
       O* dst = out + (std::int64_t(qi) * p.hq + hh) * D + 2 * t4;
 #pragma unroll
       for (int nt = 0; nt < NT_O; ++nt) {

@@ -70,6 +70,26 @@ __device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
 #endif
 }
 
+/// Thread-block cluster (sm_90): barrier across the cluster's CTAs (release/acquire orders shared
+/// memory writes before it against distributed-shared-memory reads after it).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+/// The address of the same shared-memory location in CTA `rank` of the cluster.
+__device__ __forceinline__ std::uint32_t cluster_map(std::uint32_t addr, std::uint32_t rank) {
+  std::uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float4 ld_cluster_v4(std::uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -89,33 +109,70 @@ struct swizzled {
   }
 };
 
-// Fragment loads for mma m16n8k16 from swizzled tiles. `lane` is the thread's lane; (r0, c0) the
-// tile corner in elements (multiples of 16 / 8 as noted). Each returns what one mma operand needs.
+// Fragment loads for mma m16n8k16 from swizzled tiles. An x4 ldmatrix reads four 8x8 matrices;
+// lane l gives the address of row (l & 7) of matrix j = l >> 3, and which 8-row block and which
+// 16-byte chunk matrix j covers depends on the operand (bit 0 or bit 1 of j). Everything that
+// depends on the lane is folded into one register per (tile, pattern) up front; a fragment at
+// (row0, chunk0) (row0 a multiple of 8, chunk0 even) is then that register XOR a compile-time
+// constant plus a compile-time offset, because the swizzle only permutes address bits 4..6 and
+// tiles start 128-byte aligned.
+//
+//   pattern  row block  chunk    used for
+//   a_like   j & 1      j >> 1   A from [m][k] (ldmatrix), B from [k][n] (ldmatrix.trans)
+//   b_like   j >> 1     j & 1    B from [n][k] (ldmatrix), A from [k][m] (ldmatrix.trans)
+template <int C>
+struct frag_addr {
+  std::uint32_t base;
+  __device__ __forceinline__ frag_addr(std::uint32_t tile, int lane, bool a_like) {
+    const int j = lane >> 3, i = lane & 7;
+    const int rb = a_like ? (j & 1) : (j >> 1), cb = a_like ? (j >> 1) : (j & 1);
+    base = tile + static_cast<std::uint32_t>((8 * rb + i) * swizzled<C>::row_bytes + ((cb ^ i) << 4));
+  }
+  /// Address of the fragment whose first row is row0 and first chunk chunk0.
+  __device__ __forceinline__ std::uint32_t at(int row0, int chunk0) const {
+    return (base ^ static_cast<std::uint32_t>((chunk0 & 7) << 4)) +
+           static_cast<std::uint32_t>(row0 * swizzled<C>::row_bytes + ((chunk0 >> 3) << 7));
+  }
+};
 
-/// A (16 x 16) at rows m0.., cols k0.. of a tile stored [m][k].
+/// A (16 x 16) at (m0, k0) of a tile stored [m][k]; f: a_like.
 template <int C>
-__device__ __forceinline__ void load_a(std::uint32_t base, int m0, int k0, int lane, std::uint32_t (&a)[4]) {
-  const int j = lane >> 3, i = lane & 7;
-  ldsm_x4(base + swizzled<C>::offset(m0 + ((j & 1) << 3) + i, (k0 >> 3) + (j >> 1)), a);
+__device__ __forceinline__ void load_a(const frag_addr<C>& f, int m0, int k0, std::uint32_t (&a)[4]) {
+  ldsm_x4(f.at(m0, k0 >> 3), a);
 }
-/// A (16 x 16) at m0, k0 of a tile stored transposed, [k][m].
+/// A (16 x 16) at (m0, k0) of a tile stored transposed, [k][m]; f: b_like.
 template <int C>
-__device__ __forceinline__ void load_a_t(std::uint32_t base, int m0, int k0, int lane, std::uint32_t (&a)[4]) {
-  const int j = lane >> 3, i = lane & 7;
-  ldsm_x4_t(base + swizzled<C>::offset(k0 + ((j >> 1) << 3) + i, (m0 >> 3) + (j & 1)), a);
+__device__ __forceinline__ void load_a_t(const frag_addr<C>& f, int m0, int k0, std::uint32_t (&a)[4]) {
+  ldsm_x4_t(f.at(k0, m0 >> 3), a);
 }
 /// B for two n-tiles (n0 .. n0+15) at k0 of a tile stored [n][k]: b[0], b[1] for n-tile n0,
-/// b[2], b[3] for n-tile n0+8.
+/// b[2], b[3] for n-tile n0 + 8; f: b_like.
 template <int C>
-__device__ __forceinline__ void load_b_nk(std::uint32_t base, int n0, int k0, int lane, std::uint32_t (&b)[4]) {
-  const int j = lane >> 3, i = lane & 7;
-  ldsm_x4(base + swizzled<C>::offset(n0 + ((j >> 1) << 3) + i, (k0 >> 3) + (j & 1)), b);
+__device__ __forceinline__ void load_b_nk(const frag_addr<C>& f, int n0, int k0, std::uint32_t (&b)[4]) {
+  ldsm_x4(f.at(n0, k0 >> 3), b);
 }
-/// B for two n-tiles at k0 of a tile stored [k][n] (same output order as load_b_nk).
+/// B for two n-tiles at k0 of a tile stored [k][n] (same output order as load_b_nk); f: a_like.
 template <int C>
-__device__ __forceinline__ void load_b_kn(std::uint32_t base, int n0, int k0, int lane, std::uint32_t (&b)[4]) {
-  const int j = lane >> 3, i = lane & 7;
-  ldsm_x4_t(base + swizzled<C>::offset(k0 + ((j & 1) << 3) + i, (n0 >> 3) + (j >> 1)), b);
+__device__ __forceinline__ void load_b_kn(const frag_addr<C>& f, int n0, int k0, std::uint32_t (&b)[4]) {
+  ldsm_x4_t(f.at(k0, n0 >> 3), b);
 }
+
+/// n / d and n % d for a run-time divisor by one multiply-high (Granlund-Montgomery, round up):
+/// exact for 0 <= n < 2^31 and 1 <= d < 2^31. Host and device, so tests check it on the host.
+struct fast_divmod {
+  std::uint32_t d = 1, m = 0, s = 0;
+  fast_divmod() = default;
+  explicit fast_divmod(std::uint32_t div) : d(div) {
+    if (d == 1) return;
+    std::uint32_t l = 0;
+    while ((std::uint64_t(1) << l) < d) ++l;  // ceil(log2 d)
+    const std::uint64_t p = std::uint64_t(1) << (31 + l);
+    m = static_cast<std::uint32_t>((p + d - 1) / d);
+    s = l - 1;
+  }
+  __host__ __device__ __forceinline__ std::uint32_t div(std::uint32_t n) const {
+    return d == 1 ? n : static_cast<std::uint32_t>((std::uint64_t(n) * m) >> 32) >> s;
+  }
+};
 
 }  // namespace oomb_trainer::gpu::detail

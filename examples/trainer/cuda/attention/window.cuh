@@ -13,6 +13,8 @@
 #include <oomb/core/bf16.hpp>
 #include <oomb/paging/views.hpp>
 
+#include "ptx.cuh"
+
 namespace oomb_trainer::gpu::detail {
 
 /// The kernels' view of one call: the public args plus the numbers derived once on the host.
@@ -20,6 +22,7 @@ struct kernel_params {
   const std::uint16_t* q;  // bf16 bits, [sq][hq][d]
   std::int64_t q_start;
   std::int32_t sq, hq, hkv, group;  // group = hq / hkv
+  fast_divmod group_div;            // packed row r -> (query r / group, head r % group)
   float scale;
   float scale_log2;  // scale * log2(e): scores go through exp2
   oomb::page_pool_view<const oomb::bf16> pool;
@@ -31,6 +34,7 @@ struct kernel_params {
   const std::int32_t* tile_indptr;  // nullptr: dense
   const std::int32_t* tile_pages;
   std::int32_t tile;
+  fast_divmod tile_rows_div;  // packed row -> sparse query tile (tile * group rows each)
 };
 
 __device__ __forceinline__ std::int32_t lower_bound(const std::int32_t* a, std::int32_t n, std::int64_t x) {
