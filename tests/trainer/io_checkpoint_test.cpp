@@ -338,3 +338,21 @@ TEST_CASE("load_weights reads an HF folder (sharded) into the model; dump_gradie
   const auto back = f.read<float>("model.embed_tokens.weight", {10, 8});
   for (std::size_t i = 0; i < g.size(); ++i) CHECK(back[i] == static_cast<float>(g[i]));
 }
+
+TEST_CASE("folder replacement without RENAME_EXCHANGE (two renames) swaps in the new folder, leaves nothing") {
+  temp_dir parent;
+  std::filesystem::create_directory(parent / "ckpt");
+  io_test::write_bytes(parent / "ckpt/a", "old");
+  std::filesystem::create_directory(parent / "new");
+  io_test::write_bytes(parent / "new/a", "new");
+  io_test::write_bytes(parent / "new/b", "more");
+  detail::replace_dir_by_two_renames(parent / "new", parent / "ckpt");
+  CHECK(parent.entries() == std::vector<std::string>{"ckpt"});
+  CHECK(temp_dir::list(parent / "ckpt") == std::vector<std::string>{"a", "b"});
+  CHECK(io_test::read_bytes(parent / "ckpt/a") == "new");
+  // A temporary that cannot be renamed (it does not exist): the previous folder is put back.
+  expect_error<oomb::error>([&] { detail::replace_dir_by_two_renames(parent / "gone", parent / "ckpt"); },
+                            {"cannot rename the temporary folder"});
+  CHECK(parent.entries() == std::vector<std::string>{"ckpt"});
+  CHECK(io_test::read_bytes(parent / "ckpt/a") == "new");
+}

@@ -43,6 +43,31 @@ inline void fsync_path(const std::string& path, bool directory) {
              std::strerror(err));
 }
 
+/// Replaces folder `target` by folder `tmp` where renameat2(RENAME_EXCHANGE) is not available:
+/// the old folder is renamed aside to "<target>.old-XXXXXX", `tmp` renamed to `target`, the old one
+/// deleted. If the second rename fails, the old folder is put back.
+inline void replace_dir_by_two_renames(const std::string& tmp, const std::string& target) {
+  std::string old_tmpl = target + ".old-XXXXXX";
+  std::vector<char> buf(old_tmpl.begin(), old_tmpl.end());
+  buf.push_back('\0');
+  OOMB_CHECK(::mkdtemp(buf.data()) != nullptr, oomb::error, target,
+             ": cannot create a folder to move the previous version aside: ", std::strerror(errno));
+  const std::string old(buf.data());
+  if (::rename(target.c_str(), old.c_str()) != 0) {
+    const int err = errno;
+    ::rmdir(old.c_str());
+    OOMB_FAIL(oomb::error, target, ": cannot move the previous version aside to ", old, ": ", std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    (void)::rename(old.c_str(), target.c_str());  // put the previous version back
+    OOMB_FAIL(oomb::error, target, ": cannot rename the temporary folder ", tmp, " to it: ", std::strerror(err));
+  }
+  fsync_path(parent_dir_of(target), true);
+  std::error_code ec;
+  std::filesystem::remove_all(old, ec);
+}
+
 inline void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
   const auto* p = static_cast<const unsigned char*>(data);
   while (n > 0) {
@@ -170,23 +195,8 @@ class atomic_directory {
     OOMB_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP, oomb::error, path_,
                ": cannot exchange it with the temporary folder ", tmp_, ": ", std::strerror(errno));
 #endif
-    std::string old_tmpl = path_ + ".old-XXXXXX";
-    std::vector<char> buf(old_tmpl.begin(), old_tmpl.end());
-    buf.push_back('\0');
-    OOMB_CHECK(::mkdtemp(buf.data()) != nullptr, oomb::error, path_,
-               ": cannot create a folder to move the previous version aside: ", std::strerror(errno));
-    const std::string old(buf.data());
-    OOMB_CHECK(::rename(path_.c_str(), old.c_str()) == 0, oomb::error, path_,
-               ": cannot move the previous version aside to ", old, ": ", std::strerror(errno));
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      const int err = errno;
-      (void)::rename(old.c_str(), path_.c_str());  // put the previous version back
-      OOMB_FAIL(oomb::error, path_, ": cannot rename the temporary folder ", tmp_, " to it: ",
-                std::strerror(err));
-    }
+    detail::replace_dir_by_two_renames(tmp_, path_);
     committed_ = true;
-    detail::fsync_path(parent, true);
-    std::filesystem::remove_all(old, ec);
   }
 
  private:
