@@ -170,7 +170,14 @@ TEST_CASE("tile_selector: bad input names values; a failed call appends nothing"
   oomb::page_summaries wrong(2, 8);
   wrong.reserve(20);
   CHECK_THROWS_WITH_AS(sel.select(wrong.view(), qv, f.ids.data(), 10, t),
-                       doctest::Contains("summaries have 2 KV heads of head_dim 8, the scorer 1 of 8"),
+                       doctest::Contains("summaries have 2 KV heads of head_dim 8, the selector 1 of 8"),
+                       oomb::invalid_argument);
+  // Mismatches surface even when no tile needs scoring (past <= budget + sink + local).
+  CHECK_THROWS_WITH_AS(sel.select(wrong.view(), qv, f.ids.data(), 1, t),
+                       doctest::Contains("summaries have 2 KV heads"), oomb::invalid_argument);
+  const auto three_heads = oomb::tensor_view<const float, 3>::contiguous(q.data(), {2, 3, 8});
+  CHECK_THROWS_WITH_AS(sel.select(f.summaries.view(), three_heads, f.ids.data(), 1, t),
+                       doctest::Contains("queries have 3 heads of head_dim 8, the selector expects 2 of 8"),
                        oomb::invalid_argument);
   CHECK(t.num_tiles() == 3);
 }

@@ -81,6 +81,14 @@ class tile_selector {
            const std::int32_t* page_ids, PastOf past_of, sparse_page_table& out) {
     const std::int64_t n = queries.extent(0);
     OOMB_EXPECTS(n > 0, "tile_selector: no queries to select pages for (", n, ")");
+    // Checked up front, not only when a tile needs scoring, so a mismatch shows on the first call.
+    OOMB_EXPECTS(queries.extent(1) == scorer_.q_heads() && queries.extent(2) == scorer_.head_dim(),
+                 "tile_selector: queries have ", queries.extent(1), " heads of head_dim ",
+                 queries.extent(2), ", the selector expects ", scorer_.q_heads(), " of ",
+                 scorer_.head_dim());
+    OOMB_EXPECTS(summaries.kv_heads == scorer_.kv_heads() && summaries.head_dim == scorer_.head_dim(),
+                 "tile_selector: summaries have ", summaries.kv_heads, " KV heads of head_dim ",
+                 summaries.head_dim, ", the selector ", scorer_.kv_heads(), " of ", scorer_.head_dim());
     const std::int32_t tiles = num_tiles(n);
     const std::int32_t first_tile = out.num_tiles();
     const selection_config& pc = config_.pages;
