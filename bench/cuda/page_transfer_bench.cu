@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -96,62 +97,77 @@ double median(std::vector<double> v) {
 }
 
 struct result {
-  double gbps = 0;
+  double gbps = 0;       // device-side throughput, steady state
+  double host_us = 0;    // host time to enqueue one round (both directions: the pair)
   transfer_path path = transfer_path::memcpy_batch;
 };
 
-// Times `reps` rounds of `enqueue(round)` spanning both streams; returns seconds.
-template <class F>
-double time_rounds(ctx& c, int reps, F&& enqueue) {
-  enqueue(0);  // warm-up (first kernel launch, staging)
-  c.s1.synchronize();
-  c.s2.synchronize();
-  oomb::cuda_event t0(oomb::cuda_event::timing), t1(oomb::cuda_event::timing), t2(oomb::cuda_event::timing);
-  c.s1.record(t0);
-  c.s2.wait(t0);
-  for (int r = 0; r < reps; ++r) enqueue(r);
-  c.s1.record(t1);
-  c.s2.record(t2);
-  t1.wait();
-  t2.wait();
-  return std::max(oomb::elapsed_ms(t0, t1), oomb::elapsed_ms(t0, t2)) * 1e-3;
-}
-
 int reps_for(std::size_t bytes, bool quick) {
-  const double target = quick ? 0.25e9 : 1.0e9;
-  return static_cast<int>(std::clamp(target / double(bytes), 3.0, 300.0));
+  const double target = quick ? 0.3e9 : 1.0e9;
+  return static_cast<int>(std::clamp(target / double(bytes), 8.0, 400.0));
 }
 
-// One measurement of a path (or the large copy when path is per_page and large is true).
+// One measurement: `reps` rounds back to back (H2D on s1 by `up_path`, D2H on s2 by `down_path`;
+// `large`: one cudaMemcpyAsync of the same bytes instead). Throughput counts rounds 2..reps between
+// the event after round 1 and the last event, so start-up and the first host submission stay out;
+// when the host cannot enqueue as fast as the copies run, the number shows it (host-bound).
 result measure(ctx& c, dev_pool& dp, host_pool& hp, up_t& up, down_t& down, std::size_t batch, dir d,
-               transfer_path path, bool large) {
+               transfer_path up_path, transfer_path down_path, bool large) {
   const std::size_t pb = dp.block_bytes();
   const std::size_t bytes = batch * pb;
-  const int reps = reps_for(bytes * (d == dir::both ? 2 : 1), c.quick);
-  std::vector<double> trials;
+  const int streams = d == dir::both ? 2 : 1;
+  const int reps = reps_for(bytes * std::size_t(streams), c.quick);
+  std::vector<double> trials, host;
   result res;
   for (int t = 0; t < 3; ++t) {
     auto slots_a = random_ids(c.rng, dp.capacity(), batch);
     auto slots_b = random_ids(c.rng, dp.capacity(), batch, &slots_a);
     auto homes_a = random_ids(c.rng, hp.capacity(), batch);
     auto homes_b = random_ids(c.rng, hp.capacity(), batch, &homes_a);
-    auto one = [&](int) {
+    auto one = [&] {
       if (large) {
         if (d != dir::d2h) c.s1.enqueue_copy(dp.base(), hp.base(), bytes);
         if (d != dir::h2d) c.s2.enqueue_copy(hp.base() + bytes, dp.base() + bytes, bytes);
         return;
       }
-      if (d != dir::d2h) res.path = up.enqueue(c.s1, slots_a, homes_a, path).path;
+      if (d != dir::d2h) res.path = up.enqueue(c.s1, slots_a, homes_a, up_path).path;
       if (d != dir::h2d) {
-        const auto p = down.enqueue(c.s2, homes_b, slots_b, path).path;
+        const auto p = down.enqueue(c.s2, homes_b, slots_b, down_path).path;
         if (d == dir::d2h) res.path = p;
       }
     };
-    const double s = time_rounds(c, reps, one);
-    trials.push_back(double(bytes) * (d == dir::both ? 2 : 1) * reps / s / 1e9);
+    one();  // warm-up (first launch, staging)
+    c.s1.synchronize();
+    c.s2.synchronize();
+    oomb::cuda_event a0(oomb::cuda_event::timing), b0(oomb::cuda_event::timing);
+    oomb::cuda_event a1(oomb::cuda_event::timing), b1(oomb::cuda_event::timing);
+    const auto h0 = std::chrono::steady_clock::now();
+    one();
+    c.s1.record(a0);
+    c.s2.record(b0);
+    for (int r = 1; r < reps; ++r) one();
+    const auto h1 = std::chrono::steady_clock::now();
+    c.s1.record(a1);
+    c.s2.record(b1);
+    a1.wait();
+    b1.wait();
+    // start: the later of the first-round events of the streams used; end: the later last event
+    const oomb::cuda_event* start = d == dir::d2h ? &b0 : &a0;
+    if (d == dir::both && oomb::elapsed_ms(a0, b0) > 0) start = &b0;
+    double end_ms = 0;
+    if (d != dir::d2h) end_ms = std::max(end_ms, double(oomb::elapsed_ms(*start, a1)));
+    if (d != dir::h2d) end_ms = std::max(end_ms, double(oomb::elapsed_ms(*start, b1)));
+    trials.push_back(double(bytes) * streams * (reps - 1) / (end_ms * 1e-3) / 1e9);
+    host.push_back(std::chrono::duration<double, std::micro>(h1 - h0).count() / reps);
   }
   res.gbps = median(trials);
+  res.host_us = median(host);
   return res;
+}
+
+result measure(ctx& c, dev_pool& dp, host_pool& hp, up_t& up, down_t& down, std::size_t batch, dir d,
+               transfer_path path, bool large) {
+  return measure(c, dp, hp, up, down, batch, d, path, path, large);
 }
 
 // ---- cuBLAS through dlopen ----------------------------------------------------------------------
@@ -165,7 +181,9 @@ struct cublas_api {
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
   std::string where;
   bool load() {
-    const char* names[] = {"libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so.13", "libcublas.so"};
+    const char* env = std::getenv("OOMB_CUBLAS");  // a path, when it is not on the loader's path
+    const char* names[] = {env != nullptr ? env : "libcublas.so.13", "libcublas.so.13",
+                           "/usr/local/cuda/lib64/libcublas.so.13", "libcublas.so"};
     for (const char* n : names) {
       lib = dlopen(n, RTLD_NOW | RTLD_LOCAL);
       if (lib) {
@@ -234,25 +252,30 @@ void gemm_section(ctx& c, dev_pool& dp, host_pool& hp, std::ostringstream& md) {
     t1.wait();
     return double(oomb::elapsed_ms(t0, t1)) / gemms;
   };
-  for (int i = 0; i < 3; ++i) gemm();
+  for (int i = 0; i < 150; ++i) gemm();  // ~0.2 s: clocks and power settle before any timing
   compute.synchronize();
-  std::vector<double> alone_v;
-  for (int t = 0; t < 3; ++t) alone_v.push_back(time_gemms());
-  const double alone = median(alone_v);
-  const double tflops = 2.0 * n * double(n) * n / (alone * 1e-3) / 1e12;
-  std::printf("\ncuBLAS bf16 GEMM %dx%dx%d alone: %.3f ms (%.0f TFLOP/s) [%s]\n", n, n, n, alone, tflops, cb.where.c_str());
-  md << "\ncuBLAS bf16 GEMM " << n << "^3 alone: " << alone << " ms (" << int(tflops) << " TFLOP/s)\n\n";
+  std::vector<double> first;
+  for (int t = 0; t < 3; ++t) first.push_back(time_gemms());
+  const double alone0 = median(first);
+  const double tflops = 2.0 * n * double(n) * n / (alone0 * 1e-3) / 1e12;
+  std::printf("\ncuBLAS bf16 GEMM %dx%dx%d alone: %.3f ms (%.0f TFLOP/s) [%s]\n", n, n, n, alone0, tflops, cb.where.c_str());
+  md << "\ncuBLAS bf16 GEMM " << n << "^3 alone: " << alone0 << " ms (" << int(tflops) << " TFLOP/s)\n\n";
 
   // Copies in both directions (64 KiB pages, batches of 1024 scattered pages) keep running while
   // the GEMMs run; GEMM time per product and copy bandwidth are each measured over their own span.
-  std::printf("%-14s %7s %12s %10s %14s\n", "copy path", "blocks", "GEMM ms", "slowdown", "copy GB/s both");
-  md << "| copy path (both directions) | blocks per direction | GEMM ms | GEMM slowdown | copy GB/s during |\n|---|---|---|---|---|\n";
+  // Each trial times the GEMMs alone right before timing them beside the copies, so clock drift
+  // cancels; the slowdown is median(with) / median(alone) - 1 over 3 trials.
+  std::printf("%-26s %7s %9s %9s %9s %14s\n", "copy path (in / out)", "blocks", "alone ms", "with ms", "slowdown",
+              "copy GB/s both");
+  md << "| copy path (in / out) | kernel blocks per direction | GEMM ms alone | GEMM ms with copies | slowdown | copy GB/s during (both directions) |\n|---|---|---|---|---|---|\n";
   struct cfg {
-    transfer_path path;
+    transfer_path in, out;
     int blocks;
   };
-  std::vector<cfg> cfgs = {{transfer_path::memcpy_batch, 0}};
-  for (int bl : {1, 2, 4, 8, 16, 32}) cfgs.push_back({transfer_path::kernel, bl});
+  std::vector<cfg> cfgs = {{transfer_path::memcpy_batch, transfer_path::memcpy_batch, 0}};
+  for (int bl : {1, 2, 4, 8, 16, 32}) cfgs.push_back({transfer_path::kernel, transfer_path::kernel, bl});
+  cfgs.push_back({transfer_path::kernel, transfer_path::memcpy_batch, 8});
+  cfgs.push_back({transfer_path::memcpy_batch, transfer_path::kernel, 8});
   const std::size_t batch = 1024;
   for (const cfg& k : cfgs) {
     oomb::cuda_transfer_options o;
@@ -261,9 +284,10 @@ void gemm_section(ctx& c, dev_pool& dp, host_pool& hp, std::ostringstream& md) {
     down_t down(hp, dp, o);
     const std::size_t bytes = batch * dp.block_bytes();
     // enough copy rounds to outlast the GEMMs at the bandwidth seen alone (~50 GB/s per direction)
-    const int rounds = static_cast<int>(std::max(4.0, gemms * alone * 1e-3 * 55e9 / double(bytes) * 1.5));
-    std::vector<double> g, bw;
+    const int rounds = static_cast<int>(std::max(4.0, gemms * alone0 * 1e-3 * 55e9 / double(bytes) * 1.5));
+    std::vector<double> g, a, bw;
     for (int t = 0; t < 3; ++t) {
+      a.push_back(time_gemms());
       auto sa = random_ids(c.rng, dp.capacity(), batch);
       auto sb = random_ids(c.rng, dp.capacity(), batch, &sa);
       auto ha = random_ids(c.rng, hp.capacity(), batch);
@@ -272,8 +296,8 @@ void gemm_section(ctx& c, dev_pool& dp, host_pool& hp, std::ostringstream& md) {
       c.s1.record(c0);
       c.s2.wait(c0);
       for (int r = 0; r < rounds; ++r) {
-        up.enqueue(c.s1, sa, ha, k.path);
-        down.enqueue(c.s2, hb, sb, k.path);
+        up.enqueue(c.s1, sa, ha, k.in);
+        down.enqueue(c.s2, hb, sb, k.out);
       }
       c.s1.record(c1);
       c.s2.record(c2);
@@ -281,13 +305,15 @@ void gemm_section(ctx& c, dev_pool& dp, host_pool& hp, std::ostringstream& md) {
       g.push_back(time_gemms());
       c1.wait();
       c2.wait();
-      const double s = std::max(oomb::elapsed_ms(c0, c1), oomb::elapsed_ms(c0, c2)) * 1e-3;
-      bw.push_back(2.0 * double(bytes) * rounds / s / 1e9);
+      const double sec = std::max(oomb::elapsed_ms(c0, c1), oomb::elapsed_ms(c0, c2)) * 1e-3;
+      bw.push_back(2.0 * double(bytes) * rounds / sec / 1e9);
     }
-    const double gm = median(g);
-    const double slow = (gm / alone - 1) * 100;
-    std::printf("%-14s %7d %12.3f %9.1f%% %14.1f\n", oomb::to_string(k.path), k.blocks, gm, slow, median(bw));
-    md << "| " << oomb::to_string(k.path) << " | " << (k.blocks > 0 ? std::to_string(k.blocks) : std::string("-"))
+    const double gm = median(g), am = median(a);
+    const double slow = (gm / am - 1) * 100;
+    char label[64];
+    std::snprintf(label, sizeof label, "%s / %s", oomb::to_string(k.in), oomb::to_string(k.out));
+    std::printf("%-26s %7d %9.3f %9.3f %8.1f%% %14.1f\n", label, k.blocks, am, gm, slow, median(bw));
+    md << "| " << label << " | " << (k.blocks > 0 ? std::to_string(k.blocks) : std::string("-")) << " | " << am
        << " | " << gm << " | " << slow << "% | " << median(bw) << " |\n";
   }
   cb.destroy(h);
@@ -331,11 +357,13 @@ int main(int argc, char** argv) try {
      << " GiB pinned and device tiers; GB/s = 1e9 bytes/s, median of 3 trials.\n\n";
   const std::vector<std::size_t> pages_kib = {32, 64, 128, 256};
   const std::vector<std::size_t> batches = c.quick ? std::vector<std::size_t>{1, 64, 1024, 8192}
-                                                   : std::vector<std::size_t>{1, 8, 64, 256, 1024, 4096, 8192};
-  std::printf("\n%-5s %6s %6s %9s %10s %10s %10s %10s\n", "dir", "KiB", "batch", "large", "memcpy_b", "kernel",
-              "per_page", "auto");
-  md << "| dir | page KiB | batch | one large copy | memcpy-batch | kernel (8 blocks) | per-page memcpy | automatic picks |\n"
-        "|---|---|---|---|---|---|---|---|\n";
+                                                   : std::vector<std::size_t>{1, 8, 64, 256, 1024, 8192};
+  std::printf("\nGB/s (device side, steady state); host = microseconds to enqueue one batch (both: the pair)\n");
+  std::printf("%-5s %4s %5s %6s %8s %7s %8s %17s %8s %8s | %6s %6s %6s\n", "dir", "KiB", "batch", "large", "memcpy_b",
+              "kernel", "per_page", "auto", "kIn_mOut", "mIn_kOut", "host_m", "host_k", "host_p");
+  md << "| dir | page KiB | batch | one large copy | memcpy-batch | kernel (8 blocks) | per-page memcpy | automatic "
+        "| kernel in + memcpy out | memcpy in + kernel out | host us/batch: memcpy-batch / kernel / per-page |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (std::size_t kib : pages_kib) {
     const std::size_t pb = kib << 10;
     const auto cap = static_cast<std::int32_t>(tier / pb);
@@ -354,12 +382,23 @@ int main(int argc, char** argv) try {
         const result kn = measure(c, dp, hp, up, down, batch, d, transfer_path::kernel, false);
         const result pp = measure(c, dp, hp, up, down, batch, d, transfer_path::per_page, false);
         const result au = measure(c, dp, hp, up, down, batch, d, transfer_path::automatic, false);
-        std::printf("%-5s %6zu %6zu %9.1f %10.1f %10.1f %10.1f %10.1f %s\n", name(d), kib, batch, large.gbps, mb.gbps,
-                    kn.gbps, pp.gbps, au.gbps, oomb::to_string(au.path));
+        result km, mk;
+        if (d == dir::both) {
+          km = measure(c, dp, hp, up, down, batch, d, transfer_path::kernel, transfer_path::memcpy_batch, false);
+          mk = measure(c, dp, hp, up, down, batch, d, transfer_path::memcpy_batch, transfer_path::kernel, false);
+        }
+        char auto_s[48], km_s[16], mk_s[16];
+        std::snprintf(auto_s, sizeof auto_s, "%.1f %s", au.gbps, d == dir::both ? "" : oomb::to_string(au.path));
+        std::snprintf(km_s, sizeof km_s, "%.1f", km.gbps);
+        std::snprintf(mk_s, sizeof mk_s, "%.1f", mk.gbps);
+        if (d != dir::both) km_s[0] = mk_s[0] = '-', km_s[1] = mk_s[1] = '\0';
+        std::printf("%-5s %4zu %5zu %6.1f %8.1f %7.1f %8.1f %17s %8s %8s | %6.0f %6.0f %6.0f\n", name(d), kib, batch,
+                    large.gbps, mb.gbps, kn.gbps, pp.gbps, auto_s, km_s, mk_s, mb.host_us, kn.host_us, pp.host_us);
         std::fflush(stdout);
-        char line[256];
-        std::snprintf(line, sizeof line, "| %s | %zu | %zu | %.1f | %.1f | %.1f | %.1f | %.1f (%s) |\n", name(d), kib,
-                      batch, large.gbps, mb.gbps, kn.gbps, pp.gbps, au.gbps, oomb::to_string(au.path));
+        char line[320];
+        std::snprintf(line, sizeof line, "| %s | %zu | %zu | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | %.0f / %.0f / %.0f |\n",
+                      name(d), kib, batch, large.gbps, mb.gbps, kn.gbps, pp.gbps, auto_s, km_s, mk_s, mb.host_us,
+                      kn.host_us, pp.host_us);
         md << line;
       }
     }

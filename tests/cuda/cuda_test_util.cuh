@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -16,6 +17,10 @@
 #include "oomb/cuda/stream.hpp"
 
 namespace oomb_cuda_test {
+
+/// OOMB_GPU_TEST_QUICK=1 shrinks the big tests (same code paths, fewer pages and steps), for runs
+/// under compute-sanitizer, which slows kernels by one or two orders of magnitude.
+inline bool quick() { return std::getenv("OOMB_GPU_TEST_QUICK") != nullptr; }
 
 /// Random bytes in [1, 255]: never zero, so an unwritten or zeroed buffer shows.
 inline void fill_random(void* p, std::size_t n, std::uint64_t seed) {

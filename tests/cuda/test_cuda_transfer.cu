@@ -98,8 +98,8 @@ TEST_CASE("page transfers: every path moves every byte, scattered pages, random 
     auto dev = device_pool::contiguous(dr, page_bytes, 700);
     auto vmm = vmm_pool::growable(vr, page_bytes, 100, 4096);
     for (oomb::transfer_path p : paths) {
-      round_trip(dev, page_bytes, p, seed++, 611);
-      round_trip(vmm, page_bytes, p, seed++, 333);
+      round_trip(dev, page_bytes, p, seed++, quick() ? 97 : 611);
+      round_trip(vmm, page_bytes, p, seed++, quick() ? 61 : 333);
     }
   }
 }
@@ -111,19 +111,24 @@ TEST_CASE("page transfers: kernel batches larger than a staging slot, more launc
   o.pages_per_launch = 37;  // 1500 pages: 41 launches through 2 slots (back-pressure path)
   o.staging_slots = 2;
   o.kernel_blocks = 3;
-  round_trip(dev, 16 << 10, oomb::transfer_path::kernel, 99, 1500, o);
+  round_trip(dev, 16 << 10, oomb::transfer_path::kernel, 99, quick() ? 300 : 1500, o);
   o.kernel_blocks = 132;
   o.pages_per_launch = 8192;
-  round_trip(dev, 16 << 10, oomb::transfer_path::kernel, 98, 1999, o);
+  round_trip(dev, 16 << 10, oomb::transfer_path::kernel, 98, quick() ? 400 : 1999, o);
 }
 
-TEST_CASE("page transfers: automatic picks copy engines for long runs and tiny batches, the kernel otherwise") {
+TEST_CASE("page transfers: automatic picks copy engines for long runs and small batches, the kernel otherwise") {
   oomb::device_resource dr;
   oomb::pinned_resource pr;
   auto dev = device_pool::contiguous(dr, 64 << 10, 256);
   auto home = pinned_pool::contiguous(pr, 64 << 10, 512);
   oomb::cuda_stream s;
-  oomb::cuda_page_transfer<oomb::device_resource, oomb::pinned_resource> t(dev, home);
+  oomb::cuda_transfer_options o;  // explicit thresholds: the test does not follow the tuned defaults
+  o.copy_engine_run_bytes = 256 << 10;
+  o.kernel_run_bytes = 64 << 10;
+  o.kernel_min_pages = 16;
+  o.kernel_min_batch_bytes = 8 << 20;
+  oomb::cuda_page_transfer<oomb::device_resource, oomb::pinned_resource> t(dev, home, o);
   std::vector<std::int32_t> slots(256), far(512);
   dev.acquire(256, slots.data());
   home.acquire(512, far.data());
@@ -134,10 +139,18 @@ TEST_CASE("page transfers: automatic picks copy engines for long runs and tiny b
   CHECK(r.path == oomb::transfer_path::memcpy_batch);
   std::vector<std::int32_t> scattered;
   for (std::size_t i = 0; i < 256; ++i) scattered.push_back(far[2 * i]);  // every other page
-  r = t.enqueue(s, slots, scattered);
+  r = t.enqueue(s, slots, scattered);  // 16 MiB of 64 KiB runs: >= kernel_min_batch_bytes
   CHECK(r.copies == 256);
   CHECK(r.path == oomb::transfer_path::kernel);
+  r = t.enqueue(s, oomb::id_span(slots.data(), 64), oomb::id_span(scattered.data(), 64));  // 4 MiB
+  CHECK(r.path == oomb::transfer_path::memcpy_batch);
   r = t.enqueue(s, oomb::id_span(slots.data(), 3), oomb::id_span(scattered.data(), 3));  // tiny
+  CHECK(r.path == oomb::transfer_path::memcpy_batch);
+  o.kernel_run_bytes = 128 << 10;  // 64 KiB runs are now short: the kernel from 16 pages
+  t.set_options(o);
+  r = t.enqueue(s, oomb::id_span(slots.data(), 16), oomb::id_span(scattered.data(), 16));
+  CHECK(r.path == oomb::transfer_path::kernel);
+  r = t.enqueue(s, oomb::id_span(slots.data(), 15), oomb::id_span(scattered.data(), 15));
   CHECK(r.path == oomb::transfer_path::memcpy_batch);
   s.synchronize();
   // Device to device never takes the kernel.

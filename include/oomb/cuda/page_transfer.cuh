@@ -52,14 +52,17 @@ inline constexpr const char* to_string(transfer_path p) noexcept {
   return "unknown";
 }
 
-/// Knobs of a cuda_page_transfer; the defaults come from the benchmark on an H200.
+/// Knobs of a cuda_page_transfer; the defaults come from the benchmark on an H200 (see
+/// choose() and docs/benchmarks.md).
 struct cuda_transfer_options {
   transfer_path path = transfer_path::automatic;
-  int kernel_blocks = 8;                           ///< blocks of a kernel batch (SMs taken from compute)
-  std::size_t copy_engine_run_bytes = 512 * 1024;  ///< mean merged copy at least this: copy engines
-  std::size_t kernel_min_pages = 8;                ///< fewer pages than this: copy engines
-  std::size_t pages_per_launch = 8192;             ///< kernel staging slot size (bigger batches: more launches)
-  int staging_slots = 8;                           ///< kernel launches in flight before back-pressure
+  int kernel_blocks = 8;                                ///< blocks of a kernel batch (SMs taken from compute)
+  std::size_t copy_engine_run_bytes = 256 * 1024;       ///< mean merged copy at least this: copy engines
+  std::size_t kernel_run_bytes = 64 * 1024;             ///< mean merged copy below this: the kernel ...
+  std::size_t kernel_min_pages = 16;                    ///< ... once the batch has this many pages
+  std::size_t kernel_min_batch_bytes = 64u << 20;       ///< runs in between: the kernel from this many bytes
+  std::size_t pages_per_launch = 8192;                  ///< kernel staging slot size (bigger batches: more launches)
+  int staging_slots = 8;                                ///< kernel launches in flight before back-pressure
 };
 
 /// What a transfer moved, and how.
@@ -128,8 +131,10 @@ class cuda_page_transfer {
     if (requested == transfer_path::kernel) return kernel_ok ? transfer_path::kernel : transfer_path::memcpy_batch;
     if (requested != transfer_path::automatic) return requested;
     if (!kernel_ok || r.copies == 0 || r.pages < options_.kernel_min_pages) return transfer_path::memcpy_batch;
-    return r.bytes / r.copies >= options_.copy_engine_run_bytes ? transfer_path::memcpy_batch
-                                                                 : transfer_path::kernel;
+    const std::size_t run = r.bytes / r.copies;
+    if (run >= options_.copy_engine_run_bytes) return transfer_path::memcpy_batch;
+    if (run < options_.kernel_run_bytes) return transfer_path::kernel;
+    return r.bytes >= options_.kernel_min_batch_bytes ? transfer_path::kernel : transfer_path::memcpy_batch;
   }
 
   const cuda_transfer_options& options() const noexcept { return options_; }

@@ -44,7 +44,10 @@ class cuda_backend {
   using near_resource = NearResource;
   using far_resource = pinned_resource;
 
-  explicit cuda_backend(cuda_transfer_options options = {}) : options_(options) {}
+  /// The same options for both directions.
+  explicit cuda_backend(cuda_transfer_options options = {}) : cuda_backend(options, options) {}
+  /// Options for prefetches (home -> slot) and for write-backs (slot -> home).
+  cuda_backend(cuda_transfer_options to_near, cuda_transfer_options to_far) : in_options_(to_near), out_options_(to_far) {}
 
   /// cudaMemsetAsync of `bytes` zero bytes at `dst` on `stream`.
   void zero_fill(stream_type& stream, void* dst, std::size_t bytes) const {
@@ -63,12 +66,14 @@ class cuda_backend {
     return r;
   }
 
-  const cuda_transfer_options& options() const noexcept { return options_; }
-  /// Takes effect from the next batch.
-  void set_options(const cuda_transfer_options& o) {
-    options_ = o;
-    if (in_) in_->set_options(o);
-    if (out_) out_->set_options(o);
+  const cuda_transfer_options& to_near_options() const noexcept { return in_options_; }
+  const cuda_transfer_options& to_far_options() const noexcept { return out_options_; }
+  /// Take effect from the next batch.
+  void set_options(const cuda_transfer_options& to_near, const cuda_transfer_options& to_far) {
+    if (in_) in_->set_options(to_near);
+    if (out_) out_->set_options(to_far);
+    in_options_ = to_near;
+    out_options_ = to_far;
   }
   /// Batches moved by the gather/scatter kernel, and by the copy engines (memcpy batch / per page).
   std::uint64_t kernel_batches() const noexcept { return kernel_batches_; }
@@ -82,7 +87,7 @@ class cuda_backend {
   auto& slot_for(block_pool<D>& dst, const block_pool<S>& src) {
     if constexpr (std::is_same_v<D, near_resource> && std::is_same_v<S, far_resource>) {
       if (!in_ || in_pools_[0] != &dst || in_pools_[1] != &src) {
-        in_ = std::make_unique<in_transfer>(dst, src, options_);
+        in_ = std::make_unique<in_transfer>(dst, src, in_options_);
         in_pools_[0] = &dst;
         in_pools_[1] = &src;
       }
@@ -91,7 +96,7 @@ class cuda_backend {
       static_assert(std::is_same_v<D, far_resource> && std::is_same_v<S, near_resource>,
                     "cuda_backend moves pages between its near and far tiers only");
       if (!out_ || out_pools_[0] != &dst || out_pools_[1] != &src) {
-        out_ = std::make_unique<out_transfer>(dst, src, options_);
+        out_ = std::make_unique<out_transfer>(dst, src, out_options_);
         out_pools_[0] = &dst;
         out_pools_[1] = &src;
       }
@@ -99,7 +104,7 @@ class cuda_backend {
     }
   }
 
-  cuda_transfer_options options_;
+  cuda_transfer_options in_options_, out_options_;
   std::unique_ptr<in_transfer> in_;
   std::unique_ptr<out_transfer> out_;
   const void* in_pools_[2] = {nullptr, nullptr};  // the pools in_ was built for (compared, never used)
