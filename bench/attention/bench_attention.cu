@@ -72,9 +72,9 @@ double time_fwd(const device_problem& dp, int split, int reps) {
   return median_ms(1, reps, [&] { gpu::detail::launch_forward<Cfg>(a, o.p, lse.p, nullptr, split); });
 }
 
-/// Times one backward tile shape (delta included).
+/// Times one backward tile shape (delta included) with a forced query split (0: the launcher's).
 template <class Cfg>
-double time_bwd(const device_problem& dp, int reps) {
+double time_bwd(const device_problem& dp, int split, int reps) {
   const auto a = dp.args();
   const auto& c = dp.h.c;
   const std::size_t qn = dp.h.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
@@ -89,7 +89,7 @@ double time_bwd(const device_problem& dp, int reps) {
   const auto grads = dp.grads(g.p);
   return median_ms(1, reps, [&] {
     gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-    gpu::detail::launch_backward<Cfg>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+    gpu::detail::launch_backward<Cfg>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, split);
   });
 }
 
@@ -167,18 +167,22 @@ int main(int argc, char** argv) {
           const double tf = flops_fwd / 1e9, tb = flops_bwd / 1e9;
           if (s.d == 128) {
             using F = gpu::forward_config<128>::type;
+            using B = gpu::backward_config<128>::type;
             for (int sp = 1; sp <= 4; ++sp)
               std::printf("  [fwd d128 split %d: %.1f TFLOP/s]\n", sp, tf / time_fwd<F>(dp, sp, r));
+            std::printf("  [bwd d128 query split 1: %.1f | 2: %.1f | auto: %.1f TFLOP/s]\n", tb / time_bwd<B>(dp, 1, r),
+                        tb / time_bwd<B>(dp, 2, r), tb / time_bwd<B>(dp, 0, r));
           } else {
             using F = gpu::forward_config<64>::type;
-            using F2 = gpu::experimental::forward_d64_bn128;
+            using F2 = gpu::experimental::forward_d64_bn64;
+            using B = gpu::backward_config<64>::type;
+            using B2 = gpu::experimental::backward_d64_bm64;
             for (int sp = 1; sp <= 4; ++sp)
-              std::printf("  [fwd d64 BN64 split %d: %.1f | BN128 split %d: %.1f TFLOP/s]\n", sp,
+              std::printf("  [fwd d64 BN128 split %d: %.1f | BN64 split %d: %.1f TFLOP/s]\n", sp,
                           tf / time_fwd<F>(dp, sp, r), sp, tf / time_fwd<F2>(dp, sp, r));
-            std::printf("  [bwd d64 BM64: %.1f | BM128: %.1f | BM64 2 blocks/SM: %.1f TFLOP/s]\n",
-                        tb / time_bwd<gpu::backward_config<64>::type>(dp, r),
-                        tb / time_bwd<gpu::experimental::backward_d64_bm128>(dp, r),
-                        tb / time_bwd<gpu::experimental::backward_d64_2blocks>(dp, r));
+            std::printf("  [bwd d64 BM128 query split 1: %.1f | 2: %.1f | auto: %.1f | BM64 auto: %.1f TFLOP/s]\n",
+                        tb / time_bwd<B>(dp, 1, r), tb / time_bwd<B>(dp, 2, r), tb / time_bwd<B>(dp, 0, r),
+                        tb / time_bwd<B2>(dp, 0, r));
           }
           const std::int64_t pair_vec = p.shape.pair_elements() * 2 / 16;
           dev<uint4> out(std::size_t(p.npages) * pair_vec);

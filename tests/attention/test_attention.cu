@@ -343,6 +343,76 @@ TEST_CASE("attention: forward split across a thread-block cluster (1..4 CTAs per
   }
 }
 
+namespace {
+
+/// Backward of p (one pass) through `bwd`, outputs starting random; returns what was added.
+template <class Bwd>
+gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd) {
+  const auto& c = p.c;
+  device_problem dp(p);
+  gpu_result r;
+  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
+  const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * p.shape.pair_elements());
+  std::vector<bf16> o_in(qn);
+  for (std::size_t i = 0; i < qn; ++i) o_in[i] = bf16(float(ref.o_in[i]));
+  dev<bf16> o_dev(o_in);
+  dev<float> lse_dev(std::vector<float>(ref.lse_in.begin(), ref.lse_in.end())), delta(ln);
+  gpu::attention_backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
+  const auto dq0 = random_floats(qn, c.seed + 21), dk0 = random_floats(kn, c.seed + 22),
+             dv0 = random_floats(kn, c.seed + 23), g0 = random_floats(gn, c.seed + 24);
+  dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);
+  bwd(dp.args(), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p));
+  sync();
+  r.o = ref.o;
+  r.lse.assign(ref.lse.begin(), ref.lse.end());
+  r.dq = minus(dq.download(), dq0);
+  r.dk_own = minus(dk.download(), dk0);
+  r.dv_own = minus(dv.download(), dv0);
+  const auto g1 = gp.download();
+  r.dgrad = minus(g1, g0);
+  for (std::size_t i = 0; i < gn; ++i)
+    if (ref.dgrad[i] == 0.0 && g1[i] != g0[i]) r.untouched_ok = false;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("attention: backward query split (1..3 blocks per key block) and alternative tile shapes match") {
+  std::printf("backward with forced query splits, and the experimental tile shapes, vs CPU reference\n");
+  using oomb::kv_layout;
+  const std::vector<config> cfgs = {
+      make("qsplit g7 d128 p64", 200, 1300, 14, 2, 128, 64),
+      sparse(make("qsplit sparse g5 d64 p16", 150, 900, 10, 2, 64, 16, kv_layout::token_major), 128),
+  };
+  for (const auto& c : cfgs) {
+    const problem p(c);
+    const cpu_result ref = run_cpu(p);
+    for (int split = 1; split <= 3; ++split) {
+      const gpu_result g = run_backward(p, ref, [&](const gpu::attention_args& a, auto... rest) {
+        if (c.d == 128)
+          gpu::detail::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr, split);
+        else
+          gpu::detail::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr, split);
+      });
+      check_errors(c.name + " qsplit " + std::to_string(split), compare(g, ref), g.untouched_ok);
+    }
+    if (c.d == 64) {  // the v2 shapes kept for the benchmark's comparison
+      const gpu_result g = run_backward(p, ref, [&](const gpu::attention_args& a, auto... rest) {
+        gpu::detail::launch_backward<gpu::experimental::backward_d64_bm64>(a, rest..., nullptr, 0);
+      });
+      check_errors(c.name + " backward BM64", compare(g, ref), g.untouched_ok);
+      device_problem dp(p);
+      dev<float> o(p.q.size()), lse(std::size_t(c.sq) * c.hq);
+      gpu::detail::launch_forward<gpu::experimental::forward_d64_bn64>(dp.args(), o.p, lse.p, nullptr, 0);
+      sync();
+      const double eo = rel_err(to_double(o.download()), ref.o), el = rel_err(lse.download(), ref.lse);
+      std::printf("  %-34s forward BN64: o %.2e  lse %.2e\n", c.name.c_str(), eo, el);
+      CHECK(eo <= tolerance);
+      CHECK(el <= tolerance);
+    }
+  }
+}
+
 TEST_CASE("attention: fast_divmod is exact") {
   for (std::uint32_t d = 1; d <= 200; ++d) {
     const gpu::detail::fast_divmod f(d);

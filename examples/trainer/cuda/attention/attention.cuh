@@ -120,53 +120,49 @@ void allow_smem(Kernel k, int bytes) {
 
 namespace detail {
 
-/// How many CTAs (one cluster) share each row block of the forward. A grid of B blocks on S
-/// resident slots runs in ceil(B / S) waves; splitting every block's keys in s parts fills the
-/// last wave better (B = 896 on 264 slots: 85% busy; s = 2: 97%). Splits need a few key tiles
-/// each. hint > 0 forces a split (the benchmark compares them).
+/// Resident blocks of `kernel` on the current device (SMs x blocks per SM), computed once per
+/// instantiation (the first device that asks decides).
 template <class Kernel>
-int forward_split(Kernel kernel, int threads, int smem, int blocks, std::int64_t key_tiles, int hint) {
+int resident_blocks(Kernel kernel, int threads, int smem) {
+  static std::atomic<int> cached{0};
+  int n = cached.load(std::memory_order_relaxed);
+  if (n == 0) {
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+      (void)cudaGetLastError();
+      per_sm = 1;
+    }
+    n = sms * (per_sm > 0 ? per_sm : 1);
+    cached.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+/// How many CTAs (one thread-block cluster) share each row block of the forward, each taking a
+/// contiguous part of its key tiles. Measured on the H200 (docs/attention-notes.md): 2 beats 1
+/// by ~12% on long windows (896 blocks on 264 slots fill 85% of the last wave; split 2 fills 97%
+/// and balances the causal tail), 3 and 4 lose to 2. A grid far smaller than the GPU splits 4
+/// ways; short windows do not split. hint > 0 forces a split (tests and benchmark).
+inline int forward_split(int blocks, int slots, std::int64_t key_tiles, int hint) {
   if (hint > 0) return hint;
-  // Resident CTAs per split factor, per instantiation; the first device that asks decides.
-  static std::atomic<int> slots_per_split[5] = {0, 0, 0, 0, 0};
+  if (key_tiles < 8) return 1;
+  if (2 * blocks < slots / 2 && key_tiles >= 16) return 4;
+  return 2;
+}
+
+/// How many blocks share one key block's query tiles in the backward: enough to fill the last
+/// wave (e.g. 320 blocks on 132 SMs run 2.4 waves, 81% busy; 640 run 4.85, 97%), at least two
+/// query tiles each. hint > 0 forces it.
+inline int backward_split(int blocks, int slots, int query_tiles, int hint) {
+  if (hint > 0) return hint;
   double best_eff = 0;
   int best = 1;
-  for (int s = 1; s <= 4; ++s) {
-    if (s > 1 && key_tiles < 4 * s) break;
-    if (slots_per_split[s] == 0) {
-      int slots = 0;
-      if (s == 1) {
-        int dev = 0, sms = 0, per_sm = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
-        slots = sms * per_sm;
-      } else {
-        cudaLaunchConfig_t cfg{};
-        cfg.gridDim = dim3(static_cast<unsigned>(s) * 64);
-        cfg.blockDim = dim3(static_cast<unsigned>(threads));
-        cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = static_cast<unsigned>(s);
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        int clusters = 0;
-        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
-          (void)cudaGetLastError();  // a failed query only means "do not split this way"
-          clusters = 0;
-        }
-        slots = clusters * s;
-      }
-      slots_per_split[s] = slots > 0 ? slots : -1;
-    }
-    const int slots = slots_per_split[s];
-    if (slots <= 0) continue;
+  for (int s = 1; s <= 4 && (s == 1 || query_tiles >= 2 * s); ++s) {
     const std::int64_t n = std::int64_t(blocks) * s;
     const double eff = double(n) / double((n + slots - 1) / slots * slots);
-    if (eff > best_eff + 0.03) {  // a split costs a merge: take it only for a clear gain
+    if (eff > best_eff + 0.03) {  // a split costs atomics and K/V loads: take it for a clear gain
       best_eff = eff;
       best = s;
     }
@@ -186,7 +182,7 @@ void launch_forward(const attention_args& a, O* o, float* lse, cudaStream_t stre
   const auto kernel = attention_forward_kernel<Cfg, O>;
   allow_smem(kernel, Cfg::smem_bytes);
   const int blocks = static_cast<int>((std::int64_t(a.sq) * p.group + Cfg::BM - 1) / Cfg::BM) * a.hkv;
-  const int split = forward_split(kernel, Cfg::THREADS, Cfg::smem_bytes, blocks,
+  const int split = forward_split(blocks, resident_blocks(kernel, Cfg::THREADS, Cfg::smem_bytes),
                                   std::int64_t(a.window_pages) * a.kv.pool.page_size / Cfg::BN, split_hint);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks / a.hkv * split), static_cast<unsigned>(a.hkv));
@@ -246,7 +242,7 @@ namespace detail {
 template <class Cfg>
 void launch_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
                      float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, int split_hint = 0) {
   OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
   const kernel_params p = make_params(a, Cfg::BM);
   OOMB_EXPECTS(lse && delta && d_o && dq && dk_own && dv_own, "attention_backward: null pointer");
@@ -270,9 +266,14 @@ void launch_backward(const attention_args& a, const float* lse, const float* del
   const auto kernel = attention_backward_kernel<Cfg>;
   allow_smem(kernel, Cfg::smem_bytes);
   const std::int64_t keys = std::int64_t(a.window_pages) * a.kv.pool.page_size;
-  const dim3 grid(static_cast<unsigned>((keys + Cfg::BN - 1) / Cfg::BN), a.hkv);
-  if (grid.x == 0) return;
-  kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, lse, delta, reinterpret_cast<const std::uint16_t*>(d_o), out);
+  const int key_blocks = static_cast<int>((keys + Cfg::BN - 1) / Cfg::BN);
+  if (key_blocks == 0) return;
+  const int query_tiles = static_cast<int>((std::int64_t(a.sq) * p.group + Cfg::BM - 1) / Cfg::BM);
+  const int qsplit = backward_split(key_blocks * a.hkv, resident_blocks(kernel, Cfg::THREADS, Cfg::smem_bytes),
+                                    query_tiles, split_hint);
+  const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(a.hkv), static_cast<unsigned>(qsplit));
+  kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, lse, delta, reinterpret_cast<const std::uint16_t*>(d_o),
+                                                          out, qsplit);
   check_launch("attention_backward");
 }
 

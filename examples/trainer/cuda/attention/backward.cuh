@@ -55,7 +55,7 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     attention_backward_kernel(const kernel_params p, const float* __restrict__ lse,
                               const float* __restrict__ delta, const std::uint16_t* __restrict__ d_o,
-                              const backward_outputs outp) {
+                              const backward_outputs outp, int qsplit) {
   constexpr int D = Cfg::D, BN = Cfg::BN, BM = Cfg::BM, THREADS = Cfg::THREADS;
   constexpr int CPR = D / 8, RPP = THREADS / CPR;
   constexpr int MT_S = Cfg::S_M / 16, NT_S = Cfg::S_N / 8;
@@ -131,13 +131,18 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     }
     __syncthreads();
   }
-  // Next query tile at or after b that has work for this block.
+  // `qsplit` blocks (blockIdx.z) share this key block's query tiles round-robin (more blocks when
+  // keys are few); their dK/dV then meet through atomic adds. Next tile at or after b that is
+  // this block's and has work for it:
+  const int qz = static_cast<int>(blockIdx.z);
+  auto mine = [&](int b) { return b + (qz - b % qsplit + qsplit) % qsplit; };
   auto next_block = [&](int b) {
+    b = mine(b);
     if (sparse)
       while (b < nqb) {
         const std::uint32_t t = p.tile_rows_div.div(static_cast<std::uint32_t>(b * BM));
         if (sBits[t] != 0) break;
-        b = static_cast<int>((t + 1) * static_cast<std::uint32_t>(tile_rows) / BM);
+        b = mine(static_cast<int>((t + 1) * static_cast<std::uint32_t>(tile_rows) / BM));
       }
     return b;
   };
@@ -170,7 +175,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 
   const std::int64_t q0 = first_q > 0 ? first_q : 0;
   int b = next_block(static_cast<int>((q0 * p.group) / BM));
-  if (b < nqb) load_q(b, 0);
+  if (b >= nqb) {  // uniform across the block: no tile of its share sees these keys
+    cp_async_wait<0>();
+    return;
+  }
+  load_q(b, 0);
   cp_async_commit();
 
   const int wm = warp / Cfg::WN_S, wn = warp % Cfg::WN_S;   // S / dP
@@ -349,7 +358,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   }
   cp_async_wait<0>();
 
-  // Epilogue: each key row has exactly one owner (this block), so a plain read-add-write suffices.
+  // Epilogue: without a query split each key row has exactly one owner (this block), so a plain
+  // read-add-write suffices (and dK/dV are deterministic).
 #pragma unroll
   for (int mt = 0; mt < MT_KV; ++mt)
 #pragma unroll
@@ -372,6 +382,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #pragma unroll
       for (int nt = 0; nt < NT_KV; ++nt) {
         const int col = wd * Cfg::KV_N + nt * 8 + 2 * t4;
+        if (qsplit > 1) {  // several blocks own this key row: add atomically
+          red_add_v2(dk + col, acc_dk[mt][nt][2 * h] * p.scale, acc_dk[mt][nt][2 * h + 1] * p.scale);
+          red_add_v2(dv + col, acc_dv[mt][nt][2 * h], acc_dv[mt][nt][2 * h + 1]);
+          continue;
+        }
         float2 k2 = *reinterpret_cast<float2*>(dk + col), v2 = *reinterpret_cast<float2*>(dv + col);
         k2.x += acc_dk[mt][nt][2 * h] * p.scale;
         k2.y += acc_dk[mt][nt][2 * h + 1] * p.scale;

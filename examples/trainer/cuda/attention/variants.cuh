@@ -6,8 +6,8 @@
 //   forward   head_dim 64, 128  x  output element oomb::bf16, float
 //   backward  head_dim 64, 128
 //   delta     output element oomb::bf16, float;  merge (float)
-// plus the alternative tile shapes in `experimental`, compiled only by the benchmark, which times
-// them against the chosen ones (docs/attention-notes.md has the numbers).
+// plus the alternative tile shapes in `experimental` (tests check them, the benchmark times
+// them against the chosen ones; docs/attention-notes.md has the numbers).
 // Adding a head size means one line in each table below and one case in dispatch_head_dim.
 #pragma once
 
@@ -24,19 +24,18 @@ namespace oomb_trainer::gpu {
 template <int D>
 struct forward_config;
 //                                                             D  BM   BN  warps  blocks/SM
-template <> struct forward_config<64> { using type = detail::forward_tile<64, 128, 64, 4, 2>; };
+template <> struct forward_config<64> { using type = detail::forward_tile<64, 128, 128, 4, 2>; };
 template <> struct forward_config<128> { using type = detail::forward_tile<128, 128, 64, 4, 2>; };
 
 template <int D>
 struct backward_config;
 //                                                                D  keys rows warps blocks/SM  warps: S rows, dKV keys, dQ rows
-template <> struct backward_config<64> { using type = detail::backward_tile<64, 128, 64, 8, 1, 2, 4, 2>; };
+template <> struct backward_config<64> { using type = detail::backward_tile<64, 128, 128, 8, 1, 4, 4, 4>; };
 template <> struct backward_config<128> { using type = detail::backward_tile<128, 128, 64, 8, 1, 2, 4, 2>; };
 
 namespace experimental {
-using forward_d64_bn128 = detail::forward_tile<64, 128, 128, 4, 2>;
-using backward_d64_bm128 = detail::backward_tile<64, 128, 128, 8, 1, 4, 4, 4>;
-using backward_d64_2blocks = detail::backward_tile<64, 128, 64, 8, 2, 2, 4, 2>;
+using forward_d64_bn64 = detail::forward_tile<64, 128, 64, 4, 2>;                  // v2 default
+using backward_d64_bm64 = detail::backward_tile<64, 128, 64, 8, 1, 2, 4, 2>;       // v2 default
 }  // namespace experimental
 
 /// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
