@@ -72,9 +72,10 @@ double time_fwd(const device_problem& dp, int split, int reps) {
   return median_ms(1, reps, [&] { gpu::detail::launch_forward<Cfg>(a, o.p, lse.p, nullptr, split); });
 }
 
-/// Times one backward tile shape (delta included) with a forced query split (0: the launcher's).
+/// Times one backward tile shape (delta included) with a forced query split and walk order (0: the
+/// launcher's choice).
 template <class Cfg>
-double time_bwd(const device_problem& dp, int split, int reps) {
+double time_bwd(const device_problem& dp, int split, int reps, int order = 0) {
   const auto a = dp.args();
   const auto& c = dp.h.c;
   const std::size_t qn = dp.h.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
@@ -89,7 +90,7 @@ double time_bwd(const device_problem& dp, int split, int reps) {
   const auto grads = dp.grads(g.p);
   return median_ms(1, reps, [&] {
     gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-    gpu::detail::launch_backward<Cfg>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, split);
+    gpu::detail::launch_backward<Cfg>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, split, order);
   });
 }
 
@@ -198,6 +199,11 @@ int main(int argc, char** argv) {
         c.shuffle_ids = false;
         const problem p(c, false);
         contig = time_one(p, r);
+        device_problem dp(p);  // the backward with every block walking the query tiles in lockstep
+        const double ms = s.d == 128 ? time_bwd<gpu::backward_config<128>::type>(dp, 0, r, 1)
+                                     : time_bwd<gpu::backward_config<64>::type>(dp, 0, r, 1);
+        std::printf("  [bwd %s %lldK contiguous, lockstep query walk: %.1f TFLOP/s (default staggered: %.1f)]\n", s.name,
+                    (long long)(past / 1024), flops_bwd / ms / 1e9, flops_bwd / contig.bwd_ms / 1e9);
       }
       std::printf("%-10s %6lldK | %9.1f %9.1f %6.3f | %9.1f %9.1f %6.3f | %8.3f %8.3f\n", s.name,
                   (long long)(past / 1024), flops_fwd / paged.fwd_ms / 1e9, flops_fwd / contig.fwd_ms / 1e9,

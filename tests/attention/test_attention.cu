@@ -387,15 +387,17 @@ TEST_CASE("attention: backward query split (1..3 blocks per key block) and alter
   for (const auto& c : cfgs) {
     const problem p(c);
     const cpu_result ref = run_cpu(p);
-    for (int split = 1; split <= 3; ++split) {
-      const gpu_result g = run_backward(p, ref, [&](const gpu::attention_args& a, auto... rest) {
-        if (c.d == 128)
-          gpu::detail::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr, split);
-        else
-          gpu::detail::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr, split);
-      });
-      check_errors(c.name + " qsplit " + std::to_string(split), compare(g, ref), g.untouched_ok);
-    }
+    for (int order = 1; order <= 2; ++order)  // lockstep, staggered query walk
+      for (int split = 1; split <= 3; ++split) {
+        const gpu_result g = run_backward(p, ref, [&](const gpu::attention_args& a, auto... rest) {
+          if (c.d == 128)
+            gpu::detail::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr, split, order);
+          else
+            gpu::detail::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr, split, order);
+        });
+        check_errors(c.name + (order == 1 ? " lockstep" : " stagger") + " qsplit " + std::to_string(split),
+                     compare(g, ref), g.untouched_ok);
+      }
     if (c.d == 64) {  // the v2 shapes kept for the benchmark's comparison
       const gpu_result g = run_backward(p, ref, [&](const gpu::attention_args& a, auto... rest) {
         gpu::detail::launch_backward<gpu::experimental::backward_d64_bm64>(a, rest..., nullptr, 0);

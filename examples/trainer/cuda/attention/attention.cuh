@@ -104,6 +104,7 @@ inline kernel_params make_params(const attention_args& a, int rows_per_tile_mult
   p.tile_indptr = a.tile_indptr;
   p.tile_pages = a.tile_pages;
   p.tile = a.tile;
+  p.stagger = false;
   p.tile_rows_div = fast_divmod(a.tile_indptr != nullptr ? static_cast<std::uint32_t>(a.tile * group) : 1u);
   return p;
 }
@@ -242,9 +243,11 @@ namespace detail {
 template <class Cfg>
 void launch_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
                      float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
-                     cudaStream_t stream, int split_hint = 0) {
+                     cudaStream_t stream, int split_hint = 0, int order_hint = 0) {
   OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
-  const kernel_params p = make_params(a, Cfg::BM);
+  kernel_params p = make_params(a, Cfg::BM);
+  // Query-walk order (order_hint: 1 lockstep, 2 staggered; 0 the default, docs/attention-notes.md).
+  p.stagger = order_hint != 1;
   OOMB_EXPECTS(lse && delta && d_o && dq && dk_own && dv_own, "attention_backward: null pointer");
   OOMB_EXPECTS(aligned16(d_o), "attention_backward: d_o must be 16-byte aligned");
   OOMB_EXPECTS(((reinterpret_cast<std::uintptr_t>(dq) | reinterpret_cast<std::uintptr_t>(dk_own) |

@@ -174,11 +174,20 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   };
 
   const std::int64_t q0 = first_q > 0 ? first_q : 0;
-  int b = next_block(static_cast<int>((q0 * p.group) / BM));
-  if (b >= nqb) {  // uniform across the block: no tile of its share sees these keys
+  const int b_first = next_block(static_cast<int>((q0 * p.group) / BM));
+  if (b_first >= nqb) {  // uniform across the block: no tile of its share sees these keys
     cp_async_wait<0>();
     return;
   }
+  // Staggered order: resident blocks would otherwise walk the query tiles in lockstep and all add
+  // into the same rows of dq at once (an L2 atomic hot spot); each starts at its own tile and wraps.
+  int b = b_first;
+  if (p.stagger) {
+    const int span = nqb - b_first;
+    const int s = next_block(b_first + static_cast<int>((std::uint32_t(blockIdx.x) * 40503u) % std::uint32_t(span)));
+    if (s < nqb) b = s;
+  }
+  const int b_start = b;
   load_q(b, 0);
   cp_async_commit();
 
@@ -205,12 +214,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 
   constexpr float log2e = 1.4426950408889634f;
   const std::int64_t kbase = pos0 + s0 - p.q_start;  // key column c sits at query index kbase + c
-  for (int it = 0; b < nqb; ++it) {
+  for (int it = 0; b >= 0; ++it) {
     const int stage = it & 1;
     cp_async_wait<0>();
     __syncthreads();
-    const int nb = next_block(b + 1);
-    if (nb < nqb) load_q(nb, stage ^ 1);
+    int nb = next_block(b + 1);
+    if (nb >= nqb) nb = b_first;   // wrap (staggered order)
+    if (nb == b_start) nb = -1;    // every tile of this block's share done
+    if (nb >= 0) load_q(nb, stage ^ 1);
     cp_async_commit();
     frag_addr<D> fQ = fQ0, fdO = fdO0;
     fQ.base += stage * QSTAGE;
