@@ -124,10 +124,8 @@ TEST_CASE("page transfers: automatic picks copy engines for long runs and small 
   auto home = pinned_pool::contiguous(pr, 64 << 10, 512);
   oomb::cuda_stream s;
   oomb::cuda_transfer_options o;  // explicit thresholds: the test does not follow the tuned defaults
-  o.copy_engine_run_bytes = 256 << 10;
   o.kernel_run_bytes = 64 << 10;
   o.kernel_min_pages = 16;
-  o.kernel_min_batch_bytes = 8 << 20;
   oomb::cuda_page_transfer<oomb::device_resource, oomb::pinned_resource> t(dev, home, o);
   std::vector<std::int32_t> slots(256), far(512);
   dev.acquire(256, slots.data());
@@ -139,18 +137,18 @@ TEST_CASE("page transfers: automatic picks copy engines for long runs and small 
   CHECK(r.path == oomb::transfer_path::memcpy_batch);
   std::vector<std::int32_t> scattered;
   for (std::size_t i = 0; i < 256; ++i) scattered.push_back(far[2 * i]);  // every other page
-  r = t.enqueue(s, slots, scattered);  // 16 MiB of 64 KiB runs: >= kernel_min_batch_bytes
+  r = t.enqueue(s, slots, scattered);  // 64 KiB runs: not below kernel_run_bytes
   CHECK(r.copies == 256);
-  CHECK(r.path == oomb::transfer_path::kernel);
-  r = t.enqueue(s, oomb::id_span(slots.data(), 64), oomb::id_span(scattered.data(), 64));  // 4 MiB
   CHECK(r.path == oomb::transfer_path::memcpy_batch);
-  r = t.enqueue(s, oomb::id_span(slots.data(), 3), oomb::id_span(scattered.data(), 3));  // tiny
-  CHECK(r.path == oomb::transfer_path::memcpy_batch);
-  o.kernel_run_bytes = 128 << 10;  // 64 KiB runs are now short: the kernel from 16 pages
+  o.kernel_run_bytes = 128 << 10;  // now they are short runs: the kernel from 16 pages
   t.set_options(o);
+  r = t.enqueue(s, slots, scattered);
+  CHECK(r.path == oomb::transfer_path::kernel);
   r = t.enqueue(s, oomb::id_span(slots.data(), 16), oomb::id_span(scattered.data(), 16));
   CHECK(r.path == oomb::transfer_path::kernel);
   r = t.enqueue(s, oomb::id_span(slots.data(), 15), oomb::id_span(scattered.data(), 15));
+  CHECK(r.path == oomb::transfer_path::memcpy_batch);
+  r = t.enqueue(s, oomb::id_span(slots.data(), 16), oomb::id_span(run.data(), 16));  // one 1 MiB run
   CHECK(r.path == oomb::transfer_path::memcpy_batch);
   s.synchronize();
   // Device to device never takes the kernel.

@@ -1,18 +1,23 @@
 // oomb — batched page transfers between device and pinned pools, choosing copy engines or a kernel.
 // SPDX-License-Identifier: Apache-2.0
 //
-// Two ways to move a batch of scattered pages over PCIe, and why each wins where it does
-// (H200, PCIe 5 x16, ~55 GB/s per direction for one large copy; see docs/benchmarks.md):
+// Two ways to move a batch of scattered pages over PCIe, measured on the H200 of the GPU machine
+// (one large cudaMemcpyAsync moves 55 GB/s per direction over PCIe, 101 GB/s both at once;
+// bench/cuda/page_transfer_bench, docs/benchmarks.md "CUDA page transfers"):
 //  - copy engines, one cudaMemcpyBatchAsync per batch (runs of adjacent pages merged first): no
-//    SM is used, so compute runs at full speed, and long runs reach the link's bandwidth; but each
-//    copy carries a fixed DMA cost, so scattered 64 KiB pages stall near ~40 GB/s;
-//  - the gather/scatter kernel (page_copy_kernel.cuh): a few blocks read or write mapped pinned
-//    memory directly, 16 bytes per access, many loads in flight; per-page cost is nearly nothing,
-//    so scattered small pages reach ~50 GB/s, but those blocks hold SMs compute cannot use.
-// transfer_path::automatic takes the copy engines for long runs (mean merged copy >=
-// copy_engine_run_bytes) and for tiny batches (fewer than kernel_min_pages pages, where the kernel's
-// launch and descriptor upload dominate), and the kernel for many short runs. Device-to-device
-// batches always take the copy engines. A caller protecting compute sets path = memcpy_batch.
+//    SM is used, so compute keeps every SM (a concurrent bf16 GEMM lost nothing measurable). In
+//    steady state pages of >= 64 KiB move at 95-100% of the large copy per direction and 93-101
+//    GB/s both ways at once, from batches of 64 pages; 32 KiB pages host to device only 38-47
+//    GB/s (the DMA cost per copy shows). The host pays ~0.6-0.8 us per copy inside the call.
+//  - the gather/scatter kernel (page_copy_kernel.cuh): 8 blocks read or write mapped pinned
+//    memory directly; 48-52 GB/s per direction for any page size from batches of 256, so it
+//    beats the copy engines for small pages host to device, at ~0.08 us of host time per page;
+//    but SM-issued PCIe traffic tops out near 63-72 GB/s both ways at once, and its blocks hold
+//    SMs (a GEMM beside it: no measurable loss up to 16 blocks, 24% at 32).
+// transfer_path::automatic therefore takes the kernel only for short runs (mean merged copy
+// below kernel_run_bytes, 64 KiB) in batches of at least kernel_min_pages (64), and the copy
+// engines for everything else. Device-to-device batches always take the copy engines. A caller
+// protecting compute sets path = memcpy_batch; one moving many small pages sets kernel.
 //
 // Validation (equal block sizes and page formats, ids in use, no destination twice) is
 // page_transfer's, done in full before anything is enqueued; pageable host pools do not compile.
@@ -56,13 +61,11 @@ inline constexpr const char* to_string(transfer_path p) noexcept {
 /// choose() and docs/benchmarks.md).
 struct cuda_transfer_options {
   transfer_path path = transfer_path::automatic;
-  int kernel_blocks = 8;                                ///< blocks of a kernel batch (SMs taken from compute)
-  std::size_t copy_engine_run_bytes = 256 * 1024;       ///< mean merged copy at least this: copy engines
-  std::size_t kernel_run_bytes = 64 * 1024;             ///< mean merged copy below this: the kernel ...
-  std::size_t kernel_min_pages = 16;                    ///< ... once the batch has this many pages
-  std::size_t kernel_min_batch_bytes = 64u << 20;       ///< runs in between: the kernel from this many bytes
-  std::size_t pages_per_launch = 8192;                  ///< kernel staging slot size (bigger batches: more launches)
-  int staging_slots = 8;                                ///< kernel launches in flight before back-pressure
+  int kernel_blocks = 8;                     ///< blocks of a kernel batch (SMs taken from compute)
+  std::size_t kernel_run_bytes = 64 * 1024;  ///< automatic: mean merged copy below this takes the kernel ...
+  std::size_t kernel_min_pages = 64;         ///< ... when the batch has at least this many pages
+  std::size_t pages_per_launch = 8192;       ///< kernel staging slot size (bigger batches: more launches)
+  int staging_slots = 8;                     ///< kernel launches in flight before back-pressure
 };
 
 /// What a transfer moved, and how.
@@ -131,10 +134,7 @@ class cuda_page_transfer {
     if (requested == transfer_path::kernel) return kernel_ok ? transfer_path::kernel : transfer_path::memcpy_batch;
     if (requested != transfer_path::automatic) return requested;
     if (!kernel_ok || r.copies == 0 || r.pages < options_.kernel_min_pages) return transfer_path::memcpy_batch;
-    const std::size_t run = r.bytes / r.copies;
-    if (run >= options_.copy_engine_run_bytes) return transfer_path::memcpy_batch;
-    if (run < options_.kernel_run_bytes) return transfer_path::kernel;
-    return r.bytes >= options_.kernel_min_batch_bytes ? transfer_path::kernel : transfer_path::memcpy_batch;
+    return r.bytes / r.copies < options_.kernel_run_bytes ? transfer_path::kernel : transfer_path::memcpy_batch;
   }
 
   const cuda_transfer_options& options() const noexcept { return options_; }

@@ -7,9 +7,11 @@
 //  - prefetch copies run on the scheduler's copy-in stream, write-backs on its copy-out stream
 //    (two streams: the two PCIe directions overlap); compute streams wait on their events
 //    (cudaStreamWaitEvent), the host never waits on the hot path;
-//  - batches move by cuda_page_transfer: copy engines (cudaMemcpyBatchAsync) for long runs, the
-//    gather/scatter kernel for many scattered pages (cuda_transfer_options chooses; set
-//    path = memcpy_batch to leave every SM to compute);
+//  - batches move by cuda_page_transfer (see page_transfer.cuh for the measured trade-off): copy
+//    engines (cudaMemcpyBatchAsync) for pages of 64 KiB and more, which also reach ~100 GB/s with
+//    prefetch and write-back running at once; the gather/scatter kernel for many small pages.
+//    Options may differ per direction (cuda_backend(to_near, to_far)); path = memcpy_batch
+//    leaves every SM to compute;
 //  - gradient pages are zeroed in their slot at first touch with cudaMemsetAsync, in order with
 //    the copy-in stream's copies.
 // Streams: use high-priority streams for copy_in / copy_out (cuda_stream::greatest_priority()) so
