@@ -10,6 +10,11 @@
 // global O; it adds into dq [sq][hq][d], dk_own / dv_own [sq][hkv][d] (row = position - q_start)
 // and the fp32 gradient pages of past pages (dpast.grad_id[id] >= 0 for every past page of the
 // window). Summing the backward over windows that partition the keys equals one pass.
+// Launch shapes are chosen here (variants.cuh lists every compiled kernel): the forward may split a
+// row block's keys over a cluster of 2-4 CTAs (merged in distributed shared memory), the backward
+// may split a key block's query tiles over blocks (dK/dV then added atomically). dq always goes
+// through atomics, so the backward's fp32 sums are not bitwise reproducible run to run.
+// Sparse calls need tile * (hq / hkv) to be a multiple of 128.
 #pragma once
 
 #include <atomic>
