@@ -343,6 +343,25 @@ TEST_CASE("attention: page-sparse tiles — a subset matches a masked softmax an
   }
 }
 
+TEST_CASE("attention: tiles that select no past page read only the chunk's own pages (past ids may be -1)") {
+  const std::int32_t hq = 2, hkv = 1, d = 4, page = 16, n = 48, sq = 16;
+  const std::int64_t q_start = 32;
+  paged_sequence<double> s(n, hkv, d, page, oomb::kv_layout::head_major, 51);
+  const auto q = trainer_test::random_vector<double>(static_cast<std::size_t>(sq * hq * d), 52);
+  window w(s, 0, 3);
+  w.indices[0] = w.indices[1] = -1;  // never transferred: no tile needs them
+  const std::vector<std::int32_t> indptr{0, 0, 0};
+  auto a = w.args<double>(s, q.data(), q_start, sq, hq);
+  a.tile_indptr = indptr.data();
+  a.tile_pages = nullptr;  // an empty selection may have no storage at all
+  a.tile = 8;
+  std::vector<double> o(q.size()), lse(static_cast<std::size_t>(hq * sq)), o_ref, lse_ref;
+  oomb_trainer::cpu::attention_forward(a, o.data(), lse.data());
+  naive_forward(s, q, q_start, sq, hq, [&](std::int32_t, std::int64_t pos) { return pos >= q_start; }, o_ref, lse_ref);
+  CHECK(rel_err(o, o_ref) < 1e-14);
+  CHECK(rel_err(lse, lse_ref) < 1e-14);
+}
+
 TEST_CASE("attention: bf16 pages with float arithmetic match double over the same rounded values") {
   const std::int32_t hq = 4, hkv = 2, d = 8, page = 16, n = 40, sq = 24;
   const std::int64_t q_start = 16;

@@ -78,21 +78,21 @@ void for_each_visible_key(const attention_args<T, E>& a, std::int32_t i, F&& f) 
   const std::int64_t qpos = a.q_start + i;
   const std::int32_t P = a.kv.table.page_size;
   const std::int32_t np = a.kv.table.num_pages(0);
-  const std::int32_t* sel = nullptr;
-  const std::int32_t* sel_end = nullptr;
-  if (a.tile_indptr != nullptr) {
+  const bool sparse = a.tile_indptr != nullptr;
+  std::int32_t sel = 0, sel_end = 0;  // the tile's selection: tile_pages[sel .. sel_end)
+  if (sparse) {
     const std::int32_t j = i / a.tile;
-    sel = a.tile_pages + a.tile_indptr[j];
-    sel_end = a.tile_pages + a.tile_indptr[j + 1];
+    sel = a.tile_indptr[j];
+    sel_end = a.tile_indptr[j + 1];
   }
   for (std::int32_t pi = 0; pi < np; ++pi) {
     const std::int64_t logical = std::int64_t(a.first_page) + pi;
     const std::int64_t start = logical * P;
     if (start > qpos) break;
     const std::int32_t len = a.kv.table.page_len(0, pi);
-    if (sel != nullptr && start + len <= a.q_start) {  // a past page: attended only if selected
-      while (sel != sel_end && *sel < logical) ++sel;
-      if (sel == sel_end || *sel != logical) continue;
+    if (sparse && start + len <= a.q_start) {  // a past page: attended only if selected
+      while (sel != sel_end && a.tile_pages[sel] < logical) ++sel;
+      if (sel == sel_end || a.tile_pages[sel] != logical) continue;
     }
     const std::int32_t id = a.kv.table.page(0, pi);
     const std::int32_t visible = static_cast<std::int32_t>(std::min<std::int64_t>(len, qpos - start + 1));

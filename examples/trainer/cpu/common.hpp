@@ -40,7 +40,7 @@ inline constexpr int lanes = 8;
 /// sum_i a[i] * b[i] in T, in a fixed order: lane k sums i = k, k + lanes, ...; lanes are then
 /// combined pairwise; the tail is added last.
 template <class T, class A, class B>
-inline T dot(const A* a, const B* b, std::int64_t n) noexcept {
+inline T dot(const A* __restrict a, const B* __restrict b, std::int64_t n) noexcept {
   T acc[lanes] = {};
   std::int64_t i = 0;
   for (; i + lanes <= n; i += lanes)
@@ -52,15 +52,15 @@ inline T dot(const A* a, const B* b, std::int64_t n) noexcept {
   return s;
 }
 
-/// y[i] += alpha * x[i].
+/// y[i] += alpha * x[i]; x and y do not overlap.
 template <class T, class X>
-inline void axpy(std::int64_t n, T alpha, const X* x, T* y) noexcept {
+inline void axpy(std::int64_t n, T alpha, const X* __restrict x, T* __restrict y) noexcept {
   for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * load<T>(x[i]);
 }
 
 /// y[i] = G(T(y[i]) + alpha * x[i]) for a stored element type G (a gradient page).
 template <class T, class G>
-inline void axpy_store(std::int64_t n, T alpha, const T* x, G* y) noexcept {
+inline void axpy_store(std::int64_t n, T alpha, const T* __restrict x, G* __restrict y) noexcept {
   for (std::int64_t i = 0; i < n; ++i) y[i] = store<G>(load<T>(y[i]) + alpha * x[i]);
 }
 

@@ -117,6 +117,13 @@ class param_layout {
   std::int32_t layers_ = 0;
 };
 
+/// Number of parameters (without the alignment padding between tensors).
+inline std::uint64_t parameter_count(const param_layout& l) {
+  std::uint64_t n = 0;
+  for (const auto& e : l.entries()) n += e.numel;
+  return n;
+}
+
 /// All tensors of a Qwen2 model in one zero-initialised allocation.
 template <class T>
 class qwen2_params {

@@ -1,0 +1,36 @@
+// oomb-train: chunk-recurrent training of a Qwen2 model on the CPU (see --help).
+// SPDX-License-Identifier: Apache-2.0
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "trainer/train/options.hpp"
+#include "trainer/train/run.hpp"
+
+int main(int argc, char** argv) {
+  oomb_trainer::train_options options;
+  try {
+    options = oomb_trainer::parse_train_options(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "oomb-train: {}\n", e.what());
+    return 2;
+  }
+  if (options.help) {
+    fmt::print("{}", oomb_trainer::help_text());
+    return 0;
+  }
+  try {
+    oomb_trainer::training_run run(options, [](const std::string& line) {
+      fmt::print("{}\n", line);
+      std::fflush(stdout);
+    });
+    run.run();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "oomb-train: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,181 @@
+// oomb trainer — the command line of oomb-train: options, parsing, --help.
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <oomb/core/error.hpp>
+
+namespace oomb_trainer {
+
+/// Everything oomb-train takes (see help_text()).
+struct train_options {
+  std::string config, data, synthetic, init, resume, out, dump_grads;
+  std::int64_t seq_len = 0;
+  std::int32_t chunk = 0;
+  std::int32_t page = 16;
+  bool sparse = false;
+  std::int32_t budget = 0, sink = 1, local = 1, tile = 128;
+  bool offload = false;
+  std::int32_t near_pages = 0;    ///< 0 with --offload: two windows of a chunk's pages
+  std::int32_t window_pages = 0;  ///< 0: near_pages / 2 with offload, one window without
+  std::int64_t steps = 0;
+  double lr = 1e-3, min_lr = -1.0;  ///< min_lr < 0: lr / 10
+  std::int64_t warmup = 0;
+  double weight_decay = 0.0, clip = 1.0;
+  std::uint64_t seed = 1234;
+  std::int64_t save_every = 0;  ///< 0: only at the end
+  std::int64_t stop_after = 0;  ///< stop (and save) after this many steps of this run; 0: run to --steps
+  std::int32_t kv_keys = 4, kv_values = 8, kv_queries = 4;  ///< --synthetic kv-recall's shape
+  bool full_backprop = false;
+  bool quiet = false;
+  bool help = false;
+
+  double effective_min_lr() const noexcept { return min_lr >= 0 ? min_lr : lr / 10; }
+};
+
+inline const char* help_text() {
+  return R"(oomb-train — chunk-recurrent training of a Qwen2 model on the CPU, with oomb's paged KV cache,
+gradient mirror, offload (far tier: host pool, near tier: fixed slots) and page-sparse attention.
+
+usage: oomb-train --config model.json (--data tokens.bin | --synthetic NAME) --seq-len N --chunk C
+                  --page P [--sparse-budget B --sink S --local L] [--offload --near-pages K]
+                  --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
+                  [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop]
+
+model and data
+  --config FILE         HF config.json of a Qwen2 model (configs/tiny.json, configs/qwen2.5-0.5b.json, ...)
+  --data FILE           token file (OOMBTOKS header, uint32 ids); samples are consecutive windows of N tokens
+  --synthetic NAME      built-in task instead of --data: kv-recall (records in the first chunk, queried
+                        in later ones; the loss counts answer tokens only)
+  --kv-keys K, --kv-values M, --kv-queries Q
+                        kv-recall's shape: K keys with values among M, Q queries per later chunk
+                        (defaults 4, 8, 4)
+  --init CKPT           initial weights: an HF folder (sharded or not) or a .safetensors file
+                        (default: HF's initialisation, N(0, 0.02) matrices, seeded by --seed)
+  --resume DIR          continue from a checkpoint folder written by --out (weights, AdamW moments,
+                        step, data position); reproduces the uninterrupted losses bit for bit
+  --seed N              initialisation and synthetic data seed (default 1234)
+
+sequence and memory
+  --seq-len N           tokens per sequence (one sequence per step)
+  --chunk C             tokens per chunk: a multiple of the page size
+  --page P              tokens per KV page: a power of two >= 16 (default 16)
+  --sparse-budget B     page-sparse attention: each tile of --tile queries attends B scored past pages
+  --sink S              ... plus the first S pages (default 1)
+  --local L             ... plus the L most recent past pages (default 1)
+  --tile Q              queries per selection tile (default 128)
+  --offload             stream K/V and gradient pages through a fixed near tier; homes in the far tier
+  --near-pages K        near-tier slots for K/V pages, and as many for gradient pages
+                        (default: twice a chunk's pages; at least a chunk's pages)
+  --window-pages W      pages per attention window (default: K/2 with --offload, all without)
+  --full-backprop       plain full-sequence backprop instead (the baseline; no oomb)
+
+optimisation
+  --steps S             optimizer steps in all (the schedule's length; a resumed run continues to S)
+  --lr LR               peak learning rate (default 1e-3); cosine decay to --min-lr (default LR/10)
+  --warmup W            linear warm-up steps (default 0)
+  --weight-decay WD     AdamW decoupled weight decay of matrices (default 0)
+  --clip G              clip the global gradient norm to G; 0 disables (default 1)
+
+output
+  --out DIR             log.jsonl (one JSON object per step) and checkpoint/ (config.json,
+                        model.safetensors, optimizer.safetensors, trainer_state.json)
+  --save-every N        write the checkpoint every N steps (default: at the end only)
+  --stop-after N        stop after N steps of this run (a checkpoint is written): an interruption
+  --dump-grads FILE     write the first step's gradients (F32 safetensors, HF names)
+  --quiet               no progress lines within steps
+  --help                this text
+)";
+}
+
+namespace detail {
+
+inline std::int64_t parse_int(const std::string& flag, const std::string& v, std::int64_t lo, std::int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  OOMB_EXPECTS(!v.empty() && end && *end == '\0' && errno == 0, flag, " needs an integer, got '", v, "'");
+  OOMB_EXPECTS(x >= lo && x <= hi, flag, " must be in [", lo, ", ", hi, "], got ", x);
+  return x;
+}
+
+inline double parse_double(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  OOMB_EXPECTS(!v.empty() && end && *end == '\0' && std::isfinite(x), flag, " needs a number, got '", v, "'");
+  return x;
+}
+
+}  // namespace detail
+
+/// Parses argv; throws oomb::invalid_argument naming the flag for anything wrong or missing.
+inline train_options parse_train_options(const std::vector<std::string>& args) {
+  train_options o;
+  constexpr std::int64_t i32max = std::numeric_limits<std::int32_t>::max();
+  constexpr std::int64_t i64max = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& f = args[i];
+    auto value = [&]() -> const std::string& {
+      OOMB_EXPECTS(i + 1 < args.size(), f, " needs a value");
+      return args[++i];
+    };
+    auto i32 = [&](std::int64_t lo) { return static_cast<std::int32_t>(detail::parse_int(f, value(), lo, i32max)); };
+    auto i64 = [&](std::int64_t lo) { return detail::parse_int(f, value(), lo, i64max); };
+    if (f == "--help" || f == "-h") o.help = true;
+    else if (f == "--config") o.config = value();
+    else if (f == "--data") o.data = value();
+    else if (f == "--synthetic") o.synthetic = value();
+    else if (f == "--init") o.init = value();
+    else if (f == "--resume") o.resume = value();
+    else if (f == "--out") o.out = value();
+    else if (f == "--dump-grads") o.dump_grads = value();
+    else if (f == "--seq-len") o.seq_len = i64(2);
+    else if (f == "--chunk") o.chunk = i32(1);
+    else if (f == "--page") o.page = i32(1);
+    else if (f == "--sparse-budget") { o.sparse = true; o.budget = i32(0); }
+    else if (f == "--sink") o.sink = i32(0);
+    else if (f == "--local") o.local = i32(0);
+    else if (f == "--tile") o.tile = i32(1);
+    else if (f == "--offload") o.offload = true;
+    else if (f == "--near-pages") o.near_pages = i32(1);
+    else if (f == "--window-pages") o.window_pages = i32(1);
+    else if (f == "--steps") o.steps = i64(1);
+    else if (f == "--lr") o.lr = detail::parse_double(f, value());
+    else if (f == "--min-lr") o.min_lr = detail::parse_double(f, value());
+    else if (f == "--warmup") o.warmup = i64(0);
+    else if (f == "--weight-decay") o.weight_decay = detail::parse_double(f, value());
+    else if (f == "--clip") o.clip = detail::parse_double(f, value());
+    else if (f == "--seed") o.seed = static_cast<std::uint64_t>(i64(0));
+    else if (f == "--save-every") o.save_every = i64(0);
+    else if (f == "--stop-after") o.stop_after = i64(0);
+    else if (f == "--kv-keys") o.kv_keys = i32(1);
+    else if (f == "--kv-values") o.kv_values = i32(2);
+    else if (f == "--kv-queries") o.kv_queries = i32(1);
+    else if (f == "--full-backprop") o.full_backprop = true;
+    else if (f == "--quiet") o.quiet = true;
+    else OOMB_FAIL(oomb::invalid_argument, "unknown option '", f, "' (see --help)");
+  }
+  if (o.help) return o;
+  OOMB_EXPECTS(!o.config.empty(), "--config is required (see --help)");
+  OOMB_EXPECTS(o.data.empty() != o.synthetic.empty(), "give exactly one of --data and --synthetic");
+  OOMB_EXPECTS(o.synthetic.empty() || o.synthetic == "kv-recall", "--synthetic: unknown task '", o.synthetic,
+               "' (known: kv-recall)");
+  OOMB_EXPECTS(o.seq_len >= 2, "--seq-len is required (>= 2)");
+  OOMB_EXPECTS(o.chunk > 0 || o.full_backprop, "--chunk is required");
+  OOMB_EXPECTS(o.steps > 0, "--steps is required (> 0)");
+  OOMB_EXPECTS(!o.out.empty(), "--out is required");
+  OOMB_EXPECTS(o.lr >= 0, "--lr must be >= 0, got ", o.lr);
+  OOMB_EXPECTS(o.warmup <= o.steps, "--warmup ", o.warmup, " is longer than --steps ", o.steps);
+  OOMB_EXPECTS(!o.full_backprop || (!o.sparse && !o.offload), "--full-backprop runs neither sparse attention nor offload");
+  if (o.offload && o.near_pages == 0 && o.chunk > 0 && o.page > 0) o.near_pages = 2 * (o.chunk / o.page);
+  return o;
+}
+
+}  // namespace oomb_trainer

@@ -1,0 +1,272 @@
+// oomb trainer — the training loop behind oomb-train: data, forward/backward, clip, AdamW, log,
+// checkpoints. Reads top to bottom: step() = sample, loss_and_grad, clip, update, log.
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "trainer/io/checkpoint.hpp"
+#include "trainer/io/config.hpp"
+#include "trainer/io/tokens.hpp"
+#include "trainer/model/params.hpp"
+#include "trainer/optim/adamw.hpp"
+#include "trainer/optim/clip.hpp"
+#include "trainer/optim/schedule.hpp"
+#include "trainer/train/chunk_recurrent.hpp"
+#include "trainer/train/full_sequence.hpp"
+#include "trainer/train/options.hpp"
+#include "trainer/train/synthetic.hpp"
+
+namespace oomb_trainer {
+
+/// What one optimizer step did (also one line of log.jsonl).
+struct step_record {
+  std::int64_t step = 0;  ///< 0-based index of the step just taken
+  double loss = 0, lr = 0, grad_norm = 0, seconds = 0, tokens_per_second = 0;
+  std::int64_t tokens = 0;
+  chunk_step_stats chunked;  ///< zeros with --full-backprop
+  tier_memory memory;
+};
+
+inline std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+/// A training run of a float model (see options.hpp for what each option means).
+class training_run {
+  using T = float;
+
+ public:
+  /// `print` receives the human-readable lines (one per step, plus progress when enabled).
+  explicit training_run(train_options o, std::function<void(const std::string&)> print = {})
+      : o_(std::move(o)), print_(std::move(print)), cfg_(load_model_config(o_.config)), params_(cfg_), grads_(cfg_),
+        optimizer_(params_.named(), adam_options(o_)),
+        schedule_(o_.lr, o_.effective_min_lr(), o_.warmup, o_.steps) {
+    namespace fs = std::filesystem;
+    if (!o_.init.empty())
+      load_weights(o_.init, params_.named());
+    else
+      init_qwen2(params_, o_.seed);
+    if (!o_.resume.empty()) {
+      auto moments = optimizer_.state_tensors();
+      const trainer_state st = load_checkpoint(o_.resume, cfg_, params_.named(), moments);
+      step_ = st.step;
+      data_position_ = st.data_position;
+      optimizer_.set_steps_taken(st.step);
+      OOMB_EXPECTS(step_ <= o_.steps, o_.resume, ": checkpoint at step ", step_, " is past --steps ", o_.steps);
+    }
+    if (!o_.synthetic.empty()) {
+      OOMB_EXPECTS(o_.chunk > 0, "--synthetic kv-recall needs --chunk (its records live in the first chunk)");
+      kv_recall_options ko;
+      ko.keys = o_.kv_keys;
+      ko.values = o_.kv_values;
+      ko.queries_per_chunk = o_.kv_queries;
+      task_.emplace(cfg_.vocab_size, o_.seq_len, o_.chunk, o_.seed, ko);
+    } else {
+      tokens_.emplace(token_reader::open(o_.data, static_cast<std::uint32_t>(cfg_.vocab_size)),
+                      static_cast<std::size_t>(o_.seq_len), false, data_position_);
+    }
+    if (!o_.full_backprop) {
+      chunk_options co;
+      co.chunk = o_.chunk;
+      co.page = o_.page;
+      co.offload = o_.offload;
+      co.near_pages = o_.near_pages;
+      co.window_pages = o_.window_pages;
+      co.sparse = o_.sparse;
+      co.budget = o_.budget;
+      co.sink = o_.sink;
+      co.local = o_.local;
+      co.tile = o_.tile;
+      chunked_ = std::make_unique<chunk_recurrent<T>>(cfg_, co, o_.seq_len);
+    }
+    fs::create_directories(o_.out);
+    log_.open(fs::path(o_.out) / "log.jsonl", std::ios::app);
+    OOMB_CHECK(log_.good(), oomb::error, o_.out, "/log.jsonl: cannot open for appending");
+  }
+
+  const model_config& config() const noexcept { return cfg_; }
+  const train_options& options() const noexcept { return o_; }
+  std::int64_t steps_taken() const noexcept { return step_; }
+  bool done() const noexcept { return step_ >= o_.steps; }
+  qwen2_params<T>& params() noexcept { return params_; }
+  const chunk_recurrent<T>* chunked() const noexcept { return chunked_.get(); }
+
+  /// The next training sequence (advances the data position).
+  sequence next_sequence() {
+    if (task_) return task_->make(data_position_++);
+    sequence s;
+    s.tokens = tokens_->next();
+    data_position_ = tokens_->position();
+    return s;
+  }
+
+  /// One optimizer step: sample, loss and gradient, clip, AdamW, log.
+  step_record step() {
+    OOMB_EXPECTS(!done(), "training_run: all ", o_.steps, " steps are taken");
+    const auto t0 = std::chrono::steady_clock::now();
+    const sequence seq = next_sequence();
+    grads_.zero();
+    step_record r;
+    r.step = step_;
+    r.tokens = seq.size();
+    if (chunked_) {
+      last_progress_ = t0;
+      r.loss = chunked_->loss_and_grad(params_, grads_, seq, [&](const chunk_progress& p) { progress(p); });
+      r.chunked = chunked_->last_stats();
+      r.memory = chunked_->memory();
+    } else {
+      r.loss = full_sequence_loss_and_grad(params_, grads_, seq);
+    }
+    if (!o_.dump_grads.empty() && !dumped_) {
+      dump_gradients(o_.dump_grads, grads_.named(), {{"step", std::to_string(step_)}, {"loss", fmt::format("{:.9g}", r.loss)}});
+      dumped_ = true;
+    }
+    r.grad_norm = clip_grad_norm(grads_.named(), o_.clip);
+    OOMB_CHECK(std::isfinite(r.grad_norm), oomb::error, "step ", step_, ": gradient norm is ", r.grad_norm,
+               " (loss ", r.loss, "); stopping");
+    r.lr = schedule_(step_);
+    optimizer_.step(r.lr, params_.named(), grads_.named());
+    ++step_;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.tokens_per_second = static_cast<double>(r.tokens) / r.seconds;
+    log(r);
+    if (o_.save_every > 0 && step_ % o_.save_every == 0 && !done()) save();
+    return r;
+  }
+
+  /// Runs to --steps (or --stop-after steps of this run), saving a checkpoint at the end.
+  void run() {
+    if (print_) print_(banner());
+    std::int64_t taken = 0;
+    while (!done() && (o_.stop_after == 0 || taken < o_.stop_after)) {
+      step();
+      ++taken;
+    }
+    save();
+  }
+
+  /// Writes <out>/checkpoint atomically: weights, AdamW moments, step and data position.
+  void save() {
+    trainer_state st;
+    st.step = step_;
+    st.data_position = data_position_;
+    st.extra = {{"seed", o_.seed}, {"synthetic", o_.synthetic}, {"data", o_.data}};
+    const auto dir = (std::filesystem::path(o_.out) / "checkpoint").string();
+    save_checkpoint(dir, cfg_, params_.named(), optimizer_.state_tensors(), st);
+    if (print_) print_(fmt::format("checkpoint: {} (step {})", dir, step_));
+  }
+
+  std::string banner() const {
+    const auto& c = cfg_;
+    std::string mode = o_.full_backprop ? "full-sequence backprop (baseline)"
+                                        : fmt::format("chunk-recurrent, chunk {} tokens, page {} tokens", o_.chunk, o_.page);
+    if (o_.sparse) mode += fmt::format(", sparse (budget {} + sink {} + local {} pages per {}-query tile)", o_.budget, o_.sink, o_.local, o_.tile);
+    if (o_.offload) mode += fmt::format(", offload (near tier {} + {} slots)", o_.near_pages, o_.near_pages);
+    return fmt::format("oomb-train: {} layers, hidden {}, {} heads / {} KV heads, vocab {}, {} parameters\n"
+                       "  {} tokens per step, {}\n  data: {}; steps {} from {}",
+                       c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size,
+                       parameter_count(params_.layout()), o_.seq_len, mode,
+                       o_.synthetic.empty() ? o_.data : "synthetic " + o_.synthetic, o_.steps, step_);
+  }
+
+ private:
+  static adamw_options adam_options(const train_options& o) {
+    adamw_options a;
+    a.weight_decay = o.weight_decay;
+    return a;
+  }
+
+  void progress(const chunk_progress& p) {
+    if (o_.quiet || !print_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (std::chrono::duration<double>(now - last_progress_).count() < 2.0) return;
+    last_progress_ = now;
+    print_(fmt::format("  step {}: stage {} chunk {}/{}", step_, p.stage, p.stage == 1 ? p.chunk + 1 : p.chunks - p.chunk,
+                       p.chunks));
+  }
+
+  void log(const step_record& r) {
+    const auto& m = r.memory;
+    const auto& s = r.chunked;
+    const std::int64_t near = m.near_kv_slots + m.near_grad_slots;
+    const std::int64_t far = std::int64_t(s.kv_pages_high_water) + s.grad_pages_high_water;
+    const std::string loss_name = task_ ? "answer loss" : "loss";
+    if (print_) {
+      std::string line = fmt::format("step {:>5}/{} | {} {:.4f} | {:>8.0f} tok/s | {:.2f} s", r.step + 1, o_.steps, loss_name,
+                                     r.loss, r.tokens_per_second, r.seconds);
+      if (chunked_) {
+        line += fmt::format(" | near {} pages ({}) | far {} pages ({})", near, human_bytes(double(m.near_bytes)), far,
+                            human_bytes(double(s.kv_pages_high_water) * double(m.kv_pair_bytes) +
+                                        double(s.grad_pages_high_water) * double(m.grad_pair_bytes)));
+        if (o_.offload) line += fmt::format(" | moved {}", human_bytes(double(s.bytes_to_near + s.bytes_to_far)));
+      }
+      line += fmt::format(" | lr {:.2e}", r.lr);
+      print_(line);
+    }
+    nlohmann::json j = {{"step", r.step + 1},
+                        {"loss", r.loss},
+                        {"loss_kind", task_ ? "answer" : "all"},
+                        {"lr", r.lr},
+                        {"grad_norm", r.grad_norm},
+                        {"tokens", r.tokens},
+                        {"seconds", r.seconds},
+                        {"tokens_per_second", r.tokens_per_second}};
+    if (chunked_) {
+      j["stage1_seconds"] = s.stage1_seconds;
+      j["stage2_seconds"] = s.stage2_seconds;
+      j["near_pages"] = near;
+      j["near_bytes"] = m.near_bytes;
+      j["far_kv_pages"] = s.kv_pages_high_water;
+      j["far_grad_pages"] = s.grad_pages_high_water;
+      j["far_bytes_reserved"] = m.far_kv_reserved + m.far_grad_reserved;
+      j["bytes_to_near"] = s.bytes_to_near;
+      j["bytes_to_far"] = s.bytes_to_far;
+      j["activation_bytes"] = m.activation_bytes;
+      if (o_.sparse) {
+        j["sparse_pages_selected"] = s.sparse_pages_selected;
+        j["sparse_pages_candidate"] = s.sparse_pages_candidate;
+      }
+    }
+    log_ << j.dump() << '\n';
+    log_.flush();
+  }
+
+  train_options o_;
+  std::function<void(const std::string&)> print_;
+  model_config cfg_;
+  qwen2_params<T> params_, grads_;
+  adamw<T> optimizer_;
+  cosine_schedule schedule_;
+  std::int64_t step_ = 0;
+  std::uint64_t data_position_ = 0;
+  std::optional<kv_recall> task_;
+  std::optional<token_windows> tokens_;
+  std::unique_ptr<chunk_recurrent<T>> chunked_;
+  std::ofstream log_;
+  bool dumped_ = false;
+  std::chrono::steady_clock::time_point last_progress_{};
+};
+
+}  // namespace oomb_trainer
