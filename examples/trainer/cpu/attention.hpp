@@ -70,34 +70,56 @@ void check_args(const attention_args<T, E>& a) {
   }
 }
 
-/// Walks the keys query `i` sees in the window, in page order then token order, calling
-/// f(pos, id, token) where id is the page's id in the pool. Past pages (wholly before q_start) not
-/// selected for the query's tile are skipped.
+/// Walks the pages query `i` sees in the window, in page order, calling f(id, start, count): the
+/// page's id in the pool, the position of its first token, and how many of its tokens the query
+/// sees (causal). Past pages (wholly before q_start) not selected for the query's tile are skipped;
+/// a sparse call visits the tile's selected pages inside the window directly, so its cost does
+/// not grow with the pages it skips.
 template <class T, class E, class F>
-void for_each_visible_key(const attention_args<T, E>& a, std::int32_t i, F&& f) {
+void for_each_visible_page(const attention_args<T, E>& a, std::int32_t i, F&& f) {
   const std::int64_t qpos = a.q_start + i;
   const std::int32_t P = a.kv.table.page_size;
   const std::int32_t np = a.kv.table.num_pages(0);
-  const bool sparse = a.tile_indptr != nullptr;
-  std::int32_t sel = 0, sel_end = 0;  // the tile's selection: tile_pages[sel .. sel_end)
-  if (sparse) {
-    const std::int32_t j = i / a.tile;
-    sel = a.tile_indptr[j];
-    sel_end = a.tile_indptr[j + 1];
-  }
-  for (std::int32_t pi = 0; pi < np; ++pi) {
-    const std::int64_t logical = std::int64_t(a.first_page) + pi;
-    const std::int64_t start = logical * P;
-    if (start > qpos) break;
+  auto visit = [&](std::int32_t pi) {
+    const std::int64_t start = (std::int64_t(a.first_page) + pi) * P;
     const std::int32_t len = a.kv.table.page_len(0, pi);
-    if (sparse && start + len <= a.q_start) {  // a past page: attended only if selected
-      while (sel != sel_end && a.tile_pages[sel] < logical) ++sel;
-      if (sel == sel_end || a.tile_pages[sel] != logical) continue;
+    f(a.kv.table.page(0, pi), start, static_cast<std::int32_t>(std::min<std::int64_t>(len, qpos - start + 1)));
+  };
+  std::int32_t pi = 0;
+  if (a.tile_indptr != nullptr) {
+    // Past pages: the tile's selection (ascending logical indices) within the window.
+    const std::int32_t j = i / a.tile;
+    const std::int32_t* sel = a.tile_pages + a.tile_indptr[j];
+    const std::int32_t* sel_end = a.tile_pages + a.tile_indptr[j + 1];
+    if (sel != sel_end) sel = std::lower_bound(sel, sel_end, a.first_page);
+    for (; sel != sel_end && *sel - a.first_page < np; ++sel) {
+      const std::int32_t k = *sel - a.first_page;
+      const std::int64_t start = std::int64_t(*sel) * P;
+      if (start + a.kv.table.page_len(0, k) <= a.q_start) visit(k);
     }
-    const std::int32_t id = a.kv.table.page(0, pi);
-    const std::int32_t visible = static_cast<std::int32_t>(std::min<std::int64_t>(len, qpos - start + 1));
-    for (std::int32_t t = 0; t < visible; ++t) f(start + t, id, t);
+    // Then the window's pages that are not past (from the page holding q_start on).
+    pi = static_cast<std::int32_t>(std::max<std::int64_t>(0, a.q_start / P - a.first_page));
+    while (pi < np && (std::int64_t(a.first_page) + pi) * P + a.kv.table.page_len(0, pi) <= a.q_start) ++pi;
   }
+  for (; pi < np; ++pi) {
+    if ((std::int64_t(a.first_page) + pi) * P > qpos) break;
+    visit(pi);
+  }
+}
+
+/// Most keys one query can see in the window (sizes the score buffers).
+template <class T, class E>
+std::int64_t max_visible_keys(const attention_args<T, E>& a) {
+  const std::int32_t np = a.kv.table.num_pages(0);
+  std::int64_t pages = np;
+  if (a.tile_indptr != nullptr) {
+    const std::int64_t tiles = (std::int64_t(a.sq) + a.tile - 1) / a.tile;
+    std::int64_t most = 0;
+    for (std::int64_t j = 0; j < tiles; ++j) most = std::max<std::int64_t>(most, a.tile_indptr[j + 1] - a.tile_indptr[j]);
+    const std::int64_t not_past = np - std::max<std::int64_t>(0, std::min<std::int64_t>(np, a.q_start / a.kv.table.page_size - a.first_page));
+    pages = std::min<std::int64_t>(np, most + not_past);
+  }
+  return pages * a.kv.table.page_size;
 }
 
 }  // namespace detail
@@ -109,21 +131,23 @@ template <class T, class E>
 void attention_forward(const attention_args<T, E>& a, T* o, T* lse) {
   detail::check_args(a);
   const std::int32_t group = a.hq / a.hkv, d = a.d;
-  const std::int64_t max_keys = std::int64_t(a.kv.table.num_pages(0)) * a.kv.table.page_size;
+  const std::int64_t max_keys = detail::max_visible_keys(a);
+  const std::int64_t st = a.kv.pool.stride_token;
   std::vector<T> s(static_cast<std::size_t>(group * max_keys));
   std::vector<const E*> vrow(static_cast<std::size_t>(max_keys));
   for (std::int32_t i = 0; i < a.sq; ++i) {
     for (std::int32_t g = 0; g < a.hkv; ++g) {
       // Scores of the group's heads against every visible key (K read once per group).
+      const T* qg = a.q + (std::int64_t(i) * a.hq + g * group) * d;
       std::int64_t n = 0;
-      detail::for_each_visible_key(a, i, [&](std::int64_t, std::int32_t id, std::int32_t t) {
-        const E* k = a.kv.pool.k(id, t, g);
-        vrow[static_cast<std::size_t>(n)] = a.kv.pool.v(id, t, g);
-        for (std::int32_t r = 0; r < group; ++r) {
-          const T* qh = a.q + (std::int64_t(i) * a.hq + g * group + r) * d;
-          s[static_cast<std::size_t>(r * max_keys + n)] = a.scale * dot<T>(qh, k, d);
+      detail::for_each_visible_page(a, i, [&](std::int32_t id, std::int64_t, std::int32_t count) {
+        const E* k = a.kv.pool.k(id, 0, g);
+        const E* v = a.kv.pool.v(id, 0, g);
+        for (std::int32_t t = 0; t < count; ++t, ++n) {
+          vrow[static_cast<std::size_t>(n)] = v + t * st;
+          for (std::int32_t r = 0; r < group; ++r)
+            s[static_cast<std::size_t>(r * max_keys + n)] = a.scale * dot<T>(qg + r * d, k + t * st, d);
         }
-        ++n;
       });
       for (std::int32_t r = 0; r < group; ++r) {
         const std::int32_t h = g * group + r;
@@ -190,6 +214,7 @@ void attention_backward(const attention_args<T, E>& a, const T* o, const T* lse,
   detail::check_args(a);
   const std::int32_t group = a.hq / a.hkv, d = a.d;
   const T ninf = -std::numeric_limits<T>::infinity();
+  const std::int64_t st = a.kv.pool.stride_token;
   std::vector<T> delta(static_cast<std::size_t>(group));
   std::int32_t checked_id = -1;
   for (std::int32_t i = 0; i < a.sq; ++i) {
@@ -199,34 +224,40 @@ void attention_backward(const attention_args<T, E>& a, const T* o, const T* lse,
         const std::int64_t row = (std::int64_t(i) * a.hq + g * group + r) * d;
         delta[static_cast<std::size_t>(r)] = dot<T>(d_o + row, o + row, d);
       }
-      detail::for_each_visible_key(a, i, [&](std::int64_t pos, std::int32_t id, std::int32_t t) {
-        const E* k = a.kv.pool.k(id, t, g);
-        const E* v = a.kv.pool.v(id, t, g);
-        const bool own = pos >= a.q_start;
-        if (!own && id != checked_id) {
+      detail::for_each_visible_page(a, i, [&](std::int32_t id, std::int64_t start, std::int32_t count) {
+        const E* kb = a.kv.pool.k(id, 0, g);
+        const E* vb = a.kv.pool.v(id, 0, g);
+        if (start < a.q_start && id != checked_id) {
           OOMB_EXPECTS(id >= 0 && id < dpast.num_kv_ids && dpast.grad_id[id] >= 0,
-                       "attention_backward: past page id ", id, " (position ", pos,
+                       "attention_backward: past page id ", id, " (position ", start,
                        ") has no gradient page (num_kv_ids ", dpast.num_kv_ids, ")");
           checked_id = id;
         }
-        for (std::int32_t r = 0; r < group; ++r) {
-          const std::int32_t h = g * group + r;
-          const T l = lse[std::int64_t(h) * a.sq + i];
-          if (l == ninf) continue;
-          const std::int64_t row = (std::int64_t(i) * a.hq + h) * d;
-          const T* qh = a.q + row;
-          const T* doh = d_o + row;
-          const T p = std::exp(a.scale * dot<T>(qh, k, d) - l);
-          const T dp = dot<T>(doh, v, d);
-          const T ds = p * (dp - delta[static_cast<std::size_t>(r)]);
-          axpy(d, a.scale * ds, k, dq + row);
-          if (own) {
-            const std::int64_t kr = ((pos - a.q_start) * a.hkv + g) * d;
-            axpy(d, a.scale * ds, qh, dk_own + kr);
-            axpy(d, p, doh, dv_own + kr);
-          } else {
-            axpy_store(d, a.scale * ds, qh, dpast.dk(id, t, g));
-            axpy_store(d, p, doh, dpast.dv(id, t, g));
+        for (std::int32_t t = 0; t < count; ++t) {
+          const std::int64_t pos = start + t;
+          const E* k = kb + t * st;
+          const E* v = vb + t * st;
+          const bool own = pos >= a.q_start;
+          T* dk_row = own ? dk_own + ((pos - a.q_start) * a.hkv + g) * d : nullptr;
+          T* dv_row = own ? dv_own + ((pos - a.q_start) * a.hkv + g) * d : nullptr;
+          for (std::int32_t r = 0; r < group; ++r) {
+            const std::int32_t h = g * group + r;
+            const T l = lse[std::int64_t(h) * a.sq + i];
+            if (l == ninf) continue;
+            const std::int64_t row = (std::int64_t(i) * a.hq + h) * d;
+            const T* qh = a.q + row;
+            const T* doh = d_o + row;
+            const T p = std::exp(a.scale * dot<T>(qh, k, d) - l);
+            const T dp = dot<T>(doh, v, d);
+            const T ds = p * (dp - delta[static_cast<std::size_t>(r)]);
+            axpy(d, a.scale * ds, k, dq + row);
+            if (own) {
+              axpy(d, a.scale * ds, qh, dk_row);
+              axpy(d, p, doh, dv_row);
+            } else {
+              axpy_store(d, a.scale * ds, qh, dpast.dk(id, t, g));
+              axpy_store(d, p, doh, dpast.dv(id, t, g));
+            }
           }
         }
       });
