@@ -2,7 +2,9 @@
 # One call on the GPU machine does everything for the attention kernels: gpu tests, compute-sanitizer
 # (memcheck, racecheck) on the tiny shapes, the benchmark, and the PyTorch SDPA baseline; logs go to
 # $OUT. Run from the repository root with the binaries built here copied to $BIN (.gpu/attn):
-#   bash bench/attention/run_gpu.sh [all|tests|bench|sdpa|sanitize]...
+#   bash bench/attention/run_gpu.sh [all|tests|tests-portable|bench|sdpa|sanitize]...
+# tests-portable reruns the gpu tests with OOMB_ATTENTION_FORWARD=portable (the mma.sync forward
+# everywhere); SAN_TC / RACE_TC override the sanitizer's test filters.
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
 BIN=${BIN:-.gpu/attn}
@@ -19,6 +21,10 @@ if has tests; then
   timeout 200 "$BIN/test_attention" 2>&1 | tee "$OUT/tests.log"
   summary+=("tests rc=$?")
 fi
+if has tests-portable; then
+  OOMB_ATTENTION_FORWARD=portable timeout 200 "$BIN/test_attention" 2>&1 | tee "$OUT/tests-portable.log"
+  summary+=("tests-portable rc=$?")
+fi
 if has bench; then
   timeout 150 "$BIN/bench_attention" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
   summary+=("bench rc=$?")
@@ -29,10 +35,10 @@ if has sdpa; then
 fi
 if has sanitize; then
   timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_attention" \
-    -tc='*sanitize*,*bit for bit*,*reject*,*split*' >"$OUT/memcheck.log" 2>&1
+    -tc="${SAN_TC:-*sanitize*,*bit for bit*,*reject*,*split*}" >"$OUT/memcheck.log" 2>&1
   summary+=("memcheck rc=$?")
   tail -4 "$OUT/memcheck.log"
-  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/test_attention" -tc='*sanitize*,*split*' \
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/test_attention" -tc="${RACE_TC:-*sanitize*,*split*}" \
     >"$OUT/racecheck.log" 2>&1
   summary+=("racecheck rc=$?")
   tail -4 "$OUT/racecheck.log"
@@ -40,7 +46,9 @@ fi
 
 echo "==== summary"
 for s in "${summary[@]}"; do echo "$s"; done
-[[ -f "$OUT/tests.log" ]] && grep -E "^\[doctest\] (test cases|assertions)|ERROR|FAILED" "$OUT/tests.log" | head -20
+for t in tests tests-portable; do
+  [[ -f "$OUT/$t.log" ]] && { echo "-- $t"; grep -E "^\[doctest\] (test cases|assertions)|ERROR|FAILED" "$OUT/$t.log" | head -20; }
+done
 [[ -f "$OUT/bench.log" ]] && grep -vE "^\s*$" "$OUT/bench.log" | tail -12
 [[ -f "$OUT/sdpa.log" ]] && tail -14 "$OUT/sdpa.log"
 exit 0

@@ -538,3 +538,185 @@ TEST_CASE("attention: large shapes against the fp32 GPU reference") {
   large_vs_reference(c2);
   large_vs_reference(c3);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hopper forward (forward_sm90.cuh): the same CPU oracle, called through its own launcher so the
+// kernel is proven whatever the public entry would pick; page_size >= 128 is its domain.
+
+namespace {
+
+bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
+
+/// Forward of p (one pass over all pages, or window w) through the Hopper kernel, outputs poisoned.
+template <class O>
+std::pair<std::vector<double>, std::vector<float>> forward_sm90(const problem& p, const device_problem& dp, int w = -1) {
+  const auto& c = p.c;
+  dev<O> o(p.q.size());
+  dev<float> lse(std::size_t(c.sq) * c.hq);
+  o.fill_bytes(0xff);
+  lse.fill_bytes(0xff);
+  if (c.d == 128)
+    gpu::detail::launch_forward_sm90<gpu::forward_sm90_config<128>::type>(dp.args(w), o.p, lse.p, nullptr);
+  else
+    gpu::detail::launch_forward_sm90<gpu::forward_sm90_config<64>::type>(dp.args(w), o.p, lse.p, nullptr);
+  sync();
+  return {to_double(o.download()), lse.download()};
+}
+
+void check_forward(const std::string& name, const std::vector<double>& o, const std::vector<float>& lse,
+                   const cpu_result& ref) {
+  const double eo = rel_err(o, ref.o), el = rel_err(lse, ref.lse);
+  std::printf("  %-40s o %.2e  lse %.2e\n", name.c_str(), eo, el);
+  std::fflush(stdout);
+  INFO(name);
+  CHECK(eo <= tolerance);
+  CHECK(el <= tolerance);
+}
+
+}  // namespace
+
+TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
+  if (!hopper_device()) {
+    MESSAGE("not a compute-capability 9.0 device: the Hopper forward is not run");
+    return;
+  }
+  REQUIRE(gpu::detail::sm90_forward_built<gpu::forward_sm90_config<128>::type, bf16>());
+  std::printf("Hopper forward vs CPU reference (norm-wise relative error)\n");
+  using oomb::kv_layout;
+  const std::vector<config> cfgs = {
+      make("sm90 g7 d128 p128 14:2", 200, 300, 14, 2, 128, 128),
+      make("sm90 g7 d128 p128 28:4 tm", 130, 384, 28, 4, 128, 128, kv_layout::token_major),
+      make("sm90 g5 d128 p256 40:8", 150, 77, 40, 8, 128, 256, kv_layout::token_major),
+      make("sm90 g1 d128 p128", 190, 500, 3, 3, 128, 128),
+      make("sm90 g2 d128 p128 tiny", 1, 5, 2, 1, 128, 128),
+      make("sm90 g7 d64 p128 no past", 140, 0, 7, 1, 64, 128),
+      make("sm90 g5 d64 p128", 300, 0, 5, 1, 64, 128),
+      make("sm90 g1 d64 p256", 129, 600, 2, 2, 64, 256),
+      make("sm90 g2 d64 p128 tm", 333, 250, 8, 4, 64, 128, kv_layout::token_major),
+      make("sm90 g7 d64 p128 long past", 100, 1500, 7, 1, 64, 128),
+      sparse(make("sm90 sparse g7 d128 p128", 300, 700, 14, 2, 128, 128), 128),
+      sparse(make("sm90 sparse g5 d64 p128", 256, 1000, 10, 2, 64, 128), 128),
+      sparse(make("sm90 sparse g7 d64 p128 28:4", 130, 640, 28, 4, 64, 128), 128),
+      sparse(make("sm90 sparse g1 d128 p256 tm", 260, 900, 2, 2, 128, 256, kv_layout::token_major), 128),
+      windowed(make("sm90 win g7 d128 p128", 200, 700, 14, 2, 128, 128), 3),
+      sparse(make("sm90 win sparse g5 d64 p128", 256, 1000, 10, 2, 64, 128), 128, 3),
+  };
+  std::vector<std::unique_ptr<problem>> probs;
+  for (const auto& c : cfgs) probs.push_back(std::make_unique<problem>(c));
+  std::vector<std::future<cpu_result>> refs;
+  for (const auto& p : probs) refs.push_back(std::async(std::launch::async, [&p] { return run_cpu(*p); }));
+  for (std::size_t i = 0; i < probs.size(); ++i) {
+    const problem& p = *probs[i];
+    const auto& c = p.c;
+    const cpu_result ref = refs[i].get();
+    device_problem dp(p);
+    if (c.windows == 1) {
+      const auto b = forward_sm90<bf16>(p, dp);
+      check_forward(c.name + " bf16 o", b.first, b.second, ref);
+      const auto f = forward_sm90<float>(p, dp);
+      check_forward(c.name + " fp32 o", f.first, f.second, ref);
+    } else {  // windows folded by attention_merge equal one pass
+      const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq;
+      dev<float> o_acc(std::vector<float>(qn, 0.0f)), lse(std::vector<float>(ln, -INFINITY)), o_w(qn), l_w(ln);
+      for (int w = 0; w < int(p.windows.size()); ++w) {
+        const auto r = forward_sm90<float>(p, dp, w);
+        o_w.upload(std::vector<float>(r.first.begin(), r.first.end()));
+        l_w.upload(r.second);
+        gpu::attention_merge(c.sq, c.hq, c.d, o_acc.p, lse.p, o_w.p, l_w.p, nullptr);
+      }
+      sync();
+      check_forward(c.name + " [" + std::to_string(p.windows.size()) + " windows]", to_double(o_acc.download()),
+                    lse.download(), ref);
+    }
+  }
+}
+
+TEST_CASE("attention: Hopper forward ignores non-finite data past the window's end") {
+  if (!hopper_device()) {
+    MESSAGE("not a compute-capability 9.0 device: the Hopper forward is not run");
+    return;
+  }
+  for (int d : {64, 128}) {
+    config c = make(d == 64 ? "sm90 NaN tail d64" : "sm90 NaN tail d128", 150, 270, 14, 2, d, 128);
+    problem p(c);
+    REQUIRE(p.last_len < c.page);
+    const cpu_result ref = run_cpu(p);  // reads valid tokens only
+    const std::int32_t last = p.seq_ids.back();
+    const auto pool = oomb::page_pool_view<bf16>::over(p.pool.data(), p.shape);
+    bf16 nan_bits;
+    const std::uint16_t nan16 = 0x7fc0;
+    std::memcpy(&nan_bits, &nan16, 2);
+    for (int t = p.last_len; t < c.page; ++t)
+      for (int h = 0; h < c.hkv; ++h)
+        for (int k = 0; k < d; ++k) {
+          pool.k(last, t, h)[k] = nan_bits;
+          pool.v(last, t, h)[k] = nan_bits;
+        }
+    device_problem dp(p);
+    const auto r = forward_sm90<bf16>(p, dp);
+    check_forward(c.name, r.first, r.second, ref);
+  }
+}
+
+TEST_CASE("attention: Hopper sparse forward selecting every past page equals its dense forward, bit for bit") {
+  if (!hopper_device()) {
+    MESSAGE("not a compute-capability 9.0 device: the Hopper forward is not run");
+    return;
+  }
+  for (int d : {64, 128}) {
+    config c = make("sm90 all", 300, 900, 14, 2, d, 128);
+    c.sparse = true;
+    problem p(c);
+    p.tile_pages.clear();
+    p.tile_indptr.assign(1, 0);
+    for (int t = 0; t < (c.sq + c.tile - 1) / c.tile; ++t) {
+      for (int pg = 0; pg < c.q_start / c.page; ++pg) p.tile_pages.push_back(pg);
+      p.tile_indptr.push_back(int(p.tile_pages.size()));
+    }
+    device_problem dp(p);
+    const auto s = forward_sm90<bf16>(p, dp);
+    p.c.sparse = false;
+    const auto dns = forward_sm90<bf16>(p, dp);  // dp.args() reads h.c.sparse: now dense
+    bool same = s.first == dns.first;
+    for (std::size_t i = 0; i < s.second.size(); ++i) same = same && std::memcmp(&s.second[i], &dns.second[i], 4) == 0;
+    CHECK(same);
+  }
+}
+
+TEST_CASE("attention: the public forward picks the Hopper kernel only where it applies; portable can be forced") {
+  config c = make("pick", 100, 300, 14, 2, 128, 128);
+  problem p(c);
+  device_problem dp(p);
+  const auto a = dp.args();
+  using H = gpu::forward_sm90_config<128>::type;
+  const gpu::forward_kernels before = gpu::get_forward_kernels();
+  gpu::set_forward_kernels(gpu::forward_kernels::automatic);
+  CHECK(gpu::detail::use_sm90_forward<H, bf16>(a) == hopper_device());
+  auto small = a;
+  small.kv.pool.page_size = 64;
+  small.kv.table.page_size = 64;
+  CHECK_FALSE(gpu::detail::use_sm90_forward<H, bf16>(small));
+  gpu::set_forward_kernels(gpu::forward_kernels::portable);
+  CHECK_FALSE(gpu::detail::use_sm90_forward<H, bf16>(a));
+  gpu::set_forward_kernels(before);
+  // the Hopper launcher refuses pages shorter than its tile
+  dev<bf16> o(p.q.size());
+  dev<float> lse(std::size_t(c.sq) * c.hq);
+  CHECK_THROWS_AS(gpu::detail::launch_forward_sm90<H>(small, o.p, lse.p, nullptr), oomb::invalid_argument);
+}
+
+TEST_CASE("attention: sanitize Hopper forward (tiny shapes, for compute-sanitizer)") {
+  if (!hopper_device()) {
+    MESSAGE("not a compute-capability 9.0 device: the Hopper forward is not run");
+    return;
+  }
+  using oomb::kv_layout;
+  for (const config& c : {make("sanitize sm90 g7 d128", 40, 300, 14, 2, 128, 128),
+                          sparse(make("sanitize sm90 sparse g5 d64 tm", 70, 500, 10, 2, 64, 128, kv_layout::token_major), 128)}) {
+    const problem p(c);
+    const cpu_result ref = run_cpu(p);
+    device_problem dp(p);
+    const auto r = forward_sm90<bf16>(p, dp);
+    check_forward(c.name, r.first, r.second, ref);
+  }
+}

@@ -3,6 +3,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 //   attention_forward(args, o, lse, stream)        o [sq][hq][d] (bf16 or float), lse [hq][sq]
+//       (Hopper kernel on sm_90 when supported, else the portable one: see forward_kernels)
 //   attention_merge(sq, hq, d, o_acc, lse_acc, o, lse, stream)   windows fold by log-sum-exp
 //   attention_backward_delta(sq, hq, d, o, d_o, delta, stream)   delta [hq][sq] = rowsum(dO o O)
 //   attention_backward(args, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream)
@@ -17,9 +18,12 @@
 // Sparse calls need tile * (hq / hkv) to be a multiple of 128.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -209,12 +213,167 @@ void launch_forward(const attention_args& a, O* o, float* lse, cudaStream_t stre
 
 }  // namespace detail
 
+/// Which forward kernels attention_forward may use. `automatic`: the Hopper kernel
+/// (forward_sm90.cuh: TMA, wgmma, warp specialisation) on a compute-capability 9.0 device when the
+/// binary holds its sm_90a code and page_size >= 128, the portable mma.sync kernel otherwise.
+/// `portable`: always the latter. The default is `automatic` unless the environment variable
+/// OOMB_ATTENTION_FORWARD=portable is set when the first forward runs. Process-wide.
+enum class forward_kernels { automatic, portable };
+
+namespace detail {
+inline std::atomic<int>& forward_kernels_state() {
+  static std::atomic<int> state{[] {
+    const char* e = std::getenv("OOMB_ATTENTION_FORWARD");
+    return e != nullptr && std::string_view(e) == "portable" ? 1 : 0;
+  }()};
+  return state;
+}
+}  // namespace detail
+
+inline void set_forward_kernels(forward_kernels k) {
+  detail::forward_kernels_state().store(k == forward_kernels::portable ? 1 : 0, std::memory_order_relaxed);
+}
+inline forward_kernels get_forward_kernels() {
+  return detail::forward_kernels_state().load(std::memory_order_relaxed) == 1 ? forward_kernels::portable
+                                                                              : forward_kernels::automatic;
+}
+
+namespace detail {
+
+using encode_tiled_fn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+inline encode_tiled_fn tensor_map_encoder() {
+  static const encode_tiled_fn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<encode_tiled_fn>(nullptr);
+    }
+    return reinterpret_cast<encode_tiled_fn>(f);
+  }();
+  OOMB_EXPECTS(fn != nullptr, "attention: the driver offers no cuTensorMapEncodeTiled");
+  return fn;
+}
+
+/// True when dim 1 of the K/V tensor maps is the token (else the head): dims 1 and 2 go in
+/// increasing stride, so head- and token-major pages both map without overlapping dims.
+inline bool kv_token_dim1(const oomb::page_pool_view<const oomb::bf16>& pool) {
+  return pool.stride_token <= pool.stride_head;
+}
+
+/// One tensor map over the whole pool, K (v == false) or V pages: dims (d, token | head,
+/// head | token, page id), box (64 columns, one page tile of `rows` tokens, one head, one page),
+/// 128-byte swizzle. The page id is a coordinate, so one map serves scattered pages. The pool's
+/// length is not part of the view; ids are bounded by int32 (the kernels only read ids the table
+/// names).
+inline CUtensorMap make_kv_tensor_map(const oomb::page_pool_view<const oomb::bf16>& pool, int d, int rows, bool v) {
+  const bool tok1 = kv_token_dim1(pool);
+  void* base = const_cast<oomb::bf16*>(pool.base + (v ? pool.v_offset : 0));
+  const cuuint64_t st = cuuint64_t(pool.stride_token) * 2, sh = cuuint64_t(pool.stride_head) * 2,
+                   sp = cuuint64_t(pool.pair_stride) * 2;
+  const cuuint32_t box[4] = {64, tok1 ? cuuint32_t(rows) : 1u, tok1 ? 1u : cuuint32_t(rows), 1};
+  const cuuint32_t estride[4] = {1, 1, 1, 1};
+  const cuuint64_t strides[3] = {tok1 ? st : sh, tok1 ? sh : st, sp};
+  CUtensorMap map{};
+  CUresult r = CUDA_ERROR_INVALID_VALUE;
+  // Prefer the full int32 id range; fall back to a range whose byte extent stays under 2^48.
+  const cuuint64_t small = std::min<cuuint64_t>(0x7fffffff, std::max<cuuint64_t>(1, (cuuint64_t(1) << 48) / sp));
+  for (const cuuint64_t ids : {cuuint64_t(0x7fffffff), small}) {
+    const cuuint64_t dims[4] = {cuuint64_t(d), tok1 ? cuuint64_t(pool.page_size) : cuuint64_t(pool.kv_heads),
+                                tok1 ? cuuint64_t(pool.kv_heads) : cuuint64_t(pool.page_size), ids};
+    r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box, estride,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r == CUDA_SUCCESS) return map;
+  }
+  OOMB_FAIL(oomb::cuda_error, "attention: cuTensorMapEncodeTiled failed (", int(r), ") for page_size ", pool.page_size,
+            ", kv_heads ", pool.kv_heads, ", head_dim ", d, ", strides (token ", pool.stride_token, ", head ",
+            pool.stride_head, ", pair ", pool.pair_stride, ")");
+}
+
+/// Whether `kernel` holds real sm_90a code: only that build declares its mbarriers in static shared
+/// memory (forward_sm90.cuh). Cached per instantiation; no launch, no synchronisation.
+template <class Cfg, class O>
+bool sm90_forward_built() {
+  static const bool built = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, attention_forward_sm90_kernel<Cfg, O>) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attr.sharedSizeBytes >= static_cast<std::size_t>(Cfg::BAR_BYTES);
+  }();
+  return built;
+}
+
+/// Compute capability 9.0 (Hopper) on the current device; cached per device.
+inline bool current_device_is_sm90() {
+  static std::atomic<int> cache[64] = {};  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    v = major == 9 && minor == 0 ? 2 : 1;
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
+/// The public forward's choice (see forward_kernels).
+template <class Cfg, class O>
+bool use_sm90_forward(const attention_args& a) {
+  return get_forward_kernels() == forward_kernels::automatic && a.kv.pool.page_size >= Cfg::BN &&
+         current_device_is_sm90() && sm90_forward_built<Cfg, O>();
+}
+
+/// Launches the Hopper forward (forward_sm90.cuh) with configuration Cfg; throws when the shape or
+/// the binary does not support it (page_size < 128, no sm_90a code).
+template <class Cfg, class O>
+void launch_forward_sm90(const attention_args& a, O* o, float* lse, cudaStream_t stream) {
+  static_assert(std::is_same_v<O, oomb::bf16> || std::is_same_v<O, float>, "o is bf16 or float");
+  OOMB_EXPECTS(a.d == Cfg::D, "attention_forward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
+  const kernel_params p = make_params(a, Cfg::BM);
+  OOMB_EXPECTS(o != nullptr && lse != nullptr, "attention_forward: o and lse must not be null");
+  OOMB_EXPECTS((reinterpret_cast<std::uintptr_t>(o) & 7u) == 0, "attention_forward: o must be 8-byte aligned");
+  OOMB_EXPECTS(a.kv.pool.page_size >= Cfg::BN, "attention_forward (sm90): page_size must be >= ", Cfg::BN, ", got ",
+               a.kv.pool.page_size);
+  if (!sm90_forward_built<Cfg, O>())
+    OOMB_FAIL(oomb::cuda_error, "attention_forward (sm90): this binary holds no sm_90a code for the kernel");
+  const auto kernel = attention_forward_sm90_kernel<Cfg, O>;
+  allow_smem(kernel, Cfg::smem_bytes);
+  const bool tok1 = kv_token_dim1(a.kv.pool);
+  const CUtensorMap tk = make_kv_tensor_map(a.kv.pool, Cfg::D, Cfg::BN, false);
+  const CUtensorMap tv = make_kv_tensor_map(a.kv.pool, Cfg::D, Cfg::BN, true);
+  const dim3 grid(static_cast<unsigned>((std::int64_t(a.sq) * p.group + Cfg::BM - 1) / Cfg::BM),
+                  static_cast<unsigned>(a.hkv));
+  kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, tk, tv, o, lse, tok1 ? 1 : 0);
+  check_launch("attention_forward (sm90)");
+}
+
+}  // namespace detail
+
 /// Forward over one window: o (O = oomb::bf16 or float) normalised within the window, lse natural
-/// log (-inf, o = 0 for queries that see no key of the window).
+/// log (-inf, o = 0 for queries that see no key of the window). Kernel choice: forward_kernels.
 template <class O>
 void attention_forward(const attention_args& a, O* o, float* lse, cudaStream_t stream) {
   dispatch_head_dim(a.d, [&](auto dc) {
-    detail::launch_forward<typename forward_config<decltype(dc)::value>::type>(a, o, lse, stream);
+    constexpr int D = decltype(dc)::value;
+    using hopper = typename forward_sm90_config<D>::type;
+    if (detail::use_sm90_forward<hopper, O>(a))
+      detail::launch_forward_sm90<hopper>(a, o, lse, stream);
+    else
+      detail::launch_forward<typename forward_config<D>::type>(a, o, lse, stream);
   });
 }
 

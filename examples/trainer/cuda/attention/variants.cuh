@@ -6,6 +6,7 @@
 //   forward   head_dim 64, 128  x  output element oomb::bf16, float
 //   backward  head_dim 64, 128
 //   delta     output element oomb::bf16, float;  merge (float)
+//   forward, Hopper (forward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128  x  bf16, float
 // plus the alternative tile shapes in `experimental` (tests check them, the benchmark times
 // them against the chosen ones; docs/attention-notes.md has the numbers).
 // Adding a head size means one line in each table below and one case in dispatch_head_dim.
@@ -17,6 +18,7 @@
 
 #include "backward.cuh"
 #include "forward.cuh"
+#include "forward_sm90.cuh"
 
 namespace oomb_trainer::gpu {
 
@@ -26,6 +28,13 @@ struct forward_config;
 //                                                             D  BM   BN  warps  blocks/SM
 template <> struct forward_config<64> { using type = detail::forward_tile<64, 128, 128, 4, 2>; };
 template <> struct forward_config<128> { using type = detail::forward_tile<128, 128, 64, 4, 2>; };
+
+/// Hopper forward (TMA + wgmma, warp-specialised): pipeline stages per head size.
+template <int D>
+struct forward_sm90_config;
+//                                                                      D  stages
+template <> struct forward_sm90_config<64> { using type = detail::forward_sm90_tile<64, 3>; };
+template <> struct forward_sm90_config<128> { using type = detail::forward_sm90_tile<128, 2>; };
 
 template <int D>
 struct backward_config;
