@@ -95,6 +95,15 @@ double time_bwd(const device_problem& dp, int split, int reps, int order = 0) {
   });
 }
 
+/// Times one Hopper forward configuration with a forced cluster split (0: the launcher's choice).
+template <class Cfg>
+double time_fwd_sm90(const device_problem& dp, int split, int reps) {
+  const auto a = dp.args();
+  dev<oomb::bf16> o(dp.h.q.size());
+  dev<float> lse(std::size_t(dp.h.c.sq) * dp.h.c.hq);
+  return median_ms(1, reps, [&] { gpu::detail::launch_forward_sm90<Cfg>(a, o.p, lse.p, nullptr, split); });
+}
+
 result time_one(const problem& p, int reps) {
   device_problem dp(p);
   const auto a = dp.args();
@@ -134,9 +143,11 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> pasts{16384, 65536, 262144};
   int reps = 5;
   bool extras = true;
+  bool sm90_variants = false;  // time the Hopper forward's configurations and splits at every past
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) pasts = {16384};
     if (std::strcmp(argv[i], "--no-extras") == 0) extras = false;
+    if (std::strcmp(argv[i], "--sm90-variants") == 0) sm90_variants = true;
     if (std::strcmp(argv[i], "--past") == 0 && i + 1 < argc) pasts = {std::atoll(argv[++i])};
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
   }
@@ -172,6 +183,25 @@ int main(int argc, char** argv) {
         c.shuffle_ids = true;
         const problem p(c, false);
         paged = time_one(p, r);
+        if (sm90_variants) {
+          device_problem dp(p);
+          const double tf = flops_fwd / 1e9;
+          namespace x = gpu::experimental;
+          if (s.d == 128) {
+            using H = gpu::forward_sm90_config<128>::type;
+            using P = x::forward_sm90_d128_pingpong;
+            std::printf("  [sm90 fwd d128 %lldK: plain split 1 %.1f | 2 %.1f | pingpong split 1 %.1f | 2 %.1f TFLOP/s]\n",
+                        (long long)(past / 1024), tf / time_fwd_sm90<H>(dp, 1, r), tf / time_fwd_sm90<H>(dp, 2, r),
+                        tf / time_fwd_sm90<P>(dp, 1, r), tf / time_fwd_sm90<P>(dp, 2, r));
+          } else {
+            using H = x::forward_sm90_d64_plain;
+            using P = gpu::forward_sm90_config<64>::type;
+            std::printf("  [sm90 fwd d64 %lldK: plain split 1 %.1f | 2 %.1f | pingpong split 1 %.1f | 2 %.1f TFLOP/s]\n",
+                        (long long)(past / 1024), tf / time_fwd_sm90<H>(dp, 1, r), tf / time_fwd_sm90<H>(dp, 2, r),
+                        tf / time_fwd_sm90<P>(dp, 1, r), tf / time_fwd_sm90<P>(dp, 2, r));
+          }
+          std::fflush(stdout);
+        }
         if (extras && past == 65536) {  // what gathering the window into contiguous memory first would cost
           device_problem dp(p);
           // the same work with other tile shapes / splits (variants.cuh lists them)

@@ -548,17 +548,25 @@ namespace {
 bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
 
 /// Forward of p (one pass over all pages, or window w) through the Hopper kernel, outputs poisoned.
+/// alternative: the configuration variants.cuh did not choose (d128 ping-pong, d64 without);
+/// split: forced cluster split (0 = policy).
 template <class O>
-std::pair<std::vector<double>, std::vector<float>> forward_sm90(const problem& p, const device_problem& dp, int w = -1) {
+std::pair<std::vector<double>, std::vector<float>> forward_sm90(const problem& p, const device_problem& dp, int w = -1,
+                                                                bool alternative = false, int split = 0) {
   const auto& c = p.c;
   dev<O> o(p.q.size());
   dev<float> lse(std::size_t(c.sq) * c.hq);
   o.fill_bytes(0xff);
   lse.fill_bytes(0xff);
-  if (c.d == 128)
-    gpu::detail::launch_forward_sm90<gpu::forward_sm90_config<128>::type>(dp.args(w), o.p, lse.p, nullptr);
+  namespace x = gpu::experimental;
+  if (c.d == 128 && !alternative)
+    gpu::detail::launch_forward_sm90<gpu::forward_sm90_config<128>::type>(dp.args(w), o.p, lse.p, nullptr, split);
+  else if (c.d == 128)
+    gpu::detail::launch_forward_sm90<x::forward_sm90_d128_pingpong>(dp.args(w), o.p, lse.p, nullptr, split);
+  else if (!alternative)
+    gpu::detail::launch_forward_sm90<gpu::forward_sm90_config<64>::type>(dp.args(w), o.p, lse.p, nullptr, split);
   else
-    gpu::detail::launch_forward_sm90<gpu::forward_sm90_config<64>::type>(dp.args(w), o.p, lse.p, nullptr);
+    gpu::detail::launch_forward_sm90<x::forward_sm90_d64_plain>(dp.args(w), o.p, lse.p, nullptr, split);
   sync();
   return {to_double(o.download()), lse.download()};
 }
@@ -628,6 +636,29 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
       check_forward(c.name + " [" + std::to_string(p.windows.size()) + " windows]", to_double(o_acc.download()),
                     lse.download(), ref);
     }
+  }
+}
+
+TEST_CASE("attention: Hopper forward split across a cluster (1..3 CTAs), with and without ping-pong, matches") {
+  if (!hopper_device()) {
+    MESSAGE("not a compute-capability 9.0 device: the Hopper forward is not run");
+    return;
+  }
+  std::printf("Hopper forward, forced cluster splits and ping-pong, vs CPU reference\n");
+  using oomb::kv_layout;
+  for (const config& c : {make("sm90 split g7 d128", 200, 1300, 14, 2, 128, 128),
+                          sparse(make("sm90 split sparse g5 d64 tm", 150, 1900, 10, 2, 64, 128, kv_layout::token_major), 128),
+                          make("sm90 split g2 d64 short", 70, 100, 4, 2, 64, 128)}) {
+    const problem p(c);
+    const cpu_result ref = run_cpu(p);
+    device_problem dp(p);
+    for (int pp = 0; pp < 2; ++pp)
+      for (int split = 1; split <= 3; ++split) {
+        const auto r = forward_sm90<bf16>(p, dp, -1, pp == 1, split);
+        const bool ping = (c.d == 64) != (pp == 1);  // d64 default is ping-pong, d128 default is not
+        check_forward(c.name + (ping ? " pingpong" : " plain") + " split " + std::to_string(split), r.first, r.second,
+                      ref);
+      }
   }
 }
 
@@ -718,5 +749,7 @@ TEST_CASE("attention: sanitize Hopper forward (tiny shapes, for compute-sanitize
     device_problem dp(p);
     const auto r = forward_sm90<bf16>(p, dp);
     check_forward(c.name, r.first, r.second, ref);
+    const auto r2 = forward_sm90<bf16>(p, dp, -1, true, 2);
+    check_forward(c.name + " alternative split 2", r2.first, r2.second, ref);
   }
 }

@@ -26,9 +26,12 @@
 
 namespace oomb_trainer::gpu::detail {
 
-template <int D_, int STAGES_>
+template <int D_, int STAGES_, bool PINGPONG_ = false>
 struct forward_sm90_tile {
   static constexpr int D = D_, BM = 128, BN = 128, STAGES = STAGES_;
+  /// Consumers take turns issuing their products (named barriers), so one warpgroup's softmax
+  /// runs while the other's products occupy the tensor cores.
+  static constexpr bool PINGPONG = PINGPONG_;
   static constexpr int THREADS = 384;            // producer warpgroup + 2 consumer warpgroups
   static constexpr int PANELS = D / 64;          // 128-byte swizzle rows hold 64 bf16
   static constexpr int Q_BYTES = BM * D * 2;
@@ -43,7 +46,7 @@ template <class Cfg, class O>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     attention_forward_sm90_kernel(const __grid_constant__ kernel_params p, const __grid_constant__ CUtensorMap tmap_k,
                                   const __grid_constant__ CUtensorMap tmap_v, O* __restrict__ out,
-                                  float* __restrict__ lse_out, int token_dim1) {
+                                  float* __restrict__ lse_out, int token_dim1, int split) {
 #if OOMB_ATTENTION_SM90A
   using namespace sm90;
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, S = Cfg::STAGES, PANELS = Cfg::PANELS;
@@ -68,7 +71,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;
   const int kvh = blockIdx.y;
-  const int r0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * BM;  // heaviest first
+  // `split` CTAs (one thread-block cluster) share a row block, each taking a contiguous part of its
+  // key tiles; rank 0 merges the partial results through distributed shared memory.
+  const int rank = static_cast<int>(blockIdx.x) % split;
+  const int r0 = (static_cast<int>(gridDim.x) / split - 1 - static_cast<int>(blockIdx.x) / split) * BM;  // heaviest first
   const int rows = p.sq * p.group;
   const int q_lo = static_cast<int>(p.group_div.div(r0));
   const int q_hi = static_cast<int>(p.group_div.div((r0 + BM < rows ? r0 + BM : rows) - 1));
@@ -89,6 +95,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
     n_blocks = lo;
   }
+  const int b_begin = n_blocks * rank / split, b_end = n_blocks * (rank + 1) / split;
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
@@ -104,15 +111,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     setmaxnreg_dec<Cfg::PRODUCER_REGS>();
-    if (tid >= 32) return;
+    if (tid < 32) {
     if (lane == 0) {
       prefetch_tensor_map(&tmap_k);
       prefetch_tensor_map(&tmap_v);
     }
     const auto base = reinterpret_cast<const std::uint16_t*>(p.pool.base);
-    for (int blk = 0; blk < n_blocks; ++blk) {
-      const int s = blk % S;
-      const std::uint32_t ph = static_cast<std::uint32_t>(blk / S) & 1u;
+    for (int blk = b_begin; blk < b_end; ++blk) {
+      const int s = (blk - b_begin) % S;
+      const std::uint32_t ph = static_cast<std::uint32_t>((blk - b_begin) / S) & 1u;
       const std::int32_t v0 = blk * BN;
       const std::int32_t id = keys.id(v0);
       const int tok = v0 & page_mask;
@@ -153,6 +160,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(full_v(s));
       }
+    }
+    }
+    if (split > 1) {  // every thread of the cluster takes part in the merge's two cluster barriers
+      cluster_sync();
+      cluster_sync();
     }
     return;
   }
@@ -201,9 +213,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
   const std::uint32_t q_rows = sQ + c * 64 * 128;
+  // Tile blk's stage and phase count from this CTA's first tile.
   auto issue_qk = [&](int blk) {
-    const int s = blk % S;
-    mbar_wait(full_k(s), static_cast<std::uint32_t>(blk / S) & 1u);
+    const int s = (blk - b_begin) % S;
+    mbar_wait(full_k(s), static_cast<std::uint32_t>((blk - b_begin) / S) & 1u);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
@@ -214,8 +227,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     wgmma_commit();
   };
   auto issue_pv = [&](int blk) {
-    const int s = blk % S;
-    mbar_wait(full_v(s), static_cast<std::uint32_t>(blk / S) & 1u);
+    const int s = (blk - b_begin) % S;
+    mbar_wait(full_v(s), static_cast<std::uint32_t>((blk - b_begin) / S) & 1u);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < BN / 16; ++k) {
@@ -286,24 +299,38 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     for (int i = 0; i < NO; ++i) fence_operand(o_acc[i]);
   };
 
-  if (n_blocks > 0) {
+  // Ping-pong turns: named barrier 3 + c is consumer c's turn to issue; consumer 0 goes first.
+  auto turn_wait = [&] {
+    if constexpr (Cfg::PINGPONG) named_sync(3 + c, 256);
+  };
+  auto turn_pass = [&] {
+    if constexpr (Cfg::PINGPONG) named_arrive(3 + (1 - c), 256);
+  };
+  if constexpr (Cfg::PINGPONG)
+    if (c == 1) named_arrive(3, 256);
+
+  if (b_end > b_begin) {
     float corr[2];
-    issue_qk(0);
+    turn_wait();
+    issue_qk(b_begin);
+    turn_pass();
     wgmma_wait<0>();
     fence_s();
     mbar_arrive(empty_k(0));
-    softmax(0, corr);
+    softmax(b_begin, corr);
     to_p();
-    for (int blk = 1; blk < n_blocks; ++blk) {
+    for (int blk = b_begin + 1; blk < b_end; ++blk) {
+      turn_wait();
       issue_qk(blk);
       issue_pv(blk - 1);
+      turn_pass();
       wgmma_wait<1>();  // S of tile blk is ready; P V of tile blk - 1 may still run
       fence_s();
-      mbar_arrive(empty_k(blk % S));
+      mbar_arrive(empty_k((blk - b_begin) % S));
       softmax(blk, corr);
       wgmma_wait<0>();
       fence_o();
-      mbar_arrive(empty_v((blk - 1) % S));
+      mbar_arrive(empty_v((blk - 1 - b_begin) % S));
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
         o_acc[4 * j + 0] *= corr[0];
@@ -313,10 +340,58 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       }
       to_p();
     }
-    issue_pv(n_blocks - 1);
+    turn_wait();
+    issue_pv(b_end - 1);
+    turn_pass();
     wgmma_wait<0>();
     fence_o();
-    mbar_arrive(empty_v((n_blocks - 1) % S));
+    mbar_arrive(empty_v((b_end - 1 - b_begin) % S));
+  }
+  if constexpr (Cfg::PINGPONG)
+    if (c == 0) named_sync(3, 256);  // consumer 1's last pass
+
+  if (split > 1) {
+    // Ranks > 0 park (O, max, partial sum) in their own shared memory, thread-major (float4 f of
+    // consumer thread i at [f][i]); rank 0 folds them in by log-sum-exp through DSMEM.
+    constexpr int NF = NO / 4;
+    static_assert((NF + 1) * 256 * 16 <= Cfg::Q_BYTES + 2 * S * KV_BYTES, "partials fit in the tiles");
+    const int ci = tid - 128;
+    named_sync(5, 256);  // both consumers are done reading Q, K and V
+    if (rank != 0) {
+      float4* part = reinterpret_cast<float4*>(smem_raw + (sQ - smem_addr(smem_raw)));
+#pragma unroll
+      for (int f = 0; f < NF; ++f)
+        part[f * 256 + ci] = make_float4(o_acc[4 * f], o_acc[4 * f + 1], o_acc[4 * f + 2], o_acc[4 * f + 3]);
+      part[NF * 256 + ci] = make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]);
+    }
+    cluster_sync();
+    if (rank == 0) {
+      for (int q = 1; q < split; ++q) {
+        const std::uint32_t rq = cluster_map(sQ, static_cast<std::uint32_t>(q));
+        const float4 ml = ld_cluster_v4(rq + static_cast<std::uint32_t>((NF * 256 + ci) * 16));
+        float ca[2], cb[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float mo = h ? ml.y : ml.x, so = h ? ml.w : ml.z;
+          const float mx = fmaxf(row_max[h], mo);
+          const float ref = mx == -INFINITY ? 0.0f : mx;
+          ca[h] = fast_exp2(row_max[h] - ref);
+          cb[h] = fast_exp2(mo - ref);
+          row_sum[h] = row_sum[h] * ca[h] + so * cb[h];
+          row_max[h] = mx;
+        }
+#pragma unroll
+        for (int f = 0; f < NF; ++f) {
+          const float4 v = ld_cluster_v4(rq + static_cast<std::uint32_t>((f * 256 + ci) * 16));
+          o_acc[4 * f + 0] = o_acc[4 * f + 0] * ca[0] + v.x * cb[0];
+          o_acc[4 * f + 1] = o_acc[4 * f + 1] * ca[0] + v.y * cb[0];
+          o_acc[4 * f + 2] = o_acc[4 * f + 2] * ca[1] + v.z * cb[1];
+          o_acc[4 * f + 3] = o_acc[4 * f + 3] * ca[1] + v.w * cb[1];
+        }
+      }
+    }
+    cluster_sync();  // the other ranks' shared memory stays alive until rank 0 has read it
+    if (rank != 0) return;
   }
 
   // Epilogue: normalise, write O (in the caller's element type) and the natural-log lse.
@@ -350,6 +425,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   (void)out;
   (void)lse_out;
   (void)token_dim1;
+  (void)split;
   __trap();  // built without sm_90a: the launcher never selects this kernel then
 #endif
 }

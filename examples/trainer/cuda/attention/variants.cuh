@@ -32,9 +32,10 @@ template <> struct forward_config<128> { using type = detail::forward_tile<128, 
 /// Hopper forward (TMA + wgmma, warp-specialised): pipeline stages per head size.
 template <int D>
 struct forward_sm90_config;
-//                                                                      D  stages
-template <> struct forward_sm90_config<64> { using type = detail::forward_sm90_tile<64, 3>; };
-template <> struct forward_sm90_config<128> { using type = detail::forward_sm90_tile<128, 2>; };
+// Measured (docs/attention-notes.md, Hopper h2): ping-pong consumers +20% at d64 (softmax-bound),
+// within noise at d128.                                                D  stages ping-pong
+template <> struct forward_sm90_config<64> { using type = detail::forward_sm90_tile<64, 3, true>; };
+template <> struct forward_sm90_config<128> { using type = detail::forward_sm90_tile<128, 2, false>; };
 
 template <int D>
 struct backward_config;
@@ -45,6 +46,9 @@ template <> struct backward_config<128> { using type = detail::backward_tile<128
 namespace experimental {
 using forward_d64_bn64 = detail::forward_tile<64, 128, 64, 4, 2>;                  // v2 default
 using backward_d64_bm64 = detail::backward_tile<64, 128, 64, 8, 1, 2, 4, 2>;       // v2 default
+// The Hopper forward configurations not chosen (docs/attention-notes.md, Hopper h2)
+using forward_sm90_d64_plain = detail::forward_sm90_tile<64, 3, false>;        // h1 default
+using forward_sm90_d128_pingpong = detail::forward_sm90_tile<128, 2, true>;
 }  // namespace experimental
 
 /// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
