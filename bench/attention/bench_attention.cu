@@ -5,6 +5,7 @@
 // Plain program (no Google Benchmark) so the binary runs on the GPU machine as is.
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -60,9 +61,21 @@ __global__ void gather_pages(const uint4* pool, const std::int32_t* ids, std::in
 }
 
 struct result {
-  double fwd_ms, bwd_ms;  // the public entry (Hopper forward where it applies)
+  double fwd_ms, bwd_ms;   // the public entry (Hopper forward where it applies; backward per backward_kernels)
   double fwd_portable_ms;  // the mma.sync forward forced
+  double bwd_sm90_ms;      // the Hopper backward forced (0: not a Hopper device / no sm_90a code)
+  double bwd_sm90_err;     // largest norm-wise difference Hopper vs portable backward (dq, dk, dv, dpast), 16K only
 };
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    num += d * d;
+    den += double(b[i]) * double(b[i]);
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
 
 /// Times one forward tile shape with a forced cluster split (0: the launcher's choice).
 template <class Cfg>
@@ -134,6 +147,41 @@ result time_one(const problem& p, int reps) {
     gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
     gpu::attention_backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
   });
+  if (gpu::detail::current_device_is_sm90()) {
+    auto hopper = [&] {
+      if (c.d == 128)
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
+                                                                                 dv.p, grads, nullptr);
+      else
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
+                                                                                dv.p, grads, nullptr);
+    };
+    r.bwd_sm90_ms = median_ms(1, reps, [&] {
+      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      hopper();
+    });
+    if (c.q_start <= 16384) {  // the same gradients as the portable kernel at benchmark scale
+      auto run = [&](auto&& bwd) {
+        dq.fill_bytes(0);
+        dk.fill_bytes(0);
+        dv.fill_bytes(0);
+        g.fill_bytes(0);
+        gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+        bwd();
+        return std::vector<std::vector<float>>{dq.download(), dk.download(), dv.download(), g.download()};
+      };
+      const auto ref = run([&] {
+        if (c.d == 128)
+          gpu::detail::launch_backward<gpu::backward_config<128>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
+                                                                        grads, nullptr);
+        else
+          gpu::detail::launch_backward<gpu::backward_config<64>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
+                                                                       grads, nullptr);
+      });
+      const auto hop = run(hopper);
+      for (int k = 0; k < 4; ++k) r.bwd_sm90_err = std::max(r.bwd_sm90_err, rel_diff(hop[k], ref[k]));
+    }
+  }
   return r;
 }
 
@@ -162,8 +210,11 @@ int main(int argc, char** argv) {
   const std::int32_t sq = 4096;
   std::printf("forward kernels: %s (fwd columns: the public entry; 'mma.sync' = portable kernel forced)\n",
               gpu::get_forward_kernels() == gpu::forward_kernels::portable ? "portable" : "automatic");
-  std::printf("%-10s %7s | %9s %9s %6s %9s | %9s %9s %6s | %8s %8s\n", "heads", "past", "fwd paged", "fwd contig", "ratio",
-              "mma.sync", "bwd paged", "bwd contig", "ratio", "fwd ms", "bwd ms");
+  std::printf("backward kernels: %s (bwd columns: the public entry; 'sm90 bwd' = Hopper backward forced)\n",
+              gpu::get_backward_kernels() == gpu::backward_kernels::portable ? "portable" : "automatic");
+  std::printf("%-10s %7s | %9s %9s %6s %9s | %9s %9s %6s | %9s %9s %8s | %8s %8s\n", "heads", "past", "fwd paged",
+              "fwd contig", "ratio", "mma.sync", "bwd paged", "bwd contig", "ratio", "sm90 bwd", "sm90 ctg", "vs port",
+              "fwd ms", "bwd ms");
   for (const auto& s : shapes)
     for (std::int64_t past : pasts) {
       config c;
@@ -247,10 +298,13 @@ int main(int argc, char** argv) {
                       s.name, (long long)(past / 1024), flops_bwd / ms / 1e9, flops_bwd / contig.bwd_ms / 1e9);
         }
       }
-      std::printf("%-10s %6lldK | %9.1f %9.1f %6.3f %9.1f | %9.1f %9.1f %6.3f | %8.3f %8.3f\n", s.name,
-                  (long long)(past / 1024), flops_fwd / paged.fwd_ms / 1e9, flops_fwd / contig.fwd_ms / 1e9,
-                  contig.fwd_ms / paged.fwd_ms, flops_fwd / paged.fwd_portable_ms / 1e9, flops_bwd / paged.bwd_ms / 1e9, flops_bwd / contig.bwd_ms / 1e9,
-                  contig.bwd_ms / paged.bwd_ms, paged.fwd_ms, paged.bwd_ms);
+      auto tfs = [](double flops, double ms) { return ms > 0 ? flops / ms / 1e9 : 0.0; };
+      std::printf("%-10s %6lldK | %9.1f %9.1f %6.3f %9.1f | %9.1f %9.1f %6.3f | %9.1f %9.1f %8.1e | %8.3f %8.3f\n",
+                  s.name, (long long)(past / 1024), flops_fwd / paged.fwd_ms / 1e9, flops_fwd / contig.fwd_ms / 1e9,
+                  contig.fwd_ms / paged.fwd_ms, flops_fwd / paged.fwd_portable_ms / 1e9, flops_bwd / paged.bwd_ms / 1e9,
+                  flops_bwd / contig.bwd_ms / 1e9, contig.bwd_ms / paged.bwd_ms, tfs(flops_bwd, paged.bwd_sm90_ms),
+                  tfs(flops_bwd, contig.bwd_sm90_ms), std::max(paged.bwd_sm90_err, contig.bwd_sm90_err), paged.fwd_ms,
+                  paged.bwd_ms);
       std::fflush(stdout);
     }
   std::printf("TFLOP/s; ratio = contiguous time / paged time (1.0 = paging is free)\n");

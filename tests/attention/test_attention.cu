@@ -222,7 +222,11 @@ config windowed(config c, std::int32_t windows) {
   return c;
 }
 
-/// Runs every config: CPU references in parallel threads, GPU runs in order.
+bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
+void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0);
+
+/// Runs every config: CPU references in parallel threads, GPU runs in order. On a Hopper device the
+/// backward of every config with page_size >= 128 also runs through the Hopper kernel.
 void run_all(const std::vector<config>& cfgs) {
   std::vector<std::unique_ptr<problem>> probs;
   for (const auto& c : cfgs) probs.push_back(std::make_unique<problem>(c));
@@ -235,6 +239,7 @@ void run_all(const std::vector<config>& cfgs) {
     const gpu_result g = run_gpu(p, ref, merged, !merged);
     check_errors(p.c.name + (merged ? " [" + std::to_string(p.windows.size()) + " windows]" : ""), compare(g, ref),
                  g.untouched_ok);
+    if (hopper_device() && p.c.page >= 128) check_backward_sm90(p, ref);
   }
 }
 
@@ -347,7 +352,7 @@ namespace {
 
 /// Backward of p (one pass) through `bwd`, outputs starting random; returns what was added.
 template <class Bwd>
-gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd) {
+gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool merged = false) {
   const auto& c = p.c;
   device_problem dp(p);
   gpu_result r;
@@ -361,7 +366,11 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd) {
   const auto dq0 = random_floats(qn, c.seed + 21), dk0 = random_floats(kn, c.seed + 22),
              dv0 = random_floats(kn, c.seed + 23), g0 = random_floats(gn, c.seed + 24);
   dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);
-  bwd(dp.args(), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p));
+  if (!merged)
+    bwd(dp.args(), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p));
+  else  // windows partition the keys: their backward passes sum to one
+    for (int w = 0; w < int(p.windows.size()); ++w)
+      bwd(dp.args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p));
   sync();
   r.o = ref.o;
   r.lse.assign(ref.lse.begin(), ref.lse.end());
@@ -373,6 +382,25 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd) {
   for (std::size_t i = 0; i < gn; ++i)
     if (ref.dgrad[i] == 0.0 && g1[i] != g0[i]) r.untouched_ok = false;
   return r;
+}
+
+/// Backward of p through the Hopper kernel (all windows summed when p has several), outputs
+/// starting random, checked against the CPU oracle. split: forced query split (0 = policy).
+void check_backward_sm90(const problem& p, const cpu_result& ref, int split) {
+  const bool merged = p.c.windows > 1;
+  const gpu_result g = run_backward(
+      p, ref,
+      [&](const gpu::attention_args& a, auto... rest) {
+        if (p.c.d == 128)
+          gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, rest..., nullptr, split);
+        else
+          gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, rest..., nullptr, split);
+      },
+      merged);
+  std::string name = p.c.name + " [sm90 backward";
+  if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
+  if (split > 0) name += ", qsplit " + std::to_string(split);
+  check_errors(name + "]", compare(g, ref), g.untouched_ok);
 }
 
 }  // namespace
@@ -545,8 +573,6 @@ TEST_CASE("attention: large shapes against the fp32 GPU reference") {
 
 namespace {
 
-bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
-
 /// Forward of p (one pass over all pages, or window w) through the Hopper kernel, outputs poisoned.
 /// alternative: the configuration variants.cuh did not choose (d128 ping-pong, d64 without);
 /// split: forced cluster split (0 = policy).
@@ -617,6 +643,7 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     const problem& p = *probs[i];
     const auto& c = p.c;
     const cpu_result ref = refs[i].get();
+    check_backward_sm90(p, ref);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -662,7 +689,7 @@ TEST_CASE("attention: Hopper forward split across a cluster (1..3 CTAs), with an
   }
 }
 
-TEST_CASE("attention: Hopper forward ignores non-finite data past the window's end") {
+TEST_CASE("attention: Hopper forward and backward ignore non-finite data past the window's end") {
   if (!hopper_device()) {
     MESSAGE("not a compute-capability 9.0 device: the Hopper forward is not run");
     return;
@@ -686,6 +713,7 @@ TEST_CASE("attention: Hopper forward ignores non-finite data past the window's e
     device_problem dp(p);
     const auto r = forward_sm90<bf16>(p, dp);
     check_forward(c.name, r.first, r.second, ref);
+    check_backward_sm90(p, ref);  // zero-filled keys: NaN in the tail must not reach dq
   }
 }
 
@@ -730,6 +758,21 @@ TEST_CASE("attention: the public forward picks the Hopper kernel only where it a
   gpu::set_forward_kernels(gpu::forward_kernels::portable);
   CHECK_FALSE(gpu::detail::use_sm90_forward<H, bf16>(a));
   gpu::set_forward_kernels(before);
+  using HB = gpu::backward_sm90_config<128>::type;
+  const gpu::backward_kernels bbefore = gpu::get_backward_kernels();
+  gpu::set_backward_kernels(gpu::backward_kernels::automatic);
+  CHECK(gpu::detail::use_sm90_backward<HB>(a) == hopper_device());
+  CHECK_FALSE(gpu::detail::use_sm90_backward<HB>(small));
+  gpu::set_backward_kernels(gpu::backward_kernels::portable);
+  CHECK_FALSE(gpu::detail::use_sm90_backward<HB>(a));
+  gpu::set_backward_kernels(bbefore);
+  {
+    dev<float> buf(std::size_t(c.sq) * c.hq * c.d);
+    auto gs = dp.grads(buf.p);  // only checked, never written: the launcher throws first
+    gs.pool.page_size = 64;
+    CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<HB>(small, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, gs, nullptr),
+                    oomb::invalid_argument);
+  }
   // the Hopper launcher refuses pages shorter than its tile
   dev<bf16> o(p.q.size());
   dev<float> lse(std::size_t(c.sq) * c.hq);
@@ -751,5 +794,37 @@ TEST_CASE("attention: sanitize Hopper forward (tiny shapes, for compute-sanitize
     check_forward(c.name, r.first, r.second, ref);
     const auto r2 = forward_sm90<bf16>(p, dp, -1, true, 2);
     check_forward(c.name + " alternative split 2", r2.first, r2.second, ref);
+  }
+}
+
+TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per key block) matches") {
+  if (!hopper_device()) {
+    MESSAGE("not a compute-capability 9.0 device: the Hopper backward is not run");
+    return;
+  }
+  REQUIRE(gpu::detail::sm90_backward_built<gpu::backward_sm90_config<128>::type>());
+  std::printf("Hopper backward, forced query splits, vs CPU reference\n");
+  using oomb::kv_layout;
+  for (const config& c : {make("sm90 qsplit g7 d128", 200, 1300, 14, 2, 128, 128),
+                          sparse(make("sm90 qsplit sparse g5 d64 tm", 150, 900, 10, 2, 64, 128, kv_layout::token_major), 128),
+                          make("sm90 qsplit g2 d64 short", 70, 100, 4, 2, 64, 128)}) {
+    const problem p(c);
+    const cpu_result ref = run_cpu(p);
+    for (int split = 1; split <= 3; ++split) check_backward_sm90(p, ref, split);
+  }
+}
+
+TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitizer)") {
+  if (!hopper_device()) {
+    MESSAGE("not a compute-capability 9.0 device: the Hopper backward is not run");
+    return;
+  }
+  using oomb::kv_layout;
+  for (const config& c : {make("sanitize sm90 bwd g7 d128", 40, 300, 14, 2, 128, 128),
+                          sparse(make("sanitize sm90 bwd sparse g5 d64 tm", 70, 500, 10, 2, 64, 128, kv_layout::token_major), 128)}) {
+    const problem p(c);
+    const cpu_result ref = run_cpu(p);
+    check_backward_sm90(p, ref);
+    check_backward_sm90(p, ref, 2);
   }
 }

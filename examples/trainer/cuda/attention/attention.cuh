@@ -7,6 +7,7 @@
 //   attention_merge(sq, hq, d, o_acc, lse_acc, o, lse, stream)   windows fold by log-sum-exp
 //   attention_backward_delta(sq, hq, d, o, d_o, delta, stream)   delta [hq][sq] = rowsum(dO o O)
 //   attention_backward(args, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream)
+//       (portable kernel by default; the Hopper one on request: see backward_kernels)
 // The backward of one window takes the GLOBAL lse (after all windows merged) and the delta of the
 // global O; it adds into dq [sq][hq][d], dk_own / dv_own [sq][hkv][d] (row = position - q_start)
 // and the fp32 gradient pages of past pages (dpast.grad_id[id] >= 0 for every past page of the
@@ -430,16 +431,10 @@ void attention_backward_delta(std::int32_t sq, std::int32_t hq, std::int32_t d, 
 
 namespace detail {
 
-/// Launches the backward with tile shape Cfg (the public entry picks Cfg from variants.cuh).
-template <class Cfg>
-void launch_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
-                     float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
-                     cudaStream_t stream, int split_hint = 0, int order_hint = 0) {
-  OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
-  kernel_params p = make_params(a, Cfg::BM);
-  // Query-walk order (order_hint: 1 lockstep, 2 staggered; 0 = lockstep, measured equal within
-  // noise on the H200, docs/attention-notes.md v4).
-  p.stagger = order_hint == 2;
+/// The backward's checks of its outputs and gradient pool (both kernels).
+inline void check_backward_outputs(const attention_args& a, const float* lse, const float* delta,
+                                   const oomb::bf16* d_o, float* dq, float* dk_own, float* dv_own,
+                                   const oomb::grad_mirror_view<float>& dpast) {
   OOMB_EXPECTS(lse && delta && d_o && dq && dk_own && dv_own, "attention_backward: null pointer");
   OOMB_EXPECTS(aligned16(d_o), "attention_backward: d_o must be 16-byte aligned");
   OOMB_EXPECTS(((reinterpret_cast<std::uintptr_t>(dq) | reinterpret_cast<std::uintptr_t>(dk_own) |
@@ -457,6 +452,19 @@ void launch_backward(const attention_args& a, const float* lse, const float* del
                      dpast.pool.v_offset % 2 == 0 && dpast.pool.stride_token % 2 == 0 && dpast.pool.stride_head % 2 == 0,
                  "attention_backward: gradient pages must be 8-byte aligned");
   }
+}
+
+/// Launches the backward with tile shape Cfg (the public entry picks Cfg from variants.cuh).
+template <class Cfg>
+void launch_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
+                     float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
+                     cudaStream_t stream, int split_hint = 0, int order_hint = 0) {
+  OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
+  kernel_params p = make_params(a, Cfg::BM);
+  // Query-walk order (order_hint: 1 lockstep, 2 staggered; 0 = lockstep, measured equal within
+  // noise on the H200, docs/attention-notes.md v4).
+  p.stagger = order_hint == 2;
+  check_backward_outputs(a, lse, delta, d_o, dq, dk_own, dv_own, dpast);
   const backward_outputs out{dq, dk_own, dv_own, dpast};
   const auto kernel = attention_backward_kernel<Cfg>;
   allow_smem(kernel, Cfg::smem_bytes);
@@ -474,13 +482,105 @@ void launch_backward(const attention_args& a, const float* lse, const float* del
 
 }  // namespace detail
 
-/// Backward over one window (see the file comment). dq, dk_own, dv_own, gradient pages: fp32, added to.
+/// Which backward kernels attention_backward may use. `automatic`: the Hopper kernel
+/// (backward_sm90.cuh: wgmma, warp specialisation) on a compute-capability 9.0 device when the
+/// binary holds its sm_90a code and page_size >= 128, the portable mma.sync kernel otherwise.
+/// `portable`: always the latter. The default is `portable` until the Hopper backward has passed
+/// every GPU test (docs/attention-notes.md); OOMB_ATTENTION_BACKWARD=automatic (or =portable), set
+/// when the first backward runs, overrides it. Process-wide.
+enum class backward_kernels { automatic, portable };
+
+namespace detail {
+inline constexpr bool backward_sm90_default = false;
+inline std::atomic<int>& backward_kernels_state() {
+  static std::atomic<int> state{[] {
+    const char* e = std::getenv("OOMB_ATTENTION_BACKWARD");
+    if (e != nullptr && std::string_view(e) == "portable") return 1;
+    if (e != nullptr && std::string_view(e) == "automatic") return 0;
+    return backward_sm90_default ? 0 : 1;
+  }()};
+  return state;
+}
+
+/// Whether the Hopper backward `Cfg` holds real sm_90a code (see sm90_forward_built).
+template <class Cfg>
+bool sm90_backward_built() {
+  static const bool built = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, attention_backward_sm90_kernel<Cfg>) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attr.sharedSizeBytes >= static_cast<std::size_t>(Cfg::BAR_BYTES);
+  }();
+  return built;
+}
+}  // namespace detail
+
+inline void set_backward_kernels(backward_kernels k) {
+  detail::backward_kernels_state().store(k == backward_kernels::portable ? 1 : 0, std::memory_order_relaxed);
+}
+inline backward_kernels get_backward_kernels() {
+  return detail::backward_kernels_state().load(std::memory_order_relaxed) == 1 ? backward_kernels::portable
+                                                                               : backward_kernels::automatic;
+}
+
+namespace detail {
+
+/// The public backward's choice (see backward_kernels).
+template <class Cfg>
+bool use_sm90_backward(const attention_args& a) {
+  return get_backward_kernels() == backward_kernels::automatic && a.kv.pool.page_size >= Cfg::BN &&
+         current_device_is_sm90() && sm90_backward_built<Cfg>();
+}
+
+/// Launches the Hopper backward (backward_sm90.cuh) with configuration Cfg; throws when the shape
+/// or the binary does not support it (page_size < 128, no sm_90a code).
+template <class Cfg>
+void launch_backward_sm90(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
+                          float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
+                          cudaStream_t stream, int split_hint = 0) {
+  OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
+  const kernel_params p = make_params(a, 128);
+  check_backward_outputs(a, lse, delta, d_o, dq, dk_own, dv_own, dpast);
+  OOMB_EXPECTS(a.kv.pool.page_size >= Cfg::BN, "attention_backward (sm90): page_size must be >= ", Cfg::BN,
+               ", got ", a.kv.pool.page_size);
+  if (!sm90_backward_built<Cfg>())
+    OOMB_FAIL(oomb::cuda_error, "attention_backward (sm90): this binary holds no sm_90a code for the kernel");
+  OOMB_EXPECTS(split_hint >= 0 && split_hint <= 4, "attention_backward (sm90): split must be 0..4, got ", split_hint);
+  const backward_outputs out{dq, dk_own, dv_own, dpast};
+  const auto kernel = attention_backward_sm90_kernel<Cfg>;
+  allow_smem(kernel, Cfg::smem_bytes);
+  const std::int64_t keys = std::int64_t(a.window_pages) * a.kv.pool.page_size;
+  const int key_blocks = static_cast<int>((keys + Cfg::BN - 1) / Cfg::BN);
+  if (key_blocks == 0) return;
+  const int query_tiles = static_cast<int>((std::int64_t(a.sq) * p.group + Cfg::BM - 1) / Cfg::BM);
+  const int qsplit = backward_split(key_blocks * a.hkv, resident_blocks(kernel, Cfg::THREADS, Cfg::smem_bytes),
+                                    query_tiles, split_hint);
+  const CUtensorMap tk = make_kv_tensor_map(a.kv.pool, Cfg::D, Cfg::BN, false);
+  const CUtensorMap tv = make_kv_tensor_map(a.kv.pool, Cfg::D, Cfg::BN, true);
+  const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(a.hkv), static_cast<unsigned>(qsplit));
+  kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, tk, tv, lse, delta,
+                                                          reinterpret_cast<const std::uint16_t*>(d_o), out,
+                                                          kv_token_dim1(a.kv.pool) ? 1 : 0, qsplit);
+  check_launch("attention_backward (sm90)");
+}
+
+}  // namespace detail
+
+/// Backward over one window (see the file comment). dq, dk_own, dv_own, gradient pages: fp32, added
+/// to. Kernel choice: backward_kernels.
 inline void attention_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
                                float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
                                cudaStream_t stream) {
   dispatch_head_dim(a.d, [&](auto dc) {
-    detail::launch_backward<typename backward_config<decltype(dc)::value>::type>(a, lse, delta, d_o, dq, dk_own,
-                                                                                 dv_own, dpast, stream);
+    constexpr int D = decltype(dc)::value;
+    using hopper = typename backward_sm90_config<D>::type;
+    if (detail::use_sm90_backward<hopper>(a))
+      detail::launch_backward_sm90<hopper>(a, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream);
+    else
+      detail::launch_backward<typename backward_config<D>::type>(a, lse, delta, d_o, dq, dk_own, dv_own, dpast,
+                                                                 stream);
   });
 }
 

@@ -7,6 +7,7 @@
 //   backward  head_dim 64, 128
 //   delta     output element oomb::bf16, float;  merge (float)
 //   forward, Hopper (forward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128  x  bf16, float
+//   backward, Hopper (backward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128
 // plus the alternative tile shapes in `experimental` (tests check them, the benchmark times
 // them against the chosen ones; docs/attention-notes.md has the numbers).
 // Adding a head size means one line in each table below and one case in dispatch_head_dim.
@@ -18,6 +19,7 @@
 
 #include "backward.cuh"
 #include "forward.cuh"
+#include "backward_sm90.cuh"
 #include "forward_sm90.cuh"
 
 namespace oomb_trainer::gpu {
@@ -42,6 +44,13 @@ struct backward_config;
 //                                                                D  keys rows warps blocks/SM  warps: S rows, dKV keys, dQ rows
 template <> struct backward_config<64> { using type = detail::backward_tile<64, 128, 128, 8, 1, 4, 4, 4>; };
 template <> struct backward_config<128> { using type = detail::backward_tile<128, 128, 64, 8, 1, 2, 4, 2>; };
+
+/// Hopper backward (wgmma, warp-specialised; backward_sm90.cuh): Q/dO pipeline stages per head size.
+template <int D>
+struct backward_sm90_config;
+//                                                                      D  stages
+template <> struct backward_sm90_config<64> { using type = detail::backward_sm90_tile<64, 3>; };
+template <> struct backward_sm90_config<128> { using type = detail::backward_sm90_tile<128, 3>; };
 
 namespace experimental {
 using forward_d64_bn64 = detail::forward_tile<64, 128, 64, 4, 2>;                  // v2 default

@@ -1,0 +1,442 @@
+// oomb trainer — attention backward for Hopper (sm_90a): wgmma products, producer/consumer warp
+// specialisation, an mbarrier pipeline over the query steps.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Same contract, arguments and packed GQA rows as backward.cuh. One CTA owns BN = 128 keys of one
+// KV head (one page tile, page_size >= 128) and walks the packed query rows in steps of BM = 64.
+// Three warpgroups: warpgroup 0 is the producer (it loads the K/V tile once through the pool-wide
+// TMA maps, then streams Q, dO, lse and delta of each step into STAGES shared-memory stages with
+// cp.async: packed GQA rows are not a TMA box for group sizes that do not divide 64); warpgroups 1
+// and 2 are consumers, consumer c owning keys 64c .. 64c + 63. Per step a consumer computes, in the
+// transposed ("swap AB") form so that its keys are the wgmma M dimension,
+//   S^T = K_c Q^T, dP^T = V_c dO^T            (wgmma, both operands from shared memory)
+//   P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - delta)   (registers)
+//   dV_c += P^T dO, dK_c += dS^T Q            (wgmma, A from registers: the accumulator layout is
+//                                              the A-fragment layout)
+// and stores dS (stmatrix .trans) into shared memory; after a named barrier between the two
+// consumers, dQ = dS K is computed with wgmma (d128: consumer c takes columns 64c..64c+63 over all
+// keys; d64: all columns over its own keys) and added to global memory with red.global.add.v2.
+// dS is double-buffered, so one barrier per step suffices. dK/dV stay in registers for the walk
+// and are added once at the end (atomically when the query steps are split over blocks).
+// Keys past the window's end read as zeros (the partial tile is loaded with zero-filling cp.async),
+// and masked entries are selected to 0, so stale page tails never reach dQ.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <oomb/core/bf16.hpp>
+#include <oomb/paging/views.hpp>
+
+#include "backward.cuh"
+#include "ptx.cuh"
+#include "ptx_sm90.cuh"
+#include "window.cuh"
+
+namespace oomb_trainer::gpu::detail {
+
+template <int D_, int STAGES_>
+struct backward_sm90_tile {
+  static constexpr int D = D_, BN = 128, BM = 64, STAGES = STAGES_;
+  static constexpr int THREADS = 384;  // producer warpgroup + 2 consumer warpgroups
+  static constexpr int PANELS = D / 64;
+  static constexpr int KV_BYTES = BN * D * 2;
+  static constexpr int Q_BYTES = BM * D * 2;   // one Q (or dO) stage
+  static constexpr int DS_BYTES = BM * BN * 2; // one dS buffer (2 key panels of BM rows)
+  static constexpr int max_tiles = 4096;
+  static constexpr int tiles_bytes = 2 * KV_BYTES + 2 * STAGES * Q_BYTES + 2 * DS_BYTES;
+  static constexpr int smem_bytes = 1024 /* alignment slack */ + tiles_bytes + 2 * STAGES * BM * 4 + max_tiles;
+  static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;  // static shared memory, sm_90a builds only
+  static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+  static_assert(D == 64 || D == 128, "head_dim");
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS, 1)
+    attention_backward_sm90_kernel(const __grid_constant__ kernel_params p, const __grid_constant__ CUtensorMap tmap_k,
+                                   const __grid_constant__ CUtensorMap tmap_v, const float* __restrict__ lse,
+                                   const float* __restrict__ delta, const std::uint16_t* __restrict__ d_o,
+                                   const backward_outputs outp, int token_dim1, int qsplit) {
+#if OOMB_ATTENTION_SM90A
+  using namespace sm90;
+  constexpr int D = Cfg::D, BN = Cfg::BN, BM = Cfg::BM, S = Cfg::STAGES, PANELS = Cfg::PANELS;
+  constexpr int KV_BYTES = Cfg::KV_BYTES, Q_BYTES = Cfg::Q_BYTES, DS_BYTES = Cfg::DS_BYTES;
+  constexpr int PANEL_K = BN * 128;  // one 64-column panel of the K/V tile
+  constexpr int PANEL_Q = BM * 128;  // one 64-column panel of a Q/dO stage; one key panel of dS
+
+  extern __shared__ unsigned char smem_raw[];
+  const std::uint32_t raw = smem_addr(smem_raw);
+  const std::uint32_t sbase = (raw + 1023u) & ~1023u;  // the 128-byte swizzle needs 1024 alignment
+  const std::uint32_t sK = sbase, sV = sK + KV_BYTES;
+  const std::uint32_t sQ = sV + KV_BYTES;       // stage s at sQ + s * Q_BYTES
+  const std::uint32_t sdO = sQ + S * Q_BYTES;   // stage s at sdO + s * Q_BYTES
+  const std::uint32_t sdS = sdO + S * Q_BYTES;  // buffer i & 1 at sdS + (i & 1) * DS_BYTES
+  unsigned char* const tail = smem_raw + (sdS + 2 * DS_BYTES - raw);
+  float* const sL = reinterpret_cast<float*>(tail);  // [S][BM] lse
+  float* const sDl = sL + S * BM;                    // [S][BM] delta
+  std::uint8_t* const sBits = reinterpret_cast<std::uint8_t*>(sDl + S * BM);
+  __shared__ alignas(8) std::uint64_t bar_mem[2 * S + 1];
+  const std::uint32_t bars = smem_addr(bar_mem);
+  auto full = [&](int s) { return bars + 8u * s; };
+  auto empty = [&](int s) { return bars + 8u * (S + s); };
+  const std::uint32_t kv_bar = bars + 8u * (2 * S);
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wg = tid >> 7;
+  const int kvh = blockIdx.y;
+  const std::int32_t s0 = blockIdx.x * BN;
+  const window_extent win(p);
+  if (s0 >= win.len) return;
+  const std::int32_t s_end = s0 + BN < win.len ? s0 + BN : win.len;
+  const std::int64_t pos0 = std::int64_t(p.first_page) << p.log_page;
+  const std::int64_t kmin = pos0 + s0, kmax = pos0 + s_end - 1;
+  const int rows = p.sq * p.group;
+  const int nqb = (rows + BM - 1) / BM;
+  const std::int64_t first_q = kmin - p.q_start;
+  if (first_q >= p.sq) return;
+  const int page_mask = (1 << p.log_page) - 1;
+  const std::int32_t page_j = s0 >> p.log_page;  // the block's one page (BN <= page_size)
+  const std::int32_t page_id = win.ids[page_j];
+
+  // Sparse: sBits[t] says whether query tile t attends this block's page.
+  const bool sparse = p.tile_indptr != nullptr;
+  if (sparse) {
+    const std::int64_t p_own = first_own_page(p, win);
+    const std::int64_t page = std::int64_t(p.first_page) + page_j;
+    const int ntiles = (p.sq + p.tile - 1) / p.tile;
+    for (int t = tid; t < ntiles; t += Cfg::THREADS) {
+      bool on = page >= p_own;
+      if (!on) {
+        const std::int32_t* list = p.tile_pages + p.tile_indptr[t];
+        const std::int32_t cnt = p.tile_indptr[t + 1] - p.tile_indptr[t];
+        const std::int32_t k = lower_bound(list, cnt, page);
+        on = k < cnt && list[k] == page;
+      }
+      sBits[t] = on ? 1 : 0;
+    }
+  }
+  const int qz = static_cast<int>(blockIdx.z);
+  auto mine = [&](int b) { return b + (qz - b % qsplit + qsplit) % qsplit; };
+  auto next_block = [&](int b) {
+    b = mine(b);
+    if (sparse)
+      while (b < nqb) {
+        const std::uint32_t t = p.tile_rows_div.div(static_cast<std::uint32_t>(b * BM));
+        if (sBits[t] != 0) break;
+        b = mine(static_cast<int>((t + 1) * static_cast<std::uint32_t>(p.tile * p.group) / BM));
+      }
+    return b;
+  };
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full(s), 128);
+      mbar_init(empty(s), 256);
+    }
+    mbar_init(kv_bar, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();  // barriers and sBits
+
+  const std::int64_t q0 = first_q > 0 ? first_q : 0;
+  const int b_first = next_block(static_cast<int>((q0 * p.group) / BM));
+  if (b_first >= nqb) return;  // uniform: no step of this block's share sees these keys
+  const int head0 = kvh * p.group;
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer
+    setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+    const int pt = tid;  // 0..127
+    // K and V of the block, once: TMA boxes of the page when the tile is full, else zero-filled
+    // cp.async (keys past the window's end must read as finite zeros).
+    if (s_end - s0 == BN) {
+      if (pt == 0) {
+        prefetch_tensor_map(&tmap_k);
+        prefetch_tensor_map(&tmap_v);
+        const int tok = s0 & page_mask;
+        const int c1 = token_dim1 ? tok : kvh, c2 = token_dim1 ? kvh : tok;
+        mbar_expect_tx(kv_bar, 2 * KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < PANELS; ++c) {
+          tma_load_4d(sK + c * PANEL_K, &tmap_k, kv_bar, c * 64, c1, c2, page_id);
+          tma_load_4d(sV + c * PANEL_K, &tmap_v, kv_bar, c * 64, c1, c2, page_id);
+        }
+      }
+    } else {
+      const auto base = reinterpret_cast<const std::uint16_t*>(p.pool.base);
+      constexpr int CPR = D / 8;
+      for (int e = pt; e < BN * CPR; e += 128) {
+        const int r = e / CPR, chunk = e % CPR;
+        const bool ok = s0 + r < s_end;
+        const std::int64_t off = ok ? p.pool.offset(page_id, (s0 + r) & page_mask, kvh) + chunk * 8 : 0;
+        const std::uint32_t dst =
+            (chunk >> 3) * PANEL_K + r * 128 + ((static_cast<std::uint32_t>(chunk & 7) ^ (r & 7)) << 4);
+        cp_async_16(sK + dst, base + off, ok);
+        cp_async_16(sV + dst, base + off + (ok ? p.pool.v_offset : 0), ok);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async();
+      named_sync(1, 128);
+      if (pt == 0) mbar_arrive(kv_bar);
+    }
+
+    // Q, dO, lse, delta of each step into stage i % S; the full barrier is released once this
+    // thread's copies have landed (cp.async groups one step behind, so two steps are in flight).
+    constexpr int CPR = D / 8;
+    int i = 0, prev_s = -1;
+    for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
+      const int s = i % S;
+      mbar_wait(empty(s), (static_cast<std::uint32_t>(i / S) & 1u) ^ 1u);
+#pragma unroll 4
+      for (int k = 0; k < BM * CPR / 128; ++k) {
+        const int e = pt + k * 128;
+        const int r = e / CPR, chunk = e % CPR;
+        const int R = b * BM + r;
+        const bool ok = R < rows;
+        const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(ok ? R : 0)));
+        const std::int64_t off = ok ? (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + chunk * 8 : 0;
+        const std::uint32_t dst = s * Q_BYTES + (chunk >> 3) * PANEL_Q + r * 128 +
+                                  ((static_cast<std::uint32_t>(chunk & 7) ^ (r & 7)) << 4);
+        cp_async_16(sQ + dst, p.q + off, ok);
+        cp_async_16(sdO + dst, d_o + off, ok);
+      }
+      if (pt < BM) {
+        const int R = b * BM + pt;
+        const bool ok = R < rows;
+        const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(ok ? R : 0)));
+        const std::int64_t off = ok ? std::int64_t(head0 + (R - qi * p.group)) * p.sq + qi : 0;
+        cp_async_4(smem_addr(sL + s * BM + pt), lse + off, ok);
+        cp_async_4(smem_addr(sDl + s * BM + pt), delta + off, ok);
+      }
+      cp_async_commit();
+      if (prev_s >= 0) {
+        cp_async_wait<1>();
+        fence_proxy_async();
+        mbar_arrive(full(prev_s));
+      }
+      prev_s = s;
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();
+    if (prev_s >= 0) mbar_arrive(full(prev_s));
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers
+  setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+  const int c = wg - 1;           // keys 64c .. 64c + 63 of the block
+  const int ct = tid - 128 * wg;  // thread within the warpgroup
+  const int w = ct >> 5, g = lane >> 2, t4 = lane & 3;
+
+  constexpr int NKV = D / 2;  // dK / dV accumulator floats per thread (64 keys x D)
+  float acc_dk[NKV], acc_dv[NKV];
+#pragma unroll
+  for (int k = 0; k < NKV; ++k) acc_dk[k] = acc_dv[k] = 0.0f;
+
+  constexpr float log2e = 1.4426950408889634f;
+  const std::int64_t kbase = pos0 + s0 - p.q_start;  // key k of the block sits at query index kbase + k
+  const int kr0 = c * 64 + w * 16 + g;               // this thread's key rows: kr0, kr0 + 8
+  const int valid_keys = s_end - s0;
+  const std::uint32_t sK_c = sK + c * 64 * 128, sV_c = sV + c * 64 * 128;
+  // stmatrix row addresses: lane -> matrix mi = lane / 8 (h = mi & 1, column block + (mi >> 1)),
+  // stored row lane % 8; this consumer's keys are dS's key panel c, 16-byte chunk 2w + h.
+  const int st_mi = lane >> 3, st_r = lane & 7;
+  const std::uint32_t st_off = static_cast<std::uint32_t>(c * PANEL_Q + (8 * (st_mi >> 1) + st_r) * 128 +
+                                                          (((2 * w + (st_mi & 1)) ^ st_r) << 4));
+
+  mbar_wait(kv_bar, 0);
+
+  int i = 0;
+  for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
+    const int s = i % S;
+    const std::uint32_t sQ_s = sQ + s * Q_BYTES, sdO_s = sdO + s * Q_BYTES;
+    const std::uint32_t sdS_b = sdS + (i & 1) * DS_BYTES;
+    mbar_wait(full(s), static_cast<std::uint32_t>(i / S) & 1u);
+
+    float sacc[32], dpacc[32];
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      const std::uint32_t off = (k >> 2) * PANEL_K + (k & 3) * 32;
+      const std::uint32_t qoff = (k >> 2) * PANEL_Q + (k & 3) * 32;
+      wgmma_ss_n64(sacc, sw128_desc(sK_c + off, 16, 1024), sw128_desc(sQ_s + qoff, 16, 1024), k > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      const std::uint32_t off = (k >> 2) * PANEL_K + (k & 3) * 32;
+      const std::uint32_t qoff = (k >> 2) * PANEL_Q + (k & 3) * 32;
+      wgmma_ss_n64(dpacc, sw128_desc(sV_c + off, 16, 1024), sw128_desc(sdO_s + qoff, 16, 1024), k > 0);
+    }
+    wgmma_commit();
+
+    // Per column (query row) scalars: lse in base 2 (+inf for rows that saw no key: P = 0) and delta.
+    const float* sLs = sL + s * BM;
+    const float* sDs = sDl + s * BM;
+    const bool masked = valid_keys < BN || (b + 1) * BM > rows ||
+                        kmax > p.q_start + std::int64_t(p.group_div.div(static_cast<std::uint32_t>(b * BM)));
+    wgmma_wait<1>();
+#pragma unroll
+    for (int k = 0; k < 32; ++k) fence_operand(sacc[k]);
+    // P^T in place of S^T; accumulator element 4j + 2h + e is key kr0 + 8h, query column 8j + 2t4 + e.
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const float2 l = *reinterpret_cast<const float2*>(sLs + 8 * j + 2 * t4);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float l2 = (e ? l.y : l.x) * log2e;
+        const float lref = l2 == -INFINITY ? INFINITY : l2;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) sacc[4 * j + 2 * h + e] = fast_exp2(fmaf(sacc[4 * j + 2 * h + e], p.scale_log2, -lref));
+      }
+    }
+    if (masked) {
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int R = b * BM + 8 * j + 2 * t4 + e;
+          const std::int64_t qlim =
+              R < rows ? std::int64_t(p.group_div.div(static_cast<std::uint32_t>(R))) - kbase : std::int64_t(-1);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int kr = kr0 + 8 * h;
+            if (!(kr < valid_keys && kr <= qlim)) sacc[4 * j + 2 * h + e] = 0.0f;
+          }
+        }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int k = 0; k < 32; ++k) fence_operand(dpacc[k]);
+    // dS^T = P^T (dP^T - delta); a masked P is exactly 0, and dP there is finite (zero-filled keys).
+    std::uint32_t pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const float2 dl = *reinterpret_cast<const float2*>(sDs + 8 * j + 2 * t4);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int x = 4 * j + 2 * h + e;
+          dpacc[x] = sacc[x] * (dpacc[x] - (e ? dl.y : dl.x));
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < BM / 16; ++k) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        pa[k][r] = pack_bf16(sacc[8 * k + 2 * r], sacc[8 * k + 2 * r + 1]);
+        da[k][r] = pack_bf16(dpacc[8 * k + 2 * r], dpacc[8 * k + 2 * r + 1]);
+      }
+    }
+    // dS into shared memory ([query][key], key panel c) for dQ = dS K.
+#pragma unroll
+    for (int k = 0; k < BM / 16; ++k) stmatrix_x4_trans(sdS_b + st_off + k * 16 * 128, da[k][0], da[k][1], da[k][2], da[k][3]);
+    fence_proxy_async();
+
+    // dV += P^T dO, dK += dS^T Q (B operands N-major: [query][d] rows).
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < BM / 16; ++k) {
+      const std::uint64_t bo = sw128_desc(sdO_s + k * 16 * 128, PANEL_Q, 1024);
+      const std::uint64_t bq = sw128_desc(sQ_s + k * 16 * 128, PANEL_Q, 1024);
+      if constexpr (D == 128) {
+        wgmma_rs_n128(acc_dv, pa[k], bo);
+        wgmma_rs_n128(acc_dk, da[k], bq);
+      } else {
+        wgmma_rs_n64(acc_dv, pa[k], bo);
+        wgmma_rs_n64(acc_dk, da[k], bq);
+      }
+    }
+    wgmma_commit();
+
+    named_sync(2, 256);  // both key panels of dS are written
+    // dQ = dS K: d128, columns 64c.. over all 128 keys; d64, all 64 columns over keys 64c...
+    float dq[32];
+    constexpr int KQ = D == 128 ? BN / 16 : 4;
+    const int key_lo = D == 128 ? 0 : c * 64;
+    const std::uint32_t kcol = D == 128 ? c * PANEL_K : 0;
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < KQ; ++k) {
+      const int key0 = key_lo + 16 * k;
+      wgmma_ss_n64_tb(dq, sw128_desc(sdS_b + (key0 >> 6) * PANEL_Q + ((key0 & 63) >> 4) * 32, 16, 1024),
+                      sw128_desc(sK + kcol + key0 * 128, PANEL_K, 1024), k > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int k = 0; k < 32; ++k) fence_operand(dq[k]);
+#pragma unroll
+    for (int k = 0; k < NKV; ++k) {
+      fence_operand(acc_dk[k]);
+      fence_operand(acc_dv[k]);
+    }
+    mbar_arrive(empty(s));  // Q, dO, lse, delta of stage s are no longer read
+
+    // dq rows: query row 16w + g + 8h of the step, columns (d128: 64c +) 8j + 2t4.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int R = b * BM + w * 16 + g + 8 * h;
+      if (R >= rows) continue;
+      const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
+      float* dst = outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D +
+                   (D == 128 ? c * 64 : 0) + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) red_add_v2(dst + 8 * j, dq[4 * j + 2 * h] * p.scale, dq[4 * j + 2 * h + 1] * p.scale);
+    }
+  }
+
+  // Epilogue: key row kr0 + 8h, column 8j + 2t4 + e.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const std::int32_t sk = s0 + kr0 + 8 * h;
+    if (sk >= s_end) continue;
+    const std::int64_t pos = pos0 + sk;
+    float *dk, *dv;
+    if (pos >= p.q_start) {
+      const std::int64_t row = pos - p.q_start;
+      if (row >= p.sq) continue;
+      dk = outp.dk_own + (row * p.hkv + kvh) * D;
+      dv = outp.dv_own + (row * p.hkv + kvh) * D;
+    } else {
+      const std::int32_t gid = outp.dpast.grad_id[page_id];
+      const std::int64_t off = outp.dpast.pool.offset(gid, sk & page_mask, kvh);
+      dk = outp.dpast.pool.base + off;
+      dv = dk + outp.dpast.pool.v_offset;
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int col = 8 * j + 2 * t4;
+      const float k0 = acc_dk[4 * j + 2 * h] * p.scale, k1 = acc_dk[4 * j + 2 * h + 1] * p.scale;
+      const float v0 = acc_dv[4 * j + 2 * h], v1 = acc_dv[4 * j + 2 * h + 1];
+      if (qsplit > 1) {
+        red_add_v2(dk + col, k0, k1);
+        red_add_v2(dv + col, v0, v1);
+      } else {
+        float2 k2 = *reinterpret_cast<float2*>(dk + col), v2 = *reinterpret_cast<float2*>(dv + col);
+        k2.x += k0;
+        k2.y += k1;
+        v2.x += v0;
+        v2.y += v1;
+        *reinterpret_cast<float2*>(dk + col) = k2;
+        *reinterpret_cast<float2*>(dv + col) = v2;
+      }
+    }
+  }
+#else
+  (void)p;
+  (void)tmap_k;
+  (void)tmap_v;
+  (void)lse;
+  (void)delta;
+  (void)d_o;
+  (void)outp;
+  (void)token_dim1;
+  (void)qsplit;
+  __trap();  // built without sm_90a: the launcher never selects this kernel then
+#endif
+}
+
+}  // namespace oomb_trainer::gpu::detail
