@@ -223,7 +223,7 @@ config windowed(config c, std::int32_t windows) {
 }
 
 bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
-void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0);
+void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, bool alternative = false);
 
 /// Runs every config: CPU references in parallel threads, GPU runs in order. On a Hopper device the
 /// backward of every config with page_size >= 128 also runs through the Hopper kernel.
@@ -386,18 +386,23 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
 
 /// Backward of p through the Hopper kernel (all windows summed when p has several), outputs
 /// starting random, checked against the CPU oracle. split: forced query split (0 = policy).
-void check_backward_sm90(const problem& p, const cpu_result& ref, int split) {
+void check_backward_sm90(const problem& p, const cpu_result& ref, int split, bool alternative) {
   const bool merged = p.c.windows > 1;
+  namespace x = gpu::experimental;
   const gpu_result g = run_backward(
       p, ref,
       [&](const gpu::attention_args& a, auto... rest) {
-        if (p.c.d == 128)
+        if (p.c.d == 128 && !alternative)
           gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, rest..., nullptr, split);
-        else
+        else if (p.c.d == 128)
+          gpu::detail::launch_backward_sm90<x::backward_sm90_d128_bulk>(a, rest..., nullptr, split);
+        else if (!alternative)
           gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, rest..., nullptr, split);
+        else
+          gpu::detail::launch_backward_sm90<x::backward_sm90_d64_bulk>(a, rest..., nullptr, split);
       },
       merged);
-  std::string name = p.c.name + " [sm90 backward";
+  std::string name = p.c.name + (alternative ? " [sm90 backward, bulk dQ" : " [sm90 backward");
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
   check_errors(name + "]", compare(g, ref), g.untouched_ok);
@@ -644,6 +649,7 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     const auto& c = p.c;
     const cpu_result ref = refs[i].get();
     check_backward_sm90(p, ref);
+    check_backward_sm90(p, ref, 0, true);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -811,6 +817,7 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
     const problem p(c);
     const cpu_result ref = run_cpu(p);
     for (int split = 1; split <= 3; ++split) check_backward_sm90(p, ref, split);
+    check_backward_sm90(p, ref, 0, true);
   }
 }
 
@@ -826,5 +833,6 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
     const cpu_result ref = run_cpu(p);
     check_backward_sm90(p, ref);
     check_backward_sm90(p, ref, 2);
+    check_backward_sm90(p, ref, 0, true);
   }
 }

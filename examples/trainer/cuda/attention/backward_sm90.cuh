@@ -35,9 +35,14 @@
 
 namespace oomb_trainer::gpu::detail {
 
-template <int D_, int STAGES_>
+template <int D_, int STAGES_, bool DQ_BULK_ = false>
 struct backward_sm90_tile {
   static constexpr int D = D_, BN = 128, BM = 64, STAGES = STAGES_;
+  /// dQ through shared memory and one bulk reduction (cp.reduce.async.bulk) per row and consumer
+  /// instead of per-thread red.global.add.v2; needs a 16-byte aligned dq.
+  static constexpr bool DQ_BULK = DQ_BULK_;
+  static constexpr int DQ_PITCH = 64 * 4 + 16;  // one consumer's row of 64 fp32, padded against bank conflicts
+  static constexpr int DQ_BYTES = DQ_BULK ? 2 * BM * DQ_PITCH : 0;
   static constexpr int THREADS = 384;  // producer warpgroup + 2 consumer warpgroups
   static constexpr int PANELS = D / 64;
   static constexpr int KV_BYTES = BN * D * 2;
@@ -45,7 +50,7 @@ struct backward_sm90_tile {
   static constexpr int DS_BYTES = BM * BN * 2; // one dS buffer (2 key panels of BM rows)
   static constexpr int max_tiles = 4096;
   static constexpr int tiles_bytes = 2 * KV_BYTES + 2 * STAGES * Q_BYTES + 2 * DS_BYTES;
-  static constexpr int smem_bytes = 1024 /* alignment slack */ + tiles_bytes + 2 * STAGES * BM * 4 + max_tiles;
+  static constexpr int smem_bytes = 1024 /* alignment slack */ + tiles_bytes + DQ_BYTES + 2 * STAGES * BM * 4 + max_tiles;
   static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;  // static shared memory, sm_90a builds only
   static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
   static_assert(D == 64 || D == 128, "head_dim");
@@ -71,7 +76,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const std::uint32_t sQ = sV + KV_BYTES;       // stage s at sQ + s * Q_BYTES
   const std::uint32_t sdO = sQ + S * Q_BYTES;   // stage s at sdO + s * Q_BYTES
   const std::uint32_t sdS = sdO + S * Q_BYTES;  // buffer i & 1 at sdS + (i & 1) * DS_BYTES
-  unsigned char* const tail = smem_raw + (sdS + 2 * DS_BYTES - raw);
+  const std::uint32_t sdQ = sdS + 2 * DS_BYTES;  // DQ_BULK: consumer c's rows at sdQ + c * BM * DQ_PITCH
+  unsigned char* const tail = smem_raw + (sdQ + Cfg::DQ_BYTES - raw);
   float* const sL = reinterpret_cast<float*>(tail);  // [S][BM] lse
   float* const sDl = sL + S * BM;                    // [S][BM] delta
   std::uint8_t* const sBits = reinterpret_cast<std::uint8_t*>(sDl + S * BM);
@@ -376,6 +382,34 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     mbar_arrive(empty(s));  // Q, dO, lse, delta of stage s are no longer read
 
     // dq rows: query row 16w + g + 8h of the step, columns (d128: 64c +) 8j + 2t4.
+    if constexpr (Cfg::DQ_BULK) {
+      constexpr int P = Cfg::DQ_PITCH;
+      const std::uint32_t my = sdQ + c * BM * P;
+      if (w == 0) bulk_wait_read<0>();  // the previous step's reductions have read the buffer
+      named_sync(3 + c, 128);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(my + (w * 16 + g + 8 * h) * P + (8 * j + 2 * t4) * 4),
+                       "f"(dq[4 * j + 2 * h] * p.scale), "f"(dq[4 * j + 2 * h + 1] * p.scale)
+                       : "memory");
+      fence_proxy_async();
+      named_sync(3 + c, 128);
+      if (w == 0) {
+#pragma unroll
+        for (int k = 0; k < BM / 32; ++k) {
+          const int r = lane + 32 * k;
+          const int R = b * BM + r;
+          if (R < rows) {
+            const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
+            bulk_reduce_add_f32(outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + (D == 128 ? c * 64 : 0),
+                                my + r * P, 256);
+          }
+        }
+        bulk_commit();
+      }
+    } else {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int R = b * BM + w * 16 + g + 8 * h;
@@ -386,7 +420,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j) red_add_v2(dst + 8 * j, dq[4 * j + 2 * h] * p.scale, dq[4 * j + 2 * h + 1] * p.scale);
     }
+    }
   }
+
+  if constexpr (Cfg::DQ_BULK)
+    if (w == 0) bulk_wait<0>();  // the reductions read this CTA's shared memory until they complete
 
   // Epilogue: key row kr0 + 8h, column 8j + 2t4 + e.
 #pragma unroll

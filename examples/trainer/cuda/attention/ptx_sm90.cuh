@@ -163,4 +163,23 @@ __device__ __forceinline__ void stmatrix_x4_trans(std::uint32_t addr, std::uint3
                : "memory");
 }
 
+/// Adds `bytes` (a multiple of 16) of fp32 from shared to global memory with one bulk reduction
+/// (sm_90 cp.reduce.async.bulk), tracked by this thread's bulk groups.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, std::uint32_t src, std::uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/// Waits until this thread's bulk groups but the newest N have finished reading shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+/// Waits until this thread's bulk groups but the newest N have completed.
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 }  // namespace oomb_trainer::gpu::detail::sm90

@@ -58,6 +58,9 @@ using backward_d64_bm64 = detail::backward_tile<64, 128, 64, 8, 1, 2, 4, 2>;    
 // The Hopper forward configurations not chosen (docs/attention-notes.md, Hopper h2)
 using forward_sm90_d64_plain = detail::forward_sm90_tile<64, 3, false>;        // h1 default
 using forward_sm90_d128_pingpong = detail::forward_sm90_tile<128, 2, true>;
+// Hopper backward with dQ through shared memory and bulk reductions (docs/attention-notes.md, hb)
+using backward_sm90_d128_bulk = detail::backward_sm90_tile<128, 2, true>;
+using backward_sm90_d64_bulk = detail::backward_sm90_tile<64, 3, true>;
 }  // namespace experimental
 
 /// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
