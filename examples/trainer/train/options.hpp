@@ -32,7 +32,7 @@ struct train_options {
   std::uint64_t seed = 1234;
   std::int64_t save_every = 0;  ///< 0: only at the end
   std::int64_t stop_after = 0;  ///< stop (and save) after this many steps of this run; 0: run to --steps
-  std::int32_t kv_keys = 4, kv_values = 8, kv_queries = 4;  ///< --synthetic kv-recall's shape
+  std::int32_t kv_keys = 8, kv_values = 6, kv_queries = 8;  ///< --synthetic kv-recall's shape
   bool full_backprop = false;
   bool quiet = false;
   bool help = false;
@@ -56,7 +56,7 @@ model and data
                         in later ones; the loss counts answer tokens only)
   --kv-keys K, --kv-values M, --kv-queries Q
                         kv-recall's shape: K keys with values among M, Q queries per later chunk
-                        (defaults 4, 8, 4)
+                        (defaults 8, 6, 8)
   --init CKPT           initial weights: an HF folder (sharded or not) or a .safetensors file
                         (default: HF's initialisation, N(0, 0.02) matrices, seeded by --seed)
   --resume DIR          continue from a checkpoint folder written by --out (weights, AdamW moments,

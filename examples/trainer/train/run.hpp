@@ -3,6 +3,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -160,11 +161,28 @@ class training_run {
   void run() {
     if (print_) print_(banner());
     std::int64_t taken = 0;
+    std::int32_t kv_high = 0, grad_high = 0;
     while (!done() && (o_.stop_after == 0 || taken < o_.stop_after)) {
-      step();
+      const step_record r = step();
+      kv_high = std::max(kv_high, r.chunked.kv_pages_high_water);
+      grad_high = std::max(grad_high, r.chunked.grad_pages_high_water);
       ++taken;
     }
+    if (print_ && chunked_) print_(memory_summary(kv_high, grad_high));
     save();
+  }
+
+  /// Memory per tier after a run: what the README's demo prints last.
+  std::string memory_summary(std::int32_t kv_high, std::int32_t grad_high) const {
+    const tier_memory m = chunked_->memory();
+    std::string near = o_.offload ? fmt::format("{} K/V + {} gradient slots = {} (fixed)", m.near_kv_slots, m.near_grad_slots,
+                                                human_bytes(double(m.near_bytes)))
+                                  : std::string("none (attention reads the far tier in place)");
+    return fmt::format("memory: near tier {}; far tier at most {} K/V pages ({}) + {} gradient pages ({}), {} reserved; "
+                       "activations {} (one chunk, all layers)",
+                       near, kv_high, human_bytes(double(kv_high) * double(m.kv_pair_bytes)), grad_high,
+                       human_bytes(double(grad_high) * double(m.grad_pair_bytes)),
+                       human_bytes(double(m.far_kv_reserved + m.far_grad_reserved)), human_bytes(double(m.activation_bytes)));
   }
 
   /// Writes <out>/checkpoint atomically: weights, AdamW moments, step and data position.
@@ -203,7 +221,7 @@ class training_run {
     const auto now = std::chrono::steady_clock::now();
     if (std::chrono::duration<double>(now - last_progress_).count() < 2.0) return;
     last_progress_ = now;
-    print_(fmt::format("  step {}: stage {} chunk {}/{}", step_, p.stage, p.stage == 1 ? p.chunk + 1 : p.chunks - p.chunk,
+    print_(fmt::format("  step {}: stage {} chunk {}/{}", step_ + 1, p.stage, p.stage == 1 ? p.chunk + 1 : p.chunks - p.chunk,
                        p.chunks));
   }
 

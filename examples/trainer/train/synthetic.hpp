@@ -35,9 +35,9 @@
 namespace oomb_trainer {
 
 struct kv_recall_options {
-  std::int32_t keys = 4;
-  std::int32_t values = 8;
-  std::int32_t queries_per_chunk = 4;  ///< at most `keys`: each key at most once per chunk
+  std::int32_t keys = 8;
+  std::int32_t values = 6;
+  std::int32_t queries_per_chunk = 8;  ///< at most `keys`: each key at most once per chunk
 };
 
 /// The kv-recall task over sequences of `seq_len` tokens cut in chunks of `chunk` tokens.
