@@ -90,7 +90,14 @@ TEST_CASE("training: kv-recall is learnt through the chunk-recurrent path within
           std::log(answers), ", threshold ", threshold, ") in ", seconds, " s");
   CHECK(losses.front() > std::log(answers));  // it starts knowing nothing
   CHECK(final_loss < threshold);
-  CHECK(seconds < 60.0);
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer every load and store is instrumented: the 60 s bound is the optimised
+  // build's; here it is five times that, and the loss bound is unchanged.
+  const double time_limit = 300.0;
+#else
+  const double time_limit = 60.0;
+#endif
+  CHECK(seconds < time_limit);
 
   auto control = base_options(tmp / "control");
   control.steps = 400;
