@@ -10,7 +10,7 @@ set(OOMB_INSTALL_PKGCONFIGDIR "${CMAKE_INSTALL_DATADIR}/pkgconfig" CACHE STRING
 mark_as_advanced(OOMB_INSTALL_CMAKEDIR OOMB_INSTALL_PKGCONFIGDIR)
 
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/oomb" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
-        COMPONENT oomb_development)
+        COMPONENT oomb_development FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh")
 install(TARGETS oomb EXPORT oombTargets)
 install(EXPORT oombTargets NAMESPACE oomb:: DESTINATION "${OOMB_INSTALL_CMAKEDIR}"
         COMPONENT oomb_development)

@@ -87,13 +87,27 @@ phase_consumer() {
   bash tests/consumer/check.sh "$root"
 }
 
-declare -A seconds
+# CPU seconds (user + system) used by finished child processes: unlike wall time, it does not
+# depend on what else the machine is doing, so phases can be compared across machines. `times`
+# must run in this shell (in a command substitution it would report the subshell's children).
+times_file=$(mktemp)
+trap 'rm -f "$times_file"' EXIT
+children_cpu() {
+  times >"$times_file"  # line 2: the children's "XmY.YYYs XmY.YYYs"
+  children_cpu_s=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; ++i) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] }; printf "%d", t }' "$times_file")
+}
+
+declare -A seconds cpu
 for p in "${phases[@]}"; do
   banner "phase $p"
   start=$(date +%s)
+  children_cpu
+  cpu_start=$children_cpu_s
   "phase_$p"
   seconds[$p]=$(($(date +%s) - start))
-  echo "phase $p: ${seconds[$p]} s"
+  children_cpu
+  cpu[$p]=$((children_cpu_s - cpu_start))
+  echo "phase $p: ${seconds[$p]} s (cpu ${cpu[$p]} s)"
 done
 
 banner "summary"
@@ -102,10 +116,12 @@ if [ -n "${OOMB_SETUP_SECONDS:-}" ]; then  # set by .ci/run
   echo "phase setup: $OOMB_SETUP_SECONDS s"
   total=$OOMB_SETUP_SECONDS
 fi
+cpu_total=0
 for p in "${phases[@]}"; do
-  echo "phase $p: ${seconds[$p]} s"
+  echo "phase $p: ${seconds[$p]} s (cpu ${cpu[$p]} s)"
   total=$((total + seconds[$p]))
+  cpu_total=$((cpu_total + cpu[$p]))
 done
-echo "all phases: $total s"
+echo "all phases: $total s (cpu $cpu_total s on $(nproc) cores)"
 # CI reads this line: the ctest totals of the phases that ran tests (cpu, sanitize).
 echo "tests: $passed passed, $failed failed"
