@@ -223,7 +223,8 @@ config windowed(config c, std::int32_t windows) {
 }
 
 bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
-void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, bool alternative = false);
+/// variant: 0 the chosen configuration, 1 bulk dQ reductions, 2 d128 dQ over own keys / d64 software-pipelined.
+void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, int variant = 0);
 
 /// Runs every config: CPU references in parallel threads, GPU runs in order. On a Hopper device the
 /// backward of every config with page_size >= 128 also runs through the Hopper kernel.
@@ -386,23 +387,29 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
 
 /// Backward of p through the Hopper kernel (all windows summed when p has several), outputs
 /// starting random, checked against the CPU oracle. split: forced query split (0 = policy).
-void check_backward_sm90(const problem& p, const cpu_result& ref, int split, bool alternative) {
+void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int variant) {
   const bool merged = p.c.windows > 1;
   namespace x = gpu::experimental;
   const gpu_result g = run_backward(
       p, ref,
       [&](const gpu::attention_args& a, auto... rest) {
-        if (p.c.d == 128 && !alternative)
+        if (p.c.d == 128 && variant == 0)
           gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, rest..., nullptr, split);
-        else if (p.c.d == 128)
+        else if (p.c.d == 128 && variant == 1)
           gpu::detail::launch_backward_sm90<x::backward_sm90_d128_bulk>(a, rest..., nullptr, split);
-        else if (!alternative)
+        else if (p.c.d == 128)
+          gpu::detail::launch_backward_sm90<x::backward_sm90_d128_own>(a, rest..., nullptr, split);
+        else if (variant == 0)
           gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, rest..., nullptr, split);
-        else
+        else if (variant == 1)
           gpu::detail::launch_backward_sm90<x::backward_sm90_d64_bulk>(a, rest..., nullptr, split);
+        else
+          gpu::detail::launch_backward_sm90<x::backward_sm90_d64_pipe>(a, rest..., nullptr, split);
       },
       merged);
-  std::string name = p.c.name + (alternative ? " [sm90 backward, bulk dQ" : " [sm90 backward");
+  static const char* const names[] = {" [sm90 backward", " [sm90 backward, bulk dQ",
+                                      " [sm90 backward, dQ own keys (d128) / pipelined (d64)"};
+  std::string name = p.c.name + names[variant];
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
   check_errors(name + "]", compare(g, ref), g.untouched_ok);
@@ -649,7 +656,8 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     const auto& c = p.c;
     const cpu_result ref = refs[i].get();
     check_backward_sm90(p, ref);
-    check_backward_sm90(p, ref, 0, true);
+    check_backward_sm90(p, ref, 0, 1);
+    check_backward_sm90(p, ref, 0, 2);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -817,7 +825,8 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
     const problem p(c);
     const cpu_result ref = run_cpu(p);
     for (int split = 1; split <= 3; ++split) check_backward_sm90(p, ref, split);
-    check_backward_sm90(p, ref, 0, true);
+    check_backward_sm90(p, ref, 0, 1);
+    check_backward_sm90(p, ref, 0, 2);
   }
 }
 
@@ -833,6 +842,7 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
     const cpu_result ref = run_cpu(p);
     check_backward_sm90(p, ref);
     check_backward_sm90(p, ref, 2);
-    check_backward_sm90(p, ref, 0, true);
+    check_backward_sm90(p, ref, 0, 1);
+    check_backward_sm90(p, ref, 0, 2);
   }
 }

@@ -35,9 +35,15 @@
 
 namespace oomb_trainer::gpu::detail {
 
-template <int D_, int STAGES_, bool DQ_BULK_ = false>
+template <int D_, int STAGES_, bool DQ_BULK_ = false, bool DQ_OWN_ = false, bool PIPE_ = false>
 struct backward_sm90_tile {
   static constexpr int D = D_, BN = 128, BM = 64, STAGES = STAGES_;
+  /// Software pipelining across steps (S, dP of the next step issued before this step's dq
+  /// additions); needs the registers of d64.
+  static constexpr bool PIPE = PIPE_;
+  /// d128: each consumer computes dQ over its own 64 keys only (two column halves), so the two
+  /// consumers share no barrier per step (d64 always works this way).
+  static constexpr bool DQ_OWN = DQ_OWN_;
   /// dQ through shared memory and one bulk reduction (cp.reduce.async.bulk) per row and consumer
   /// instead of per-thread red.global.add.v2; needs a 16-byte aligned dq.
   static constexpr bool DQ_BULK = DQ_BULK_;
@@ -253,14 +259,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   mbar_wait(kv_bar, 0);
 
-  int i = 0;
-  for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
-    const int s = i % S;
-    const std::uint32_t sQ_s = sQ + s * Q_BYTES, sdO_s = sdO + s * Q_BYTES;
-    const std::uint32_t sdS_b = sdS + (i & 1) * DS_BYTES;
-    mbar_wait(full(s), static_cast<std::uint32_t>(i / S) & 1u);
+  // Register tiles of one step: S^T / P^T, dP^T / dS^T (accumulator layout: element 4j + 2h + e is
+  // key kr0 + 8h, query column 8j + 2t4 + e), their bf16 A fragments, and dQ.
+  float sacc[32], dpacc[32], dq[32];
+  std::uint32_t pa[BM / 16][4], da[BM / 16][4];
 
-    float sacc[32], dpacc[32];
+  // S^T = K_c Q^T and dP^T = V_c dO^T for stage s: two commit groups.
+  auto issue_sdp = [&](int s) {
+    const std::uint32_t sQ_s = sQ + s * Q_BYTES, sdO_s = sdO + s * Q_BYTES;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
@@ -276,8 +282,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       wgmma_ss_n64(dpacc, sw128_desc(sV_c + off, 16, 1024), sw128_desc(sdO_s + qoff, 16, 1024), k > 0);
     }
     wgmma_commit();
+  };
 
-    // Per column (query row) scalars: lse in base 2 (+inf for rows that saw no key: P = 0) and delta.
+  // Waits for S (all but the newest commit group), forms P^T; waits for dP, forms dS^T; packs both
+  // into A fragments and stores dS ([query][key], key panel c) into buffer i & 1 for dQ = dS K.
+  auto softmax_ds = [&](int b, int s, int i) {
     const float* sLs = sL + s * BM;
     const float* sDs = sDl + s * BM;
     const bool masked = valid_keys < BN || (b + 1) * BM > rows ||
@@ -285,7 +294,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     wgmma_wait<1>();
 #pragma unroll
     for (int k = 0; k < 32; ++k) fence_operand(sacc[k]);
-    // P^T in place of S^T; accumulator element 4j + 2h + e is key kr0 + 8h, query column 8j + 2t4 + e.
+    // P^T = exp2(S^T scale log2e - lse log2e); lse = -inf (a row that saw no key) gives P = 0.
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
       const float2 l = *reinterpret_cast<const float2*>(sLs + 8 * j + 2 * t4);
@@ -316,7 +325,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
     for (int k = 0; k < 32; ++k) fence_operand(dpacc[k]);
     // dS^T = P^T (dP^T - delta); a masked P is exactly 0, and dP there is finite (zero-filled keys).
-    std::uint32_t pa[BM / 16][4], da[BM / 16][4];
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
       const float2 dl = *reinterpret_cast<const float2*>(sDs + 8 * j + 2 * t4);
@@ -336,12 +344,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         da[k][r] = pack_bf16(dpacc[8 * k + 2 * r], dpacc[8 * k + 2 * r + 1]);
       }
     }
-    // dS into shared memory ([query][key], key panel c) for dQ = dS K.
+    const std::uint32_t sdS_b = sdS + (i & 1) * DS_BYTES;
 #pragma unroll
     for (int k = 0; k < BM / 16; ++k) stmatrix_x4_trans(sdS_b + st_off + k * 16 * 128, da[k][0], da[k][1], da[k][2], da[k][3]);
     fence_proxy_async();
+  };
 
-    // dV += P^T dO, dK += dS^T Q (B operands N-major: [query][d] rows).
+  // dV += P^T dO, dK += dS^T Q (B operands N-major: [query][d] rows): one commit group.
+  auto issue_dkv = [&](int s) {
+    const std::uint32_t sQ_s = sQ + s * Q_BYTES, sdO_s = sdO + s * Q_BYTES;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < BM / 16; ++k) {
@@ -356,13 +367,26 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       }
     }
     wgmma_commit();
+  };
 
-    named_sync(2, 256);  // both key panels of dS are written
-    // dQ = dS K: d128, columns 64c.. over all 128 keys; d64, all 64 columns over keys 64c...
-    float dq[32];
-    constexpr int KQ = D == 128 ? BN / 16 : 4;
-    const int key_lo = D == 128 ? 0 : c * 64;
-    const std::uint32_t kcol = D == 128 ? c * PANEL_K : 0;
+  // dQ = dS K. d128: columns 64c.. over all 128 keys (both key panels of dS: a barrier between
+  // the consumers). DQ_OWN (and d64): each consumer only over its own keys, all columns, so the
+  // consumers never wait for each other (d128: two column halves, twice the dq additions).
+  constexpr bool OWN = D == 64 || Cfg::DQ_OWN;
+  constexpr int HALVES = D == 128 && Cfg::DQ_OWN ? 2 : 1;
+  auto ds_barrier = [&] {
+    if constexpr (OWN)
+      named_sync(3 + c, 128);  // this consumer's key panel of dS is written
+    else
+      named_sync(2, 256);  // both key panels of dS are written
+  };
+  auto colp_of = [&](int hf) { return D == 128 ? (Cfg::DQ_OWN ? hf : c) : 0; };  // 64-column panel of dQ and K
+  // One commit group.
+  auto issue_dq = [&](int i, int hf) {
+    constexpr int KQ = OWN ? 4 : BN / 16;
+    const int key_lo = OWN ? c * 64 : 0;
+    const std::uint32_t kcol = colp_of(hf) * PANEL_K;
+    const std::uint32_t sdS_b = sdS + (i & 1) * DS_BYTES;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < KQ; ++k) {
@@ -371,7 +395,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
                       sw128_desc(sK + kcol + key0 * 128, PANEL_K, 1024), k > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+  };
+  auto fence_acc = [&] {
 #pragma unroll
     for (int k = 0; k < 32; ++k) fence_operand(dq[k]);
 #pragma unroll
@@ -379,9 +404,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       fence_operand(acc_dk[k]);
       fence_operand(acc_dv[k]);
     }
-    mbar_arrive(empty(s));  // Q, dO, lse, delta of stage s are no longer read
-
-    // dq rows: query row 16w + g + 8h of the step, columns (d128: 64c +) 8j + 2t4.
+  };
+  // Adds the finished dq tile of step b (rows 16w + g + 8h, columns 64 colp + 8j + 2t4) to global memory.
+  auto dq_out = [&](int b, int hf) {
+    const int colp = colp_of(hf);
     if constexpr (Cfg::DQ_BULK) {
       constexpr int P = Cfg::DQ_PITCH;
       const std::uint32_t my = sdQ + c * BM * P;
@@ -403,7 +429,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
           const int R = b * BM + r;
           if (R < rows) {
             const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
-            bulk_reduce_add_f32(outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + (D == 128 ? c * 64 : 0),
+            bulk_reduce_add_f32(outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + colp * 64,
                                 my + r * P, 256);
           }
         }
@@ -411,15 +437,68 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       }
     } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int R = b * BM + w * 16 + g + 8 * h;
-      if (R >= rows) continue;
-      const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
-      float* dst = outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D +
-                   (D == 128 ? c * 64 : 0) + 2 * t4;
+      for (int h = 0; h < 2; ++h) {
+        const int R = b * BM + w * 16 + g + 8 * h;
+        if (R >= rows) continue;
+        const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
+        float* dst = outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + colp * 64 + 2 * t4;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) red_add_v2(dst + 8 * j, dq[4 * j + 2 * h] * p.scale, dq[4 * j + 2 * h + 1] * p.scale);
+        for (int j = 0; j < 8; ++j) red_add_v2(dst + 8 * j, dq[4 * j + 2 * h] * p.scale, dq[4 * j + 2 * h + 1] * p.scale);
+      }
     }
+  };
+  auto full_parity = [&](int i) { return static_cast<std::uint32_t>(i / S) & 1u; };
+
+  if constexpr (Cfg::PIPE) {
+    // Software-pipelined: S and dP of step i + 1 are issued right after dQ of step i, so the
+    // tensor cores have queued work while this warpgroup waits; the dq additions of step i run
+    // in step i + 1, after its softmax.
+    static_assert(HALVES == 1 && !Cfg::DQ_BULK, "pipelined variant: one dQ tile, red.add");
+    mbar_wait(full(0), 0);
+    issue_sdp(0);
+    int b = b_first, i = 0, b_prev = -1, s_prev = 0;
+    while (true) {
+      const int s = i % S;
+      softmax_ds(b, s, i);  // its waits also retire dV/dK and dQ of step i - 1
+      if (b_prev >= 0) {
+#pragma unroll
+        for (int k = 0; k < 32; ++k) fence_operand(dq[k]);
+        mbar_arrive(empty(s_prev));
+        dq_out(b_prev, 0);
+      }
+      issue_dkv(s);
+      ds_barrier();
+      issue_dq(i, 0);
+      const int nb = next_block(b + 1);
+      b_prev = b;
+      s_prev = s;
+      if (nb >= nqb) break;
+      ++i;
+      mbar_wait(full(i % S), full_parity(i));
+      issue_sdp(i % S);
+      b = nb;
+    }
+    wgmma_wait<0>();
+    fence_acc();
+    mbar_arrive(empty(s_prev));
+    dq_out(b_prev, 0);
+  } else {
+    int i = 0;
+    for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
+      const int s = i % S;
+      mbar_wait(full(s), full_parity(i));
+      issue_sdp(s);
+      softmax_ds(b, s, i);
+      issue_dkv(s);
+      ds_barrier();
+#pragma unroll 1
+      for (int hf = 0; hf < HALVES; ++hf) {
+        issue_dq(i, hf);
+        wgmma_wait<0>();
+        fence_acc();
+        if (hf == 0) mbar_arrive(empty(s));  // Q, dO, lse, delta of stage s are no longer read
+        dq_out(b, hf);
+      }
     }
   }
 

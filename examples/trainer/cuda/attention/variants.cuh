@@ -61,6 +61,8 @@ using forward_sm90_d128_pingpong = detail::forward_sm90_tile<128, 2, true>;
 // Hopper backward with dQ through shared memory and bulk reductions (docs/attention-notes.md, hb)
 using backward_sm90_d128_bulk = detail::backward_sm90_tile<128, 2, true>;
 using backward_sm90_d64_bulk = detail::backward_sm90_tile<64, 3, true>;
+using backward_sm90_d128_own = detail::backward_sm90_tile<128, 3, false, true>;  // dQ over own keys, no shared barrier
+using backward_sm90_d64_pipe = detail::backward_sm90_tile<64, 3, false, false, true>;  // software-pipelined steps
 }  // namespace experimental
 
 /// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
