@@ -3,8 +3,10 @@
 # (memcheck, racecheck) on the tiny shapes, the benchmark, and the PyTorch SDPA baseline; logs go to
 # $OUT. Run from the repository root with the binaries built here copied to $BIN (.gpu/attn):
 #   bash bench/attention/run_gpu.sh [all|tests|tests-portable|bench|sdpa|sanitize]...
-# tests-portable reruns the gpu tests with OOMB_ATTENTION_FORWARD=portable (the mma.sync forward
-# everywhere); SAN_TC / RACE_TC override the sanitizer's test filters.
+# tests-portable reruns the gpu tests with OOMB_ATTENTION_FORWARD=portable and
+# OOMB_ATTENTION_BACKWARD=portable (the mma.sync kernels behind the public entries; the Hopper
+# kernels are still tested through their own launchers); SAN_TC / RACE_TC override the sanitizer's
+# test filters.
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
 BIN=${BIN:-.gpu/attn}
@@ -22,7 +24,7 @@ if has tests; then
   summary+=("tests rc=$?")
 fi
 if has tests-portable; then
-  OOMB_ATTENTION_FORWARD=portable timeout 200 "$BIN/test_attention" 2>&1 | tee "$OUT/tests-portable.log"
+  OOMB_ATTENTION_FORWARD=portable OOMB_ATTENTION_BACKWARD=portable timeout 200 "$BIN/test_attention" 2>&1 | tee "$OUT/tests-portable.log"
   summary+=("tests-portable rc=$?")
 fi
 if has bench; then

@@ -225,6 +225,7 @@ config windowed(config c, std::int32_t windows) {
 bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
 /// variant: 0 the chosen configuration, 1 bulk dQ reductions, 2 d128 dQ over own keys / d64 software-pipelined.
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, int variant = 0);
+void check_backward_portable(const problem& p, const cpu_result& ref);
 
 /// Runs every config: CPU references in parallel threads, GPU runs in order. On a Hopper device the
 /// backward of every config with page_size >= 128 also runs through the Hopper kernel.
@@ -240,7 +241,12 @@ void run_all(const std::vector<config>& cfgs) {
     const gpu_result g = run_gpu(p, ref, merged, !merged);
     check_errors(p.c.name + (merged ? " [" + std::to_string(p.windows.size()) + " windows]" : ""), compare(g, ref),
                  g.untouched_ok);
-    if (hopper_device() && p.c.page >= 128) check_backward_sm90(p, ref);
+    if (hopper_device() && p.c.page >= 128) {  // the kernel the public entry did not pick
+      if (gpu::get_backward_kernels() == gpu::backward_kernels::automatic)
+        check_backward_portable(p, ref);
+      else
+        check_backward_sm90(p, ref);
+    }
   }
 }
 
@@ -413,6 +419,21 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
   check_errors(name + "]", compare(g, ref), g.untouched_ok);
+}
+
+/// Backward of p through the portable kernel, whatever the public entry would pick.
+void check_backward_portable(const problem& p, const cpu_result& ref) {
+  const gpu_result g = run_backward(
+      p, ref,
+      [&](const gpu::attention_args& a, auto... rest) {
+        if (p.c.d == 128)
+          gpu::detail::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr);
+        else
+          gpu::detail::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr);
+      },
+      p.c.windows > 1);
+  check_errors(p.c.name + (p.c.windows > 1 ? " [portable backward, windows]" : " [portable backward]"), compare(g, ref),
+               g.untouched_ok);
 }
 
 }  // namespace

@@ -13,11 +13,14 @@
 //   P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - delta)   (registers)
 //   dV_c += P^T dO, dK_c += dS^T Q            (wgmma, A from registers: the accumulator layout is
 //                                              the A-fragment layout)
-// and stores dS (stmatrix .trans) into shared memory; after a named barrier between the two
-// consumers, dQ = dS K is computed with wgmma (d128: consumer c takes columns 64c..64c+63 over all
-// keys; d64: all columns over its own keys) and added to global memory with red.global.add.v2.
-// dS is double-buffered, so one barrier per step suffices. dK/dV stay in registers for the walk
-// and are added once at the end (atomically when the query steps are split over blocks).
+// and stores dS (stmatrix .trans) into shared memory; dQ = dS K is then computed with wgmma and
+// added to global memory with red.global.add.v2. d128: consumer c takes columns 64c..64c+63 over
+// all 128 keys, after a named barrier between the two consumers (dS double-buffered, so one
+// barrier per step suffices); d64: each consumer takes all columns over its own keys, so the
+// consumers never wait for each other (measured +6-12%, docs/attention-notes.md hb2). dK/dV stay
+// in registers for the walk and are added once at the end (atomically when the query steps are
+// split over blocks). Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by
+// bulk reductions (DQ_BULK), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
 // Keys past the window's end read as zeros (the partial tile is loaded with zero-filling cp.async),
 // and masked entries are selected to 0, so stale page tails never reach dQ.
 #pragma once
