@@ -457,6 +457,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     // tensor cores have queued work while this warpgroup waits; the dq additions of step i run
     // in step i + 1, after its softmax.
     static_assert(HALVES == 1 && !Cfg::DQ_BULK, "pipelined variant: one dQ tile, red.add");
+    // The zeroed dK/dV accumulators must be defined before the first products are in flight
+    // (otherwise ptxas serialises every wgmma, C7515). ptxas still serialises this variant
+    // (C7514, caused by the deferred dq additions; docs/attention-notes.md hb2).
+#pragma unroll
+    for (int k = 0; k < NKV; ++k) {
+      fence_operand(acc_dk[k]);
+      fence_operand(acc_dv[k]);
+    }
     mbar_wait(full(0), 0);
     issue_sdp(0);
     int b = b_first, i = 0, b_prev = -1, s_prev = 0;
