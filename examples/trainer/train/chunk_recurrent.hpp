@@ -185,6 +185,8 @@ class chunk_recurrent {
 
   /// Runs stages 1 and 2 over `seq`, returns its loss (mean over counted targets) and ADDS its
   /// gradient into `grads`. `progress` (may be empty) is called after every chunk of each stage.
+  /// If it throws (bad tokens, out of memory), the cache may still hold pages of the sequence:
+  /// discard the trainer object.
   double loss_and_grad(const qwen2_params<T>& p, qwen2_params<T>& grads, const sequence& seq,
                        const std::function<void(const chunk_progress&)>& progress = {}) {
     seq.validate();
