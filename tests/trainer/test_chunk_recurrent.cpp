@@ -151,6 +151,38 @@ TEST_CASE("chunk-recurrent: one window per layer, token-major pages, and offload
           ", loss ", sparse.loss, " vs ", one.loss);
 }
 
+TEST_CASE("chunk-recurrent: stage 1 fills the far tier chunk by chunk, stage 2 returns each chunk's pages as it finishes") {
+  const auto cfg = trainer_test::tiny_config(4, 2, true, 4, 3, 13);
+  qwen2_params<double> p(cfg), g(cfg);
+  oomb_trainer::init_perturbed(p, 17);
+  const auto seq = trainer_test::random_sequence(100, cfg.vocab_size, 18);  // chunks of 32: 32, 32, 32, 4 tokens
+  for (bool offload : {false, true}) {
+    CAPTURE(offload);
+    chunk_options opt;
+    opt.chunk = 32;
+    opt.page = 16;
+    opt.offload = offload;
+    opt.near_pages = 4;
+    oomb_trainer::chunk_recurrent<double> trainer(cfg, opt, seq.size());
+    std::vector<std::int32_t> kv_in_use, grad_in_use;
+    std::vector<int> stages;
+    trainer.loss_and_grad(p, g, seq, [&](const oomb_trainer::chunk_progress& pr) {
+      const auto m = trainer.memory();
+      stages.push_back(pr.stage * 10 + pr.chunk);
+      kv_in_use.push_back(m.far_kv_in_use);
+      grad_in_use.push_back(m.far_grad_in_use);
+      if (offload) CHECK(m.near_kv_slots == 4);  // the near tier never grows
+    });
+    // Pages per chunk: 2, 2, 2, 1 in each of 3 layers.
+    CHECK(stages == std::vector<int>{10, 11, 12, 13, 23, 22, 21, 20});
+    CHECK(kv_in_use == std::vector<std::int32_t>{6, 12, 18, 21, 18, 12, 6, 0});
+    // Gradient pages exist only for pages some later chunk attended, and go with their chunk.
+    CHECK(grad_in_use[4] == 18);  // after chunk 3: every page of chunks 0-2 got a gradient page
+    CHECK(grad_in_use[7] == 0);
+    for (std::size_t i = 4; i + 1 < grad_in_use.size(); ++i) CHECK(grad_in_use[i + 1] <= grad_in_use[i]);
+  }
+}
+
 TEST_CASE("chunk-recurrent: bad options are named") {
   chunk_options o;
   o.chunk = 40;
