@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "oomb/core/error.hpp"
+#include "test_util.hpp"
 
 namespace io_test {
 
@@ -92,13 +93,10 @@ inline std::string safetensors_bytes(const std::string& header, const std::strin
   return out + header + data;
 }
 
+/// Seeded uniform values in [lo, hi); the I/O tests default to [-2, 2).
 template <class T>
 std::vector<T> random_vector(std::size_t n, std::uint64_t seed, double lo = -2.0, double hi = 2.0) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  std::vector<T> v(n);
-  for (auto& x : v) x = static_cast<T>(u(rng));
-  return v;
+  return trainer_test::random_vector<T>(n, seed, lo, hi);
 }
 
 }  // namespace io_test
