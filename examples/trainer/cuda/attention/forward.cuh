@@ -81,19 +81,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     cp_async_16(sQ + dst0 + i * RPP * (D * 2), src, ok);
   }
 
-  // Tiles of keys visible to at least one row: positions are monotonic in the virtual slot.
-  int n_blocks;
-  {
-    int lo = 0, hi = (vlen + BN - 1) / BN;
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (keys.pos(mid * BN) > qpos_hi)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    n_blocks = lo;
-  }
+  const int n_blocks = keys.visible_tiles(BN, qpos_hi);  // tiles visible to at least one row
   const int b_begin = n_blocks * rank / split, b_end = n_blocks * (rank + 1) / split;
 
   // Page ids of a tile, fetched one tile before its load is issued.

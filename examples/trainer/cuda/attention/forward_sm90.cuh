@@ -83,18 +83,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const virtual_keys keys(p, p.tile_indptr ? q_lo / p.tile : 0);
   const std::int32_t vlen = keys.vlen;
   const std::int32_t page_mask = (1 << p.log_page) - 1;
-  int n_blocks;  // tiles visible to at least one row (positions are monotonic in the slot)
-  {
-    int lo = 0, hi = (vlen + BN - 1) / BN;
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (keys.pos(mid * BN) > qpos_hi)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    n_blocks = lo;
-  }
+  const int n_blocks = keys.visible_tiles(BN, qpos_hi);  // tiles visible to at least one row
   const int b_begin = n_blocks * rank / split, b_end = n_blocks * (rank + 1) / split;
 
   if (tid == 0) {

@@ -128,6 +128,19 @@ struct virtual_keys {
   }
   /// Pool id of the page holding virtual slot v.
   __device__ __forceinline__ std::int32_t id(std::int32_t v) const { return ids[window_page(v >> log_page)]; }
+  /// Tiles of `tile_keys` slots that some query at or before `qpos_hi` sees: positions grow along
+  /// the virtual slots, so a binary search finds the first tile that starts past `qpos_hi`.
+  __device__ __forceinline__ int visible_tiles(int tile_keys, std::int64_t qpos_hi) const {
+    int lo = 0, hi = (vlen + tile_keys - 1) / tile_keys;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (pos(mid * tile_keys) > qpos_hi)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
+  }
 };
 
 }  // namespace oomb_trainer::gpu::detail
