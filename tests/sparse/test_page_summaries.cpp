@@ -183,6 +183,37 @@ TEST_CASE("page_summaries: restart, clear, growth and unseen ids") {
   }
 }
 
+TEST_CASE("page_summaries: ascending ids grow the store geometrically, keeping every summary") {
+  // Each move of the store's arrays is a reallocation; growing by exactly one id at a time (the
+  // old quadratic behaviour) moves them on every new id. Geometric growth moves them O(log n) times.
+  std::mt19937_64 rng(21);
+  const int heads = 2, dim = 8, ids = 4000;
+  std::vector<float> ref;
+  const auto keys = make_keys<float>(rng, ids, heads, dim, ref);
+  oomb::page_summaries s(heads, dim);
+  const float* where = nullptr;
+  int moves = 0;
+  for (int id = 0; id < ids; ++id) {
+    s.update(id, 0, rows(keys, id, 1, heads, dim));
+    if (s.view().min != where) ++moves, where = s.view().min;
+  }
+  CHECK(s.num_ids() == ids);
+  CHECK(moves <= 16);  // log2(4000) ~ 12 doublings
+  bool intact = true;  // every page still holds its single token after all the moves
+  for (int id = 0; id < ids; ++id)
+    for (int d = 0; d < heads * dim; ++d)
+      intact = intact && s.view().min_of(id, 0)[d] == ref[std::size_t(id) * heads * dim + d] &&
+               s.view().mean_of(id, 0)[d] == ref[std::size_t(id) * heads * dim + d];
+  CHECK(intact);
+  CHECK(s.tokens(ids) == 0);  // capacity beyond the ids seen is not an id
+  // reserve() asks for exactly what it is given: a view taken after it survives updates within.
+  oomb::page_summaries r(heads, dim);
+  r.reserve(ids);
+  const float* reserved = r.view().min;
+  for (int id = ids - 1; id >= 0; id -= 97) r.update(id, 0, rows(keys, id, 1, heads, dim));
+  CHECK(r.view().min == reserved);
+}
+
 TEST_CASE("page_summaries: bad input names the values and leaves the summary unchanged") {
   std::mt19937_64 rng(13);
   const int heads = 2, dim = 8;

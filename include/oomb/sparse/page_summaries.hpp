@@ -5,6 +5,7 @@
 // synchronisation against every other call; const calls may run concurrently with each other.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -46,7 +47,7 @@ double key_to_double(const E& x) noexcept {
 /// or at once has bit-identical min, max and mean.
 ///
 /// Storage grows to the largest id seen (floats: 3 * kv_heads * head_dim per id, plus a double
-/// sum). A view() stays valid until a call that grows the store (an id >= num_ids(); reserve()
+/// sum), geometrically, so ascending ids cost amortised constant time each. A view() stays valid until a call that grows the store (an id >= num_ids(); reserve()
 /// up front to avoid that) or the store's destruction.
 class page_summaries {
  public:
@@ -112,7 +113,7 @@ class page_summaries {
                        detail::key_to_float(row[d * step]), " at page ", id, ", token ", first_token + t,
                        ", kv head ", h, ", channel ", d);
       });
-    if (id >= num_ids()) grow_to(id + 1);
+    if (id >= num_ids()) grow_to(id + 1, /*geometric=*/true);
     if (first_token == 0) reset(id);
 
     const std::int64_t row_len = std::int64_t(kv_heads_) * head_dim_;
@@ -185,20 +186,25 @@ class page_summaries {
   std::size_t row() const noexcept { return static_cast<std::size_t>(kv_heads_) * head_dim_; }
 
   // Reserve everything first, then resize within capacity: either all arrays grow or none.
-  void grow_to(std::int32_t ids) {
+  // Growth from update() is geometric (at least doubling the ids held), so ids seen in ascending
+  // order cost amortised O(1) copies each; reserve() asks for exactly what it is given.
+  void grow_to(std::int32_t ids, bool geometric = false) {
     const std::size_t n = static_cast<std::size_t>(ids);
-    const std::size_t elems = n * row();
-    OOMB_CHECK(elems / row() == n, out_of_memory, "page_summaries: ", ids, " ids of ", row(),
+    const std::size_t have = tokens_.capacity();
+    const std::size_t cap = n <= have ? have : geometric ? std::max(n, 2 * have) : n;
+    const std::size_t elems = cap * row();
+    OOMB_CHECK(elems / row() == cap, out_of_memory, "page_summaries: ", cap, " ids of ", row(),
                " channels overflow the address space");
     min_.reserve(elems);
     max_.reserve(elems);
     mean_.reserve(elems);
     sum_.reserve(elems);
-    tokens_.reserve(n);
-    min_.resize(elems, std::numeric_limits<float>::infinity());
-    max_.resize(elems, -std::numeric_limits<float>::infinity());
-    mean_.resize(elems, 0.0f);
-    sum_.resize(elems, 0.0);
+    tokens_.reserve(cap);
+    const std::size_t used = n * row();
+    min_.resize(used, std::numeric_limits<float>::infinity());
+    max_.resize(used, -std::numeric_limits<float>::infinity());
+    mean_.resize(used, 0.0f);
+    sum_.resize(used, 0.0);
     tokens_.resize(n, 0);
   }
 
