@@ -245,6 +245,12 @@ TEST_CASE("page_summaries: bad input names the values and leaves the summary unc
                        oomb::invalid_argument);
   CHECK_THROWS_WITH_AS(oomb::page_summaries(2, -1), doctest::Contains("head_dim must be positive, got -1"),
                        oomb::invalid_argument);
+  // Keys in device memory are refused (the host would read them); pinned keys are read.
+  const auto k5 = rows(keys, 7, 1, heads, dim);
+  CHECK_THROWS_WITH_AS(s.update(0, 5, oomb::tensor_view<const float, 3>(k5.data(), k5.shape(), k5.strides(),
+                                                                         oomb::memory_kind::device)),
+                       doctest::Contains("keys of page 0 are in device memory"), oomb::invalid_argument);
+  CHECK(same_page(s.view(), 0, before.view(), 0));
   // Still usable: the next in-order append works.
   s.update(0, 5, rows(keys, 7, 1, heads, dim));
   CHECK(s.tokens(0) == 6);

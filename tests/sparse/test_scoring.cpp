@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -191,6 +192,15 @@ TEST_CASE("tile_scorer: bad input names the values") {
   CHECK_THROWS_WITH_AS(scorer.load(oomb::tensor_view<const float, 3>::contiguous(q.data(), {3, 4, 8})),
                        doctest::Contains("token 0, head 2, channel 1"), oomb::invalid_argument);
   CHECK(scorer.queries() == 3);  // the failed load left the previous tile in place
+  // A view says where its memory is: device memory is refused (the host would read it), pinned
+  // memory is read. The data here is host memory, so only the check stands between it and a read.
+  const auto shape = std::array<std::int64_t, 3>{2, 4, 8}, strides = std::array<std::int64_t, 3>{32, 8, 1};
+  CHECK_THROWS_WITH_AS(scorer.load(oomb::tensor_view<const float, 3>(q.data() + 32, shape, strides,
+                                                                     oomb::memory_kind::device)),
+                       doctest::Contains("tile_scorer: queries are in device memory"), oomb::invalid_argument);
+  CHECK(scorer.queries() == 3);
+  scorer.load(oomb::tensor_view<const float, 3>(q.data() + 32, shape, strides, oomb::memory_kind::pinned));
+  CHECK(scorer.queries() == 2);
   CHECK_THROWS_WITH_AS(scorer.score(other.view(), ids, 1, out),
                        doctest::Contains("summaries have 1 KV heads of head_dim 8, the scorer 2 of 8"),
                        oomb::invalid_argument);

@@ -179,5 +179,10 @@ TEST_CASE("tile_selector: bad input names values; a failed call appends nothing"
   CHECK_THROWS_WITH_AS(sel.select(f.summaries.view(), three_heads, f.ids.data(), 1, t),
                        doctest::Contains("queries have 3 heads of head_dim 8, the selector expects 2 of 8"),
                        oomb::invalid_argument);
+  // Queries in device memory are refused before any tile is read on the host, scored or not.
+  const oomb::tensor_view<const float, 3> on_device(q.data(), qv.shape(), qv.strides(), oomb::memory_kind::device);
+  for (const std::int32_t past : {1, 10})
+    CHECK_THROWS_WITH_AS(sel.select(f.summaries.view(), on_device, f.ids.data(), past, t),
+                         doctest::Contains("tile_selector: queries are in device memory"), oomb::invalid_argument);
   CHECK(t.num_tiles() == 3);
 }

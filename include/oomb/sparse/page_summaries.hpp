@@ -68,12 +68,16 @@ class page_summaries {
 
   /// Appends the keys of tokens [first_token, first_token + n) of page `id`; `keys` is
   /// [n][kv_heads][head_dim] with any strides, element type bf16, float or double.
-  /// first_token == 0 restarts the page. Throws invalid_argument (summary unchanged) for a
+  /// first_token == 0 restarts the page. Throws invalid_argument (summary unchanged) for keys in
+  /// device memory (the host reads them: copy to host or pinned memory first), a
   /// negative id, mismatched head counts or head_dim, a first_token other than 0 or the page's
   /// current token count, or a non-finite key.
   template <class E>
   void update(std::int32_t id, std::int32_t first_token, const tensor_view<E, 3>& keys) {
     const std::int64_t n = keys.extent(0);
+    OOMB_EXPECTS(host_accessible(keys.kind()), "page_summaries: keys of page ", id, " are in ",
+                 to_string(keys.kind()), " memory, which the host cannot read (copy them to host or "
+                 "pinned memory first)");
     OOMB_EXPECTS(id >= 0, "page_summaries: page id must not be negative, got ", id);
     OOMB_EXPECTS(keys.extent(1) == kv_heads_, "page_summaries: keys have ", keys.extent(1),
                  " KV heads, the summaries ", kv_heads_);

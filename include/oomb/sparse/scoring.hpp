@@ -86,10 +86,13 @@ class tile_scorer {
   }
 
   /// Packs a tile of queries [n][q_heads][head_dim] (n >= 1). Throws invalid_argument (scorer
-  /// unchanged) for an empty tile, mismatched heads or head_dim, or a non-finite query.
+  /// unchanged) for queries in device memory (read here, on the host), an empty tile, mismatched heads or head_dim, or a non-finite query.
   template <class E>
   void load(const tensor_view<E, 3>& queries) {
     const std::int64_t n = queries.extent(0);
+    OOMB_EXPECTS(host_accessible(queries.kind()), "tile_scorer: queries are in ",
+                 to_string(queries.kind()), " memory, which the host cannot read (copy them to host "
+                 "or pinned memory first)");
     OOMB_EXPECTS(n > 0, "tile_scorer: a tile needs at least one query, got ", n);
     OOMB_EXPECTS(queries.extent(1) == q_heads_, "tile_scorer: queries have ", queries.extent(1),
                  " heads, the scorer expects q_heads ", q_heads_);

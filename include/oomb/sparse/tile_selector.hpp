@@ -80,6 +80,9 @@ class tile_selector {
   void run(const page_summary_view& summaries, const tensor_view<E, 3>& queries,
            const std::int32_t* page_ids, PastOf past_of, sparse_page_table& out) {
     const std::int64_t n = queries.extent(0);
+    OOMB_EXPECTS(host_accessible(queries.kind()), "tile_selector: queries are in ",
+                 to_string(queries.kind()), " memory, which the host cannot read (copy them to host "
+                 "or pinned memory first)");
     OOMB_EXPECTS(n > 0, "tile_selector: no queries to select pages for (", n, ")");
     // Checked up front, not only when a tile needs scoring, so a mismatch shows on the first call.
     OOMB_EXPECTS(queries.extent(1) == scorer_.q_heads() && queries.extent(2) == scorer_.head_dim(),
