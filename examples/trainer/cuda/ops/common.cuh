@@ -1,0 +1,66 @@
+// oomb trainer — what every CUDA op shares: element loads/stores in fp32, launch checks and grid
+// sizes. The ops take raw device pointers, an explicit stream and caller-owned workspace; none
+// allocates or synchronises with the host.
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_runtime.h>
+
+#include <oomb/core/bf16.hpp>
+#include <oomb/core/error.hpp>
+#include <oomb/cuda/error.hpp>
+#include <oomb/cuda/stream_view.hpp>
+
+namespace oomb_trainer::gpu::ops {
+
+using oomb::bf16;
+using stream_view = oomb::cuda_stream_view;
+
+/// Element types the ops store: bf16 (weights, activations) and float (gradients, statistics).
+template <class E>
+inline constexpr bool is_element_v = std::is_same_v<E, bf16> || std::is_same_v<E, float>;
+
+/// Reads a stored element as fp32 (the arithmetic type of every kernel).
+__device__ __forceinline__ float load(float x) { return x; }
+__device__ __forceinline__ float load(bf16 x) { return __uint_as_float(std::uint32_t(x.bits) << 16); }
+
+/// Stores an fp32 result as element E (bf16 rounds to nearest even).
+template <class E>
+__device__ __forceinline__ E store(float x) {
+  if constexpr (std::is_same_v<E, bf16>)
+    return bf16(x);
+  else
+    return x;
+}
+
+namespace detail {
+
+/// Blocks for a grid-stride loop over n items, `threads` per block, capped (the loop covers the rest).
+inline unsigned grid_for(std::int64_t n, int threads, std::int64_t cap = 65535) {
+  const std::int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+/// Block-wide fp32 sum (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+/// `scratch` holds 32 floats; the call ends with the block synchronised, so it can be reused.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < warps ? scratch[lane] : 0.0f;
+  for (int o = 16; o > 0; o /= 2) t += __shfl_xor_sync(0xffffffffu, t, o);
+  __syncthreads();
+  return t;
+}
+
+}  // namespace detail
+
+}  // namespace oomb_trainer::gpu::ops
+
+/// Checks the launch just enqueued (configuration errors) without synchronising; faults inside
+/// the kernel surface at the caller's next checked call.
+#define OOMB_OPS_CHECK_LAUNCH(what) OOMB_CUDA_CHECK_LAUNCH(what, ": kernel launch")
