@@ -12,8 +12,5 @@
 #define OOMB_HOST_DEVICE
 #endif
 
-// Index checks in views cost a branch per access: on in debug builds (no NDEBUG), or when the
-// user defines OOMB_ENABLE_BOUNDS_CHECKS. They throw on the host; device code never checks.
-#if !defined(OOMB_ENABLE_BOUNDS_CHECKS) && !defined(NDEBUG)
-#define OOMB_ENABLE_BOUNDS_CHECKS 1
-#endif
+// The bounds-check switch (OOMB_ENABLE_BOUNDS_CHECKS) is decided in version.hpp: it selects the
+// inline namespace, so translation units that disagree on it cannot break the one-definition rule.

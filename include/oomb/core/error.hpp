@@ -66,11 +66,11 @@ OOMB_NAMESPACE_END
 /// `OOMB_CHECK(n > 0, oomb::invalid_argument, "layers must be positive, got ", n);`
 #define OOMB_CHECK(cond, ErrorType, ...)                                 \
   do {                                                                   \
-    if (!(cond)) ::oomb::detail::raise<ErrorType>(__FILE__, __LINE__, __VA_ARGS__); \
+    if (!(cond)) ::OOMB_NAMESPACE::detail::raise<ErrorType>(__FILE__, __LINE__, __VA_ARGS__); \
   } while (false)
 
 /// Shorthand for the most common precondition check.
-#define OOMB_EXPECTS(cond, ...) OOMB_CHECK(cond, ::oomb::invalid_argument, __VA_ARGS__)
+#define OOMB_EXPECTS(cond, ...) OOMB_CHECK(cond, ::OOMB_NAMESPACE::invalid_argument, __VA_ARGS__)
 
 /// Unconditionally throws `ErrorType` with the streamed message parts.
-#define OOMB_FAIL(ErrorType, ...) ::oomb::detail::raise<ErrorType>(__FILE__, __LINE__, __VA_ARGS__)
+#define OOMB_FAIL(ErrorType, ...) ::OOMB_NAMESPACE::detail::raise<ErrorType>(__FILE__, __LINE__, __VA_ARGS__)

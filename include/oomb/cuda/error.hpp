@@ -69,7 +69,7 @@ OOMB_NAMESPACE_END
   do {                                                                                           \
     const cudaError_t oomb_cuda_status_ = (call);                                                \
     if (oomb_cuda_status_ != cudaSuccess)                                                        \
-      ::oomb::detail::raise_cuda<::oomb::cuda_error>(__FILE__, __LINE__, oomb_cuda_status_, #call, \
+      ::OOMB_NAMESPACE::detail::raise_cuda<::OOMB_NAMESPACE::cuda_error>(__FILE__, __LINE__, oomb_cuda_status_, #call, \
                                                      __VA_ARGS__);                               \
   } while (false)
 
@@ -79,10 +79,10 @@ OOMB_NAMESPACE_END
   do {                                                                                           \
     const cudaError_t oomb_cuda_status_ = (call);                                                \
     if (oomb_cuda_status_ == cudaErrorMemoryAllocation)                                          \
-      ::oomb::detail::raise_cuda<::oomb::out_of_memory>(__FILE__, __LINE__, oomb_cuda_status_,   \
+      ::OOMB_NAMESPACE::detail::raise_cuda<::OOMB_NAMESPACE::out_of_memory>(__FILE__, __LINE__, oomb_cuda_status_,   \
                                                         #call, __VA_ARGS__);                     \
     if (oomb_cuda_status_ != cudaSuccess)                                                        \
-      ::oomb::detail::raise_cuda<::oomb::cuda_error>(__FILE__, __LINE__, oomb_cuda_status_, #call, \
+      ::OOMB_NAMESPACE::detail::raise_cuda<::OOMB_NAMESPACE::cuda_error>(__FILE__, __LINE__, oomb_cuda_status_, #call, \
                                                      __VA_ARGS__);                               \
   } while (false)
 

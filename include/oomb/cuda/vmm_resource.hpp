@@ -49,10 +49,10 @@ OOMB_NAMESPACE_END
   do {                                                                                            \
     const CUresult oomb_cu_status_ = (call);                                                      \
     if (oomb_cu_status_ == CUDA_ERROR_OUT_OF_MEMORY)                                              \
-      ::oomb::detail::raise_cu<::oomb::out_of_memory>(__FILE__, __LINE__, oomb_cu_status_, #call, \
+      ::OOMB_NAMESPACE::detail::raise_cu<::OOMB_NAMESPACE::out_of_memory>(__FILE__, __LINE__, oomb_cu_status_, #call, \
                                                       __VA_ARGS__);                               \
     if (oomb_cu_status_ != CUDA_SUCCESS)                                                          \
-      ::oomb::detail::raise_cu<::oomb::cuda_error>(__FILE__, __LINE__, oomb_cu_status_, #call,    \
+      ::OOMB_NAMESPACE::detail::raise_cu<::OOMB_NAMESPACE::cuda_error>(__FILE__, __LINE__, oomb_cu_status_, #call,    \
                                                    __VA_ARGS__);                                  \
   } while (false)
 
