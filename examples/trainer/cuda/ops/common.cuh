@@ -4,6 +4,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -55,6 +56,31 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   for (int o = 16; o > 0; o /= 2) t += __shfl_xor_sync(0xffffffffu, t, o);
   __syncthreads();
   return t;
+}
+
+/// Carves a caller's workspace into 256-byte aligned arrays, in a fixed order: run once with a
+/// null base to size it (the planning functions), once over the real workspace to place them.
+class workspace_carver {
+ public:
+  explicit workspace_carver(void* base = nullptr) : base_(static_cast<char*>(base)) {}
+  template <class T>
+  T* take(std::size_t count) {
+    used_ = (used_ + 255) / 256 * 256;
+    T* p = base_ != nullptr ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+    used_ += count * sizeof(T);
+    return p;
+  }
+  std::size_t bytes() const noexcept { return used_; }
+
+ private:
+  char* base_;
+  std::size_t used_ = 0;
+};
+
+/// Throws unless the caller's workspace is at least `needed` bytes.
+inline void check_workspace(const char* what, const void* workspace, std::size_t bytes, std::size_t needed) {
+  OOMB_EXPECTS(needed == 0 || (workspace != nullptr && bytes >= needed), what, ": workspace of ", bytes,
+               " bytes given, ", needed, " needed (ask the matching *_workspace_bytes function)");
 }
 
 }  // namespace detail
