@@ -20,6 +20,7 @@
 #include "oomb/memory/host_resource.hpp"
 #include "oomb/memory/statistics_adaptor.hpp"
 #include "oomb/memory/limiting_adaptor.hpp"
+#include "oomb/memory/callback_resource.hpp"
 #include "oomb/memory/growable_resource.hpp"
 #include "oomb/memory/block_pool.hpp"
 
