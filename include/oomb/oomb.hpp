@@ -33,11 +33,19 @@
 #include "oomb/paging/paged_kv_cache.hpp"
 #include "oomb/paging/grad_mirror.hpp"
 
-// offload: the stream concept, the host stream, batched page transfers, the residency scheduler
-// and its CPU backend
+// offload: the stream concept, the host stream and its view, batched page transfers, the
+// residency scheduler (its backend concept, bookkeeping, slot hazards, event pool, eviction
+// policies) and its CPU backend
 #include "oomb/offload/stream.hpp"
 #include "oomb/offload/host_stream.hpp"
+#include "oomb/offload/host_stream_view.hpp"
 #include "oomb/offload/page_transfer.hpp"
+#include "oomb/offload/residency_backend.hpp"
+#include "oomb/offload/residency_table.hpp"
+#include "oomb/offload/slot_hazards.hpp"
+#include "oomb/offload/event_pool.hpp"
+#include "oomb/offload/eviction_policy.hpp"
+#include "oomb/offload/belady_eviction.hpp"
 #include "oomb/offload/residency_scheduler.hpp"
 #include "oomb/offload/host_backend.hpp"
 

@@ -262,3 +262,38 @@ TEST_CASE("block_pool: moves transfer the blocks; destruction returns every byte
     CHECK(r.statistics().allocations_in_use == 0);
   }
 }
+
+TEST_CASE("block_pool: generation(id) counts releases, so a reused id is told from its past") {
+  oomb::host_resource host;
+  counted r(host);
+  auto pool = pool_t::growing(r, 64, 2, 8);
+  const std::int32_t a = pool.acquire();
+  CHECK(pool.generation(a) == 0);
+  pool.release(a);
+  CHECK(pool.generation(a) == 1);
+  REQUIRE(pool.acquire() == a);  // LIFO: the same id comes back ...
+  CHECK(pool.generation(a) == 1);  // ... with a new generation than the one before its release
+  pool.release(a);
+  pool.acquire();
+  CHECK(pool.generation(a) == 2);
+  CHECK(pool.generation(-1) == 0);
+  CHECK(pool.generation(100) == 0);
+  CHECK_THROWS_AS(pool.release(a + 1), oomb::invalid_argument);  // a failed release counts nothing
+  CHECK(pool.generation(a + 1) == 0);
+}
+
+TEST_CASE("block_pool: 4096 ascending grows reallocate the id bookkeeping O(log n) times") {
+  oomb::host_resource host;
+  counted r(host);
+  auto pool = pool_t::growing(r, 16, 1, 8192);  // one block per slab: a grow per acquire
+  for (std::int32_t want = 0; want < 4096; ++want) REQUIRE(pool.acquire() == want);
+  const auto st = pool.stats();
+  CHECK(st.reserved == 4096);
+  CHECK(st.index_growths <= 14);  // geometric: log2(4096) + a few; reserving exactly was 4096
+  MESSAGE("index reallocations for 4096 grows: " << st.index_growths);
+  std::vector<std::int32_t> ids(4096);
+  auto pool2 = pool_t::growing(r, 16, 1, 8192);
+  pool2.acquire(4096, ids.data());  // acquire(n) growing one slab at a time, ids still ascending
+  for (std::int32_t i = 0; i < 4096; ++i) REQUIRE(ids[static_cast<std::size_t>(i)] == i);
+  CHECK(pool2.stats().index_growths <= 14);
+}

@@ -29,6 +29,7 @@ struct block_pool_stats {
   std::int32_t capacity = 0;      ///< most blocks the pool may ever hold
   std::size_t block_bytes = 0;
   std::size_t reserved_bytes = 0; ///< bytes taken from the resource
+  std::int32_t index_growths = 0; ///< reallocations of the id bookkeeping (geometric: O(log reserved))
 };
 
 /// A pool of equal blocks over a memory resource, with O(1) acquire and release.
@@ -44,6 +45,8 @@ struct block_pool_stats {
 /// `alignment` and `block_bytes`.
 /// Ids are dense int32 in [0, reserved()); a fresh pool hands them out in ascending order, a
 /// released id is handed out again first (LIFO: warm memory, and runs of neighbouring ids).
+/// generation(id) counts the releases of an id, so a cache keyed by ids (the residency scheduler)
+/// tells a reused id from the page it held before without being told.
 template <class Resource>
 class block_pool {
   static_assert(is_memory_resource_v<Resource>, "block_pool needs a memory resource");
@@ -104,13 +107,12 @@ class block_pool {
   /// Takes one free block. Throws out_of_memory (pool unchanged) when the capacity is reached or
   /// the resource cannot provide another slab.
   std::int32_t acquire() {
-    if (free_.empty()) {
+    if (free_.empty() && fresh_ == reserved()) {
       OOMB_CHECK(reserved() < capacity_, out_of_memory, "block_pool: asked for 1 block of ",
                  block_bytes_, " bytes, 0 left of capacity ", capacity_, " (", in_use_, " in use)");
       grow();
     }
-    const std::int32_t id = free_.back();
-    free_.pop_back();
+    const std::int32_t id = take_free();
     mark_acquired(id);
     return id;
   }
@@ -123,10 +125,9 @@ class block_pool {
     OOMB_CHECK(count <= left, out_of_memory, "block_pool: asked for ", count, " blocks of ",
                block_bytes_, " bytes, ", left, " left of capacity ", capacity_, " (", in_use_,
                " in use)");
-    while (static_cast<std::int64_t>(free_.size()) < count) grow();
+    while (free_count() < count) grow();
     for (std::int32_t i = 0; i < count; ++i) {
-      out[i] = free_.back();
-      free_.pop_back();
+      out[i] = take_free();
       mark_acquired(out[i]);
     }
   }
@@ -139,13 +140,20 @@ class block_pool {
                                             : " which this pool never handed out",
                  " (reserved ", reserved(), ")");
     used_[static_cast<std::size_t>(id)] = 0;
-    free_.push_back(id);
+    ++generation_[static_cast<std::size_t>(id)];
+    free_.push_back(id);  // never reallocates: grow() keeps room for every reserved id
     --in_use_;
   }
 
   /// True when `id` is currently acquired from this pool.
   bool owns(std::int32_t id) const noexcept {
     return id >= 0 && id < reserved() && used_[static_cast<std::size_t>(id)] != 0;
+  }
+
+  /// How many times `id` was released: a holder of an id that remembers its generation knows the id
+  /// was released (and maybe handed out again) when the two differ. 0 for ids not reserved.
+  std::uint32_t generation(std::int32_t id) const noexcept {
+    return id >= 0 && id < reserved() ? generation_[static_cast<std::size_t>(id)] : 0;
   }
 
   /// Address of block `id` (which must be below reserved()).
@@ -181,8 +189,8 @@ class block_pool {
   Resource& resource() const noexcept { return *resource_; }
 
   block_pool_stats stats() const noexcept {
-    return {in_use_, high_water_, reserved(), capacity_, block_bytes_,
-            static_cast<std::size_t>(reserved()) * block_bytes_};
+    return {in_use_,      high_water_, reserved(), capacity_, block_bytes_,
+            static_cast<std::size_t>(reserved()) * block_bytes_, index_growths_};
   }
 
  private:
@@ -209,39 +217,50 @@ class block_pool {
     return static_cast<std::size_t>(count) * block_bytes_;
   }
 
-  // Puts ids [first, first + count) at the *bottom* of the free stack, lowest nearest the top:
-  // ids already free (released ones) still come out first, then the new ones in ascending order,
-  // so a fresh pool hands out 0, 1, 2, ... even when acquire(n) grows mid-way. Never reallocates
-  // (callers reserved the room).
-  void push_fresh(std::int32_t first, std::int32_t count) noexcept {
-    free_.insert(free_.begin(), static_cast<std::size_t>(count), 0);
-    for (std::int32_t i = 0; i < count; ++i) free_[static_cast<std::size_t>(i)] = first + count - 1 - i;
+  // Free ids: released ones first (the stack, LIFO), then the fresh ids [fresh_, reserved()) in
+  // ascending order, so a fresh pool hands out 0, 1, 2, ... even when acquire(n) grows mid-way.
+  std::int64_t free_count() const noexcept {
+    return static_cast<std::int64_t>(free_.size()) + (reserved() - fresh_);
+  }
+  std::int32_t take_free() noexcept {
+    if (free_.empty()) return fresh_++;
+    const std::int32_t id = free_.back();
+    free_.pop_back();
+    return id;
   }
 
-  // Adds one slab (or, growable, commits one more step); its ids go under the free stack (see
-  // push_fresh). free_ keeps room for every reserved id, so release() never reallocates.
-  // Strong guarantee.
+  // Room for `ids` reserved ids in the bookkeeping, growing geometrically (as page_table does), so
+  // n ascending grows of one slab each reallocate O(log n) times, not n times.
+  void reserve_ids(std::size_t ids) {
+    if (ids <= used_.capacity() && ids <= free_.capacity() && ids <= generation_.capacity()) return;
+    const std::size_t cap = std::max(ids, 2 * used_.capacity());
+    free_.reserve(cap);
+    used_.reserve(cap);
+    generation_.reserve(cap);
+    ++index_growths_;
+  }
+
+  // Adds one slab (or, growable, commits one more step); its ids become fresh ids. free_ keeps
+  // room for every reserved id, so release() never reallocates. Strong guarantee.
   void grow() {
     const std::int32_t first = reserved();
+    std::int32_t count = std::min(blocks_per_slab_, capacity_ - first);
+    bool committed = false;
     if constexpr (is_growable_resource_v<Resource>) {
       if (grow_step_ != 0) {
-        const std::int32_t count = std::min(grow_step_, capacity_ - first);
-        free_.reserve(used_.size() + static_cast<std::size_t>(count));
-        used_.reserve(used_.size() + static_cast<std::size_t>(count));
+        count = std::min(grow_step_, capacity_ - first);
+        reserve_ids(used_.size() + static_cast<std::size_t>(count));
         resource_->commit(slabs_.front(), static_cast<std::size_t>(first + count) * block_bytes_);
-        used_.resize(used_.size() + static_cast<std::size_t>(count), 0);
-        push_fresh(first, count);
-        return;
+        committed = true;
       }
     }
-    const std::int32_t count = std::min(blocks_per_slab_, capacity_ - first);
-    slabs_.reserve(slabs_.size() + 1);
-    free_.reserve(used_.size() + static_cast<std::size_t>(count));
-    used_.reserve(used_.size() + static_cast<std::size_t>(count));
-    auto* slab = static_cast<std::byte*>(resource_->allocate(slab_bytes(slabs_.size()), alignment_));
-    slabs_.push_back(slab);
-    used_.resize(used_.size() + static_cast<std::size_t>(count), 0);
-    push_fresh(first, count);
+    if (!committed) {
+      if (slabs_.size() == slabs_.capacity()) slabs_.reserve(std::max<std::size_t>(4, 2 * slabs_.size()));
+      reserve_ids(used_.size() + static_cast<std::size_t>(count));
+      slabs_.push_back(static_cast<std::byte*>(resource_->allocate(slab_bytes(slabs_.size()), alignment_)));
+    }
+    used_.resize(used_.size() + static_cast<std::size_t>(count), 0);  // within capacity: no throw
+    generation_.resize(used_.size(), 0);
   }
 
   void mark_acquired(std::int32_t id) noexcept {
@@ -272,7 +291,10 @@ class block_pool {
     std::swap(grow_step_, o.grow_step_);
     std::swap(in_use_, o.in_use_);
     std::swap(high_water_, o.high_water_);
+    std::swap(fresh_, o.fresh_);
+    std::swap(index_growths_, o.index_growths_);
     slabs_.swap(o.slabs_);
+    generation_.swap(o.generation_);
     free_.swap(o.free_);
     used_.swap(o.used_);
   }
@@ -287,8 +309,11 @@ class block_pool {
   std::int32_t in_use_ = 0;
   std::int32_t high_water_ = 0;
   std::vector<std::byte*> slabs_;           // growable: the one reserved range
-  std::vector<std::int32_t> free_;          // stack of free ids
+  std::int32_t fresh_ = 0;                  // ids below were handed out at least once
+  std::int32_t index_growths_ = 0;
+  std::vector<std::int32_t> free_;          // stack of released ids
   std::vector<std::uint8_t> used_;          // per reserved id: 1 while acquired
+  std::vector<std::uint32_t> generation_;   // per reserved id: releases so far
 };
 
 OOMB_NAMESPACE_END
