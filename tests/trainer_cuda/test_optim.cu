@@ -1,0 +1,114 @@
+// AdamW and the gradient norm / clipping factor on the GPU against optim/adamw.hpp and
+// optim/clip.hpp (float), over several steps, with and without weight decay.
+// SPDX-License-Identifier: Apache-2.0
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include <oomb/core/error.hpp>
+
+#include "trainer/cuda/ops/adamw.cuh"
+#include "trainer/cuda/ops/grad_norm.cuh"
+#include "trainer/optim/adamw.hpp"
+#include "trainer/optim/clip.hpp"
+
+#include "device_util.cuh"
+
+namespace {
+
+using namespace ops_test;
+namespace ops = oomb_trainer::gpu::ops;
+
+// Both sides compute in fp32 from the same coefficients; the GPU may contract a * b + c into one
+// FMA, so the updates differ in the last bits (~1e-7 relative).
+constexpr double tol_f32 = 1e-6;
+
+}  // namespace
+
+TEST_CASE("adamw: fused update equals optim/adamw.hpp over three steps, clip factor read from the device") {
+  test_stream stream;
+  oomb_trainer::adamw_options opt;
+  opt.weight_decay = 0.1;
+  const std::int64_t n_w = 1000 * 3 + 7, n_b = 33;  // a matrix that decays, a vector that does not
+  std::vector<float> w = random_vector<float>(std::size_t(n_w), 81), b = random_vector<float>(std::size_t(n_b), 82);
+  std::vector<float> gw(w.size()), gb(b.size());
+  using nt = oomb_trainer::named_tensor<float>;
+  const std::vector<nt> params{{"w", {1, n_w}, w.data()}, {"b", {n_b}, b.data()}};
+  const std::vector<nt> grads{{"w", {1, n_w}, gw.data()}, {"b", {n_b}, gb.data()}};
+  oomb_trainer::adamw<float> ref(params, opt);
+  CHECK(ref.decays(0));
+  CHECK_FALSE(ref.decays(1));
+
+  device_array<float> dw(w), db(b), mw(w.size()), vw(w.size()), mb(b.size()), vb(b.size()), ggw(w.size()), ggb(b.size());
+  device_array<bf16> cw(w.size());
+  device_array<float> scale(1);
+  for (auto* a : {&mw, &vw, &mb, &vb}) a->upload(std::vector<float>(a->size(), 0.0f));
+  const float clip = 0.5f;
+  scale.upload({clip});
+  for (int t = 1; t <= 3; ++t) {
+    CAPTURE(t);
+    const auto rgw = random_vector<float>(w.size(), 100 + t), rgb = random_vector<float>(b.size(), 200 + t);
+    ggw.upload(rgw);
+    ggb.upload(rgb);
+    for (std::size_t i = 0; i < gw.size(); ++i) gw[i] = rgw[i] * clip;  // the CPU clips the gradients first
+    for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = rgb[i] * clip;
+    const double lr = 1e-2 * t;
+    ref.step(lr, params, grads);
+    ops::adamw_update(n_w, dw.get(), mw.get(), vw.get(), ggw.get(), cw.get(), ops::adamw_step_coefficients(opt, lr, t, true),
+                      scale.get(), stream.view());
+    ops::adamw_update(n_b, db.get(), mb.get(), vb.get(), ggb.get(), nullptr, ops::adamw_step_coefficients(opt, lr, t, false),
+                      scale.get(), stream.view());
+    const auto pw = dw.download();
+    CHECK(rel_err(pw, w) < tol_f32);
+    CHECK(rel_err(db.download(), b) < tol_f32);
+    CHECK(rel_err(mw.download(), ref.exp_avg(0)) < tol_f32);
+    CHECK(rel_err(vw.download(), ref.exp_avg_sq(0)) < tol_f32);
+    CHECK(rel_err(mb.download(), ref.exp_avg(1)) < tol_f32);
+    CHECK(rel_err(vb.download(), ref.exp_avg_sq(1)) < tol_f32);
+    const auto c = cw.download();
+    bool rounded = true;
+    for (std::size_t i = 0; i < c.size(); ++i) rounded = rounded && c[i] == bf16(pw[i]);
+    CHECK(rounded);  // the compute copy is the new master weight rounded to bf16
+  }
+  CHECK_THROWS_AS(ops::adamw_step_coefficients(opt, 1e-3, 0, true), oomb::invalid_argument);
+  CHECK_THROWS_AS(ops::adamw_update(0, dw.get(), mw.get(), vw.get(), ggw.get(), nullptr, {}, nullptr, stream.view()),
+                  oomb::invalid_argument);
+}
+
+TEST_CASE("grad_norm: the global norm and clipping factor equal optim/clip.hpp, bit-reproducibly") {
+  test_stream stream;
+  const auto a = random_vector<float>(100003, 91), b = random_vector<float>(77, 92, -3.0, 3.0);
+  const auto c16 = random_bf16(4096, 93);
+  const auto cf = to_float(c16);
+  using nt = oomb_trainer::named_tensor<float>;
+  std::vector<float> ac = a, bc = b, cc = cf;
+  const std::vector<nt> grads{{"a", {std::int64_t(a.size())}, ac.data()},
+                              {"b", {std::int64_t(b.size())}, bc.data()},
+                              {"c", {std::int64_t(cf.size())}, cc.data()}};
+  const double norm_ref = oomb_trainer::global_grad_norm(grads);
+
+  device_array<float> da(a), dbb(b), partials(ops::grad_norm_partials), out(2);
+  device_array<bf16> dc(c16);
+  const auto run = [&](float max_norm) {
+    ops::grad_norm_begin(partials.get(), stream.view());
+    ops::grad_norm_accumulate(std::int64_t(a.size()), da.get(), partials.get(), stream.view());
+    ops::grad_norm_accumulate(std::int64_t(b.size()), dbb.get(), partials.get(), stream.view());
+    ops::grad_norm_accumulate(std::int64_t(c16.size()), dc.get(), partials.get(), stream.view());
+    ops::grad_norm_finish(partials.get(), max_norm, out.get(), out.get() + 1, stream.view());
+    return out.download();
+  };
+  const auto clipped = run(10.0f);
+  CHECK(std::abs(clipped[0] - norm_ref) / norm_ref < 1e-6);
+  CHECK(norm_ref > 10.0);
+  CHECK(std::abs(clipped[1] - 10.0 / (norm_ref + 1e-6)) < 1e-6);
+  CHECK(trainer_test::same_bits(run(10.0f), clipped));
+  CHECK(run(1e9f)[1] == 1.0f);  // below max_norm: no clipping
+  CHECK(run(0.0f)[1] == 1.0f);  // max_norm <= 0: disabled
+  std::vector<float> with_nan = a;
+  with_nan[5] = NAN;
+  da.upload(with_nan);
+  const auto nan_run = run(10.0f);
+  CHECK(std::isnan(nan_run[0]));
+  CHECK(nan_run[1] == 1.0f);  // as clip_grad_norm: a non-finite norm leaves the gradients be
+  CHECK_THROWS_AS(ops::grad_norm_finish(partials.get(), NAN, out.get(), nullptr, stream.view()), oomb::invalid_argument);
+}
