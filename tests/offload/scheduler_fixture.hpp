@@ -6,12 +6,14 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "oomb/memory/block_pool.hpp"
 #include "oomb/memory/host_resource.hpp"
 #include "oomb/offload/host_backend.hpp"
 #include "oomb/offload/host_stream.hpp"
+#include "oomb/offload/residency_scheduler.hpp"
 
 namespace oomb_test {
 
@@ -56,14 +58,18 @@ using fast_streams = stream_delays<0, 0, 0>;
 using slow_copies = stream_delays<300, 300, 0>;
 using slow_compute = stream_delays<0, 0, 300>;
 
-template <class Delays = fast_streams>
+/// Homes, streams and a scheduler over `Backend` (host_backend or one that derives from it) with
+/// eviction policy `Eviction`.
+template <class Delays = fast_streams, class Backend = oomb::host_backend, class Eviction = oomb::lru_eviction>
 struct tiers {
-  tiers(std::int32_t pages, std::int32_t slots, std::size_t page_bytes = 512)
+  using scheduler_type = oomb::residency_scheduler<Backend, Eviction>;
+
+  tiers(std::int32_t pages, std::int32_t slots, std::size_t page_bytes = 512, Backend backend = Backend{})
       : far(far_pool::contiguous(mem, page_bytes, pages)),
         copy_in(options(Delays::in)),
         copy_out(options(Delays::out)),
         compute(options(Delays::compute)),
-        sched(far, mem, slots, copy_in, copy_out) {
+        sched(far, mem, slots, copy_in, copy_out, std::move(backend)) {
     ids.resize(static_cast<std::size_t>(pages));
     far.acquire(pages, ids.data());
   }
@@ -105,7 +111,7 @@ struct tiers {
   oomb::host_resource mem;
   far_pool far;
   oomb::host_stream copy_in, copy_out, compute;
-  oomb::host_residency_scheduler sched;
+  scheduler_type sched;
   std::vector<std::int32_t> ids;
   std::atomic<int> bad{0};
 };

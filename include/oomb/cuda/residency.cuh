@@ -13,7 +13,13 @@
 //    Options may differ per direction (cuda_backend(to_near, to_far)); path = memcpy_batch
 //    leaves every SM to compute;
 //  - gradient pages are zeroed in their slot at first touch with cudaMemsetAsync, in order with
-//    the copy-in stream's copies.
+//    the copy-in stream's copies;
+//  - compute streams are cuda_stream_view, taken by value: a temporary view of a framework's
+//    cudaStream_t works; the far tier is any pinned (or device) resource: pinned_resource, a
+//    framework's pinned allocator, a limiting_adaptor or statistics_adaptor over either;
+//  - prepare() builds both transfer objects when the scheduler is built (no lazy allocation of the
+//    backend's own on the first batch), and each scheduler batch is an NVTX range
+//    ("oomb::residency::prefetch", ...) that a framework's profiler shows (NVTX3, header-only).
 // Streams: use high-priority streams for copy_in / copy_out (cuda_stream::greatest_priority()) so
 // kernel-path copies are scheduled ahead of compute blocks waiting for an SM.
 #pragma once
@@ -23,10 +29,13 @@
 #include <memory>
 #include <type_traits>
 
+#include <nvtx3/nvToolsExt.h>
+
 #include "oomb/cuda/device_resource.hpp"
 #include "oomb/cuda/page_transfer.cuh"
 #include "oomb/cuda/pinned_resource.hpp"
 #include "oomb/cuda/stream.hpp"
+#include "oomb/cuda/stream_view.hpp"
 #include "oomb/memory/block_pool.hpp"
 #include "oomb/core/id_span.hpp"
 #include "oomb/offload/page_transfer.hpp"
@@ -34,17 +43,22 @@
 
 OOMB_NAMESPACE_BEGIN
 
-/// Residency backend over CUDA streams: slots in `NearResource` (device memory), homes in pinned
-/// memory. `Stream` is cuda_stream (owners) or cuda_stream_view (streams owned elsewhere, e.g. by
-/// a framework; the scheduler then keeps pointers to the caller's view objects).
-template <class NearResource = device_resource, class Stream = cuda_stream>
+/// Residency backend over CUDA streams: slots in `NearResource` (device memory), homes in
+/// `FarResource` (pinned memory by default). `Stream` is the copy streams' type: cuda_stream
+/// (owners) or cuda_stream_view (streams owned elsewhere; the scheduler keeps pointers to the
+/// caller's view objects). Compute streams are always cuda_stream_view, by value.
+template <class NearResource = device_resource, class Stream = cuda_stream, class FarResource = pinned_resource>
 class cuda_backend {
   static_assert(NearResource::kind == memory_kind::device, "cuda_backend: the near tier is device memory");
+  static_assert(FarResource::kind != memory_kind::host,
+                "cuda_backend: the far tier must be pinned (or device) memory, which copies reach "
+                "asynchronously; wrap a framework's pinned allocator in a resource of kind pinned");
 
  public:
   using stream_type = Stream;
+  using compute_stream_type = cuda_stream_view;
   using near_resource = NearResource;
-  using far_resource = pinned_resource;
+  using far_resource = FarResource;
 
   /// The same options for both directions.
   explicit cuda_backend(cuda_transfer_options options = {}) : cuda_backend(options, options) {}
@@ -55,6 +69,17 @@ class cuda_backend {
   void zero_fill(stream_type& stream, void* dst, std::size_t bytes) const {
     cuda_stream_view(stream).enqueue_memset(dst, 0, bytes);
   }
+
+  /// Builds both transfer objects for the scheduler's pools (called by its constructor), so the
+  /// first batch allocates none of the backend's own objects.
+  void prepare(block_pool<near_resource>& near, block_pool<far_resource>& far) {
+    (void)slot_for(near, static_cast<const block_pool<far_resource>&>(far));
+    (void)slot_for(far, static_cast<const block_pool<near_resource>&>(near));
+  }
+
+  /// NVTX ranges around the scheduler's batches.
+  void range_begin(const char* name) noexcept { nvtxRangePushA(name); }
+  void range_end() noexcept { nvtxRangePop(); }
 
   /// One batch of page copies between the tiers, by the path options() choose. The transfer
   /// objects (validation scratch, kernel staging) are kept per direction and rebuilt only when the
@@ -116,6 +141,7 @@ class cuda_backend {
 
 static_assert(is_residency_backend_v<cuda_backend<>>);
 static_assert(is_residency_backend_v<cuda_backend<device_resource, cuda_stream_view>>);
+static_assert(detail::has_backend_prepare<cuda_backend<>>::value && detail::has_backend_ranges<cuda_backend<>>::value);
 
 /// The residency scheduler of CUDA builds: device slots (cudaMalloc), pinned homes, cuda_streams.
 using cuda_residency_scheduler = residency_scheduler<cuda_backend<>>;
