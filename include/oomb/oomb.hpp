@@ -13,6 +13,8 @@
 #include "oomb/core/memory_kind.hpp"
 #include "oomb/core/bf16.hpp"
 #include "oomb/core/tensor.hpp"
+#include "oomb/core/dtype.hpp"
+#include "oomb/core/any_tensor_view.hpp"
 #include "oomb/core/id_span.hpp"
 
 // memory: the resource concept, host memory, adaptors, growable ranges, the block pool
