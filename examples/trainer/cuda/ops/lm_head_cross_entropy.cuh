@@ -115,18 +115,18 @@ __global__ void ce_finish_kernel(std::int64_t tn, std::int64_t t0, std::int32_t 
 }
 
 /// dlogits [tn][vn] = scale * (exp(logit - lse) - onehot(target)) as bf16; rows without a valid
-/// target get zeros.
+/// target get zeros. Rows along grid y, columns along x (no division per element).
 __global__ void ce_tile_grad_kernel(std::int64_t tn, std::int32_t vn, std::int32_t v0, std::int32_t V, float scale,
                                     const float* __restrict__ logits, const std::int32_t* __restrict__ targets,
                                     const float* __restrict__ lse, bf16* __restrict__ dlogits) {
-  const std::int64_t count = tn * vn;
-  for (std::int64_t k = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; k < count;
-       k += std::int64_t(gridDim.x) * blockDim.x) {
-    const std::int64_t r = k / vn;
-    const std::int32_t c = static_cast<std::int32_t>(k - r * vn), t = targets[r];
-    float g = 0.0f;
-    if (t >= 0 && t < V) g = scale * (expf(logits[k] - lse[r]) - (v0 + c == t ? 1.0f : 0.0f));
-    dlogits[k] = bf16(g);
+  for (std::int64_t r = blockIdx.y; r < tn; r += gridDim.y) {
+    const std::int32_t t = targets[r];
+    const bool counted = t >= 0 && t < V;
+    const float l = lse[r];
+    const float* row = logits + r * vn;
+    bf16* out = dlogits + r * vn;
+    for (std::int32_t c = blockIdx.x * blockDim.x + threadIdx.x; c < vn; c += gridDim.x * blockDim.x)
+      out[c] = bf16(counted ? scale * (expf(row[c] - l) - (v0 + c == t ? 1.0f : 0.0f)) : 0.0f);
   }
 }
 
@@ -219,7 +219,8 @@ inline void lm_head_cross_entropy(gemm_context& ctx, const lm_head_ce_plan& plan
     for (std::int32_t v0 = 0; v0 < a.V; v0 += vt) {
       const std::int32_t vn = a.V - v0 < vt ? a.V - v0 : vt;
       if (!one_vocab_tile) logits_tile(t0, tn, v0, vn);
-      detail::ce_tile_grad_kernel<<<detail::grid_for(tn * vn, 256, 4096), 256, 0, stream.get()>>>(
+      const dim3 grid(detail::grid_for(vn, 256, 64), unsigned(tn < 65535 ? tn : 65535));
+      detail::ce_tile_grad_kernel<<<grid, 256, 0, stream.get()>>>(
           tn, vn, v0, a.V, a.scale, w.logits, tg, a.lse + t0, w.dlogits);
       OOMB_OPS_CHECK_LAUNCH("lm_head_ce (dlogits)");
       if (a.dx != nullptr)
