@@ -1,5 +1,8 @@
 // The residency scheduler on CUDA: event ordering with slow streams, K/V home exactly once, zero fill
-// at first touch, bad input, and the stress test (thousands of pages, random orders, every byte).
+// at first touch, bad input, the stress test (thousands of pages, random orders, every byte), and
+// the same under injected transfer and fill failures; destruction with copies in flight, a
+// framework's raw stream through a temporary view, a limiting_adaptor as the far tier, far id
+// reuse, pooled events.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
@@ -16,7 +19,10 @@
 #include "oomb/cuda/pinned_resource.hpp"
 #include "oomb/cuda/residency.cuh"
 #include "oomb/cuda/stream.hpp"
+#include "oomb/cuda/stream_view.hpp"
 #include "oomb/cuda/vmm_resource.hpp"
+#include "oomb/memory/limiting_adaptor.hpp"
+#include "offload/fault_injection.hpp"
 
 using namespace oomb_cuda_test;
 
@@ -283,4 +289,225 @@ TEST_CASE("cuda residency stress: prefetch, checksum, modify, write back thousan
             " zero fills, kernel batches ", g.sched.backend().kernel_batches(), ", copy-engine batches ",
             g.sched.backend().copy_engine_batches());
   }
+}
+
+namespace {
+
+// cuda_backend whose transfers and zero fills throw when the plan says; a failing transfer first
+// enqueues half its batch (a reused slot partly overwritten: the worst case for the rollback).
+struct failing_cuda_backend : oomb::cuda_backend<> {
+  oomb_test::fault_plan* plan = nullptr;
+  failing_cuda_backend(oomb_test::fault_plan& p, oomb::cuda_transfer_options o) : oomb::cuda_backend<>(o), plan(&p) {}
+
+  void zero_fill(stream_type& s, void* dst, std::size_t bytes) const {
+    if (plan->fails(plan->fills, plan->fail_fill)) throw oomb_test::injected_fault("injected: zero fill");
+    oomb::cuda_backend<>::zero_fill(s, dst, bytes);
+  }
+  template <class D, class S>
+  oomb::transfer_report transfer(stream_type& s, oomb::block_pool<D>& dst, oomb::id_span d, const oomb::block_pool<S>& src,
+                                 oomb::id_span si) {
+    if (plan->fails(plan->transfers, plan->fail_transfer)) {
+      const std::size_t half = (d.size() + 1) / 2;
+      oomb::cuda_backend<>::transfer(s, dst, oomb::id_span(d.data(), half), src, oomb::id_span(si.data(), half));
+      throw oomb_test::injected_fault("injected: transfer");
+    }
+    return oomb::cuda_backend<>::transfer(s, dst, d, src, si);
+  }
+};
+static_assert(oomb::is_residency_backend_v<failing_cuda_backend>);
+
+}  // namespace
+
+// The stress loop under faults: some steps arm a failure of the next transfer or zero fill; a step
+// that throws must leave every page it named where it was (and nothing pinned), and every
+// checksum and home byte at the end must still match the model.
+TEST_CASE("cuda residency faults: injected transfer and fill failures never serve another page's bytes") {
+  for (const bool kernel_path : {true, false}) {
+    CAPTURE(kernel_path);
+    oomb::cuda_transfer_options o;
+    o.path = kernel_path ? oomb::transfer_path::automatic : oomb::transfer_path::memcpy_batch;
+    o.kernel_min_pages = 4;
+    o.kernel_blocks = 4;
+    const std::int32_t pages = 600, slots = 128;
+    const std::size_t page_bytes = 4096;
+    oomb_test::fault_plan plan;
+    oomb::pinned_resource pinned;
+    oomb::device_resource device;
+    far_pool far = far_pool::growing(pinned, page_bytes, 256);
+    oomb::cuda_stream copy_in(oomb::cuda_stream::greatest_priority()), copy_out(oomb::cuda_stream::greatest_priority()),
+        compute;
+    oomb::residency_scheduler<failing_cuda_backend> sched(far, device, slots, copy_in, copy_out,
+                                                          failing_cuda_backend(plan, o));
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(pages));
+    far.acquire(pages, ids.data());
+    std::vector<page_model> models(static_cast<std::size_t>(pages));
+    std::mt19937 rng(kernel_path ? 77 : 78);
+    std::vector<std::int32_t> written;
+    for (std::int32_t p : ids)
+      if (rng() % 3 != 0) {
+        auto* w = reinterpret_cast<std::uint64_t*>(far.address(p));
+        for (std::size_t k = 0; k < page_bytes / 8; ++k) w[k] = base_word(p, k);
+        models[std::size_t(p)].written = true;
+        written.push_back(p);
+      }
+    sched.mark_written(written);
+    const int steps = 80;
+    slot_lists lists(std::size_t(steps) * 100);
+    device_buffer<std::uint64_t> sums(std::size_t(steps) * 100);
+    std::vector<std::uint64_t> want;
+    std::size_t at = 0;
+    int faults = 0;
+    for (int step = 0; step < steps; ++step) {
+      plan.disarm();
+      if (rng() % 3 == 0) (rng() % 2 ? plan.next_transfer() : plan.next_fill());
+      const std::size_t w = 1 + rng() % 100;
+      std::vector<std::int32_t> window(ids);
+      std::shuffle(window.begin(), window.end(), rng);
+      window.resize(w);
+      if (rng() % 4 == 0) enqueue_delay(copy_in.get(), 200'000);
+      std::vector<std::int32_t> before;
+      for (std::int32_t p : window) before.push_back(sched.slot_of(p));
+      const bool modify = rng() % 2 == 0;
+      std::vector<std::int32_t> sl;
+      try {
+        if (rng() % 2) sched.prefetch(window);
+        sl = sched.acquire(compute, window, modify ? oomb::access::write : oomb::access::read);
+      } catch (const oomb_test::injected_fault&) {
+        ++faults;
+        for (std::size_t i = 0; i < w; ++i) CHECK(sched.slot_of(window[i]) == before[i]);
+        CHECK(sched.stats().pinned == 0);
+        continue;
+      }
+      const auto n = static_cast<int>(w);
+      std::int32_t* dev_slots = lists.put(sl);
+      checksum_pages_kernel<><<<n, 32, 0, compute.get()>>>(sched.near_pool().base(), page_bytes, dev_slots, n, sums.ptr + at);
+      OOMB_CUDA_CHECK_LAUNCH("faults checksum");
+      for (std::int32_t p : window) want.push_back(model_checksum(models[std::size_t(p)], p, page_bytes));
+      at += w;
+      if (modify) {
+        const std::uint64_t delta = 1 + rng() % 1000;
+        bump_pages_kernel<><<<n, 128, 0, compute.get()>>>(sched.near_pool().base(), page_bytes, dev_slots, n, delta);
+        OOMB_CUDA_CHECK_LAUNCH("faults bump");
+        for (std::int32_t p : window) models[std::size_t(p)].bump += delta;
+      }
+      sched.release(compute, window);
+      if (rng() % 3 == 0) {
+        std::vector<std::int32_t> some(window.begin(), window.begin() + static_cast<std::ptrdiff_t>((w + 1) / 2));
+        try {
+          rng() % 2 ? (void)sched.write_back(some) : sched.evict(some);
+        } catch (const oomb_test::injected_fault&) {
+          ++faults;
+        }
+      }
+    }
+    plan.disarm();
+    sched.flush();
+    sched.drain();
+    compute.synchronize();
+    std::vector<std::uint64_t> got(at);
+    OOMB_CUDA_CHECK(cudaMemcpy(got.data(), sums.ptr, at * 8, cudaMemcpyDeviceToHost), "test");
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < at; ++i) wrong += got[i] != want[i];
+    CHECK_MESSAGE(wrong == 0, wrong, " of ", at, " checksums wrong");
+    int bad = 0;
+    for (std::int32_t p : ids) {
+      const auto* h = reinterpret_cast<const std::uint64_t*>(far.address(p));
+      for (std::size_t k = 0; k < page_bytes / 8; ++k)
+        if (h[k] != models[std::size_t(p)].word(p, k)) {
+          ++bad;
+          break;
+        }
+    }
+    CHECK_MESSAGE(bad == 0, bad, " of ", pages, " homes wrong");
+    CHECK(faults >= 5);
+    MESSAGE("faults (kernel path ", kernel_path, "): ", faults, " injected failures met, ", at, " checksums");
+  }
+}
+
+TEST_CASE("cuda residency lifetime: destroying a scheduler waits for copies still queued behind a slow stream") {
+  oomb::pinned_resource pinned;
+  oomb::device_resource device;
+  far_pool far = far_pool::contiguous(pinned, 64 << 10, 64);
+  std::vector<std::int32_t> ids(64);
+  far.acquire(64, ids.data());
+  oomb::cuda_stream copy_in, copy_out, compute;
+  {
+    oomb::cuda_residency_scheduler sched(far, device, 32, copy_in, copy_out);
+    sched.mark_written(ids);
+    enqueue_delay(copy_in.get(), 50'000'000);  // 50 ms: the copies below are still queued at the '}'
+    sched.prefetch(std::vector<std::int32_t>(ids.begin(), ids.begin() + 32));
+    CHECK_FALSE(copy_in.ready());
+  }  // without the wait, cudaFree of the near pool races the queued copies into it
+  CHECK(copy_in.ready());
+}
+
+TEST_CASE("cuda residency streams: a framework's raw cudaStream_t through a temporary view; pooled events") {
+  oomb::pinned_resource pinned;
+  oomb::device_resource device;
+  far_pool far = far_pool::contiguous(pinned, 16 << 10, 64);
+  std::vector<std::int32_t> ids(64);
+  far.acquire(64, ids.data());
+  oomb::cuda_stream copy_in, copy_out;
+  cudaStream_t raw = nullptr;  // the framework's stream: oomb never owns it
+  OOMB_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), "test");
+  {
+    oomb::cuda_residency_scheduler sched(far, device, 16, copy_in, copy_out);
+    std::size_t created_after_warmup = 0;
+    for (int round = 0; round < 40; ++round) {
+      const std::int32_t first = (round * 8) % 64;
+      std::vector<std::int32_t> w(ids.begin() + first, ids.begin() + first + 8);
+      const auto s = sched.acquire(oomb::cuda_stream_view(raw), w, oomb::access::write);
+      CHECK(s.size() == 8);
+      sched.release(oomb::cuda_stream_view(raw), w);
+      sched.write_back(w);
+      if (round == 9) {
+        sched.drain();
+        OOMB_CUDA_CHECK(cudaStreamSynchronize(raw), "test");
+        created_after_warmup = sched.events_created();
+      }
+      if (round % 10 == 9) sched.drain();
+    }
+    sched.drain();
+    OOMB_CUDA_CHECK(cudaStreamSynchronize(raw), "test");
+    // After the warm-up, events come back to the pool once pruned: far fewer than one per record.
+    CHECK(sched.events_created() < created_after_warmup + 20);
+    MESSAGE("events created: " << sched.events_created() << " (" << created_after_warmup << " after 10 rounds)");
+  }
+  OOMB_CUDA_CHECK(cudaStreamDestroy(raw), "test");
+}
+
+TEST_CASE("cuda residency far tier: a limiting_adaptor over pinned memory is the home; reused ids start empty") {
+  oomb::pinned_resource pinned;
+  using limited = oomb::limiting_adaptor<oomb::pinned_resource>;
+  limited cap(pinned, 8 * 4096);
+  oomb::device_resource device;
+  auto far = oomb::block_pool<limited>::growing(cap, 4096, 4);
+  oomb::cuda_stream copy_in, copy_out, compute;
+  oomb::residency_scheduler<oomb::cuda_backend<oomb::device_resource, oomb::cuda_stream, limited>> sched(
+      far, device, 4, copy_in, copy_out);
+  std::vector<std::int32_t> ids(8);
+  far.acquire(8, ids.data());
+  CHECK_THROWS_AS(far.acquire(), oomb::out_of_memory);  // the limit holds the far tier
+  for (std::int32_t p : ids) {
+    auto* w = reinterpret_cast<std::uint64_t*>(far.address(p));
+    for (std::size_t k = 0; k < 512; ++k) w[k] = base_word(p, k);
+  }
+  sched.mark_written(ids);
+  sched.prefetch({ids[0], ids[1]});
+  far.release(ids[1]);
+  REQUIRE(far.acquire() == ids[1]);  // LIFO: the same id, a new (empty) page
+  slot_lists lists(8);
+  device_buffer<std::uint64_t> sums(2);
+  const auto s = sched.acquire(compute, {ids[0], ids[1]}, oomb::access::read);
+  checksum_pages_kernel<><<<2, 32, 0, compute.get()>>>(sched.near_pool().base(), 4096, lists.put(s), 2, sums.ptr);
+  OOMB_CUDA_CHECK_LAUNCH("far tier checksum");
+  sched.release(compute, {ids[0], ids[1]});
+  sched.drain();
+  compute.synchronize();
+  std::uint64_t got[2];
+  OOMB_CUDA_CHECK(cudaMemcpy(got, sums.ptr, 16, cudaMemcpyDeviceToHost), "test");
+  page_model full, empty;
+  full.written = true;
+  CHECK(got[0] == model_checksum(full, ids[0], 4096));
+  CHECK(got[1] == model_checksum(empty, ids[1], 4096));  // zero-filled, not the old page's bytes
 }
