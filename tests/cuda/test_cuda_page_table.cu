@@ -180,3 +180,44 @@ TEST_CASE("device_page_table: bad input throws before anything is enqueued") {
   CHECK_THROWS_AS(small.sync(t, s), oomb::invalid_argument);  // 2 sequences > 1
   CHECK(small.num_seqs() == 0);
 }
+
+TEST_CASE("device_page_table: syncs on different streams apply in order, and sync never waits on the host") {
+  // Sync 1 (the whole table) is held back on stream a behind a delay; sync 2 (the changed pages)
+  // on stream b must not overtake it, or sync 1's old values would land last.
+  const std::int32_t layers = 2, page = 16;
+  oomb::page_table t(layers, page);
+  oomb::device_page_table d(layers, page, 2, 256, /*staging_slots=*/2);
+  oomb::cuda_stream a, b;
+  std::mt19937 rng(11);
+  const auto seq = t.add_sequence();
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(t.pages_needed(seq, 64) * layers));
+  for (auto& id : ids) id = 100 + static_cast<std::int32_t>(rng() % 900);
+  t.append(seq, 64, ids);
+  enqueue_delay(a.get(), 200'000'000);  // 200 ms
+  oomb::cuda_event delayed = a.record();
+  d.sync(t, a);
+  t.clear_changes();
+  t.pop(seq, 16, [](std::int32_t, std::int32_t, std::int32_t) {});  // replace the last page of each layer: a delta sync
+  t.append(seq, 16, std::vector<std::int32_t>{7777, 8888});
+  d.sync(t, b);
+  t.clear_changes();
+  b.synchronize();
+  CHECK(delayed.ready());  // b's sync ran after a's, so waiting for b waited for a
+  a.synchronize();
+  for (std::int32_t l = 0; l < layers; ++l) CHECK(matches(d, t, l, b.get()));
+
+  // Stream a delayed again: the host issues more syncs than staging slots behind it, and each
+  // returns at once (the ring grows; the old ring blocked the host on a slot still in flight).
+  enqueue_delay(a.get(), 200'000'000);
+  delayed = a.record();
+  d.sync(t, a);
+  for (int i = 0; i < 4; ++i) {
+    t.pop(seq, 16, [](std::int32_t, std::int32_t, std::int32_t) {});
+    t.append(seq, 16, std::vector<std::int32_t>{9000 + 2 * i, 9001 + 2 * i});
+    d.sync(t, b);
+    t.clear_changes();
+  }
+  CHECK_FALSE(delayed.ready());  // the host was never held up by stream a's delay
+  b.synchronize();
+  for (std::int32_t l = 0; l < layers; ++l) CHECK(matches(d, t, l, b.get()));
+}

@@ -12,6 +12,7 @@
 
 #include "cuda_test_util.cuh"
 #include "oomb/cuda/device_resource.hpp"
+#include "oomb/cuda/kernel_linkage.cuh"
 #include "oomb/cuda/page_copy_kernel.cuh"
 #include "oomb/cuda/page_transfer.cuh"
 #include "oomb/cuda/pinned_resource.hpp"
@@ -234,4 +235,66 @@ TEST_CASE("page_copy_engine: bad lists throw before anything is enqueued") {
   CHECK_THROWS_AS(e.enqueue(&ok, 1, 4096, 0, s.get()), oomb::invalid_argument);
   e.enqueue(&ok, 1, 1024, 2, s.get());  // one 4 KiB copy as four 1 KiB pages
   s.synchronize();
+}
+
+TEST_CASE("page_copy_engine: a launch over 64 GiB is refused before anything is enqueued") {
+  // 65536 pages of 1 MiB in one launch: past the kernel's 32-bit indices. The addresses are never
+  // touched; stream capture records what the call enqueued (the old check ran after the upload).
+  oomb::page_copy_engine e(65536, 1);
+  oomb::cuda_stream s;
+  const std::size_t page = std::size_t(1) << 20;
+  oomb::copy_op huge{reinterpret_cast<void*>(std::uintptr_t(1) << 40), reinterpret_cast<const void*>(std::uintptr_t(1) << 41),
+                     page * 65536};
+  OOMB_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeRelaxed), "test: capture");
+  CHECK_THROWS_WITH_AS(e.enqueue(&huge, 1, page, 8, s.get()), doctest::Contains("at most 64 GiB per launch"),
+                       oomb::invalid_argument);
+  cudaGraph_t graph = nullptr;
+  OOMB_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph), "test: end capture");
+  std::size_t nodes = 1;
+  OOMB_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes), "test: graph nodes");
+  CHECK(nodes == 0);
+  OOMB_CUDA_CHECK(cudaGraphDestroy(graph), "test: graph");
+}
+
+TEST_CASE("page_copy_engine: more launches in flight than slots never block the host; every byte lands") {
+  // The stream is held behind a delay; a batch of 7 launches through 2 slots must return at once
+  // (the old ring waited on the host for slot 0's kernel, i.e. for the delay) and copy correctly.
+  const std::size_t page = 4096, pages = 100;
+  oomb::page_copy_engine e(16, 2);
+  oomb::cuda_stream s;
+  device_buffer<unsigned char> src(page * pages), dst(page * pages);
+  std::vector<unsigned char> host(page * pages), back(page * pages);
+  fill_random(host.data(), host.size(), 2024);
+  OOMB_CUDA_CHECK(cudaMemcpy(src.ptr, host.data(), host.size(), cudaMemcpyHostToDevice), "test");
+  OOMB_CUDA_CHECK(cudaMemset(dst.ptr, 0, page * pages), "test");
+  std::vector<oomb::copy_op> ops;  // page i of dst <- page pages-1-i of src
+  for (std::size_t i = 0; i < pages; ++i) ops.push_back({dst.ptr + i * page, src.ptr + (pages - 1 - i) * page, page});
+  enqueue_delay(s.get(), 200'000'000);  // 200 ms
+  const oomb::cuda_event delayed = s.record();
+  e.enqueue(ops.data(), ops.size(), page, 4, s.get());
+  CHECK_FALSE(delayed.ready());
+  CHECK(e.slots() >= 7);
+  e.enqueue(ops.data(), 3, page, 4, s.get());  // and again, still in flight: more slots
+  CHECK_FALSE(delayed.ready());
+  s.synchronize();
+  OOMB_CUDA_CHECK(cudaMemcpy(back.data(), dst.ptr, back.size(), cudaMemcpyDeviceToHost), "test");
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < pages; ++i)
+    bad += std::memcmp(back.data() + i * page, host.data() + (pages - 1 - i) * page, page) != 0;
+  CHECK(bad == 0);
+  // Slots whose kernels completed are reused: the ring does not grow once the stream is idle.
+  const std::size_t slots = e.slots();
+  for (int k = 0; k < 3; ++k) {
+    e.enqueue(ops.data(), ops.size(), page, 4, s.get());
+    s.synchronize();
+  }
+  CHECK(e.slots() == slots);
+}
+
+TEST_CASE("kernels in oomb's headers live in a namespace keyed by the target architectures") {
+#define OOMB_TEST_STR2(x) #x
+#define OOMB_TEST_STR(x) OOMB_TEST_STR2(x)
+  const std::string name = OOMB_TEST_STR(OOMB_KERNEL_ARCH_NAMESPACE);
+  CHECK(name.rfind("sm_", 0) == 0);
+  CHECK(name != "sm_host");  // nvcc says which architectures it compiles for (sm_900 for 90a)
 }

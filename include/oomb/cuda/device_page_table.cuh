@@ -17,12 +17,14 @@
 // sequences move: a relayout kernel copies every layer into the other indices buffer at the new
 // offsets, on the device, before the scatter. Batch 1 never relayouts.
 //
-// Ordering: sync enqueues on `stream`; kernels that read the table must run on that stream or be
-// ordered after it by an event, and a sync must not overtake readers still running on another
-// stream (make `stream` wait for them). Views stay valid across syncs except after a relayout
-// (relayouts() counts them): take views after sync. Staging slots are reused after the event of
-// their kernel (the host blocks only with more than `staging_slots` syncs in flight).
-// Not internally synchronised.
+// Ordering: sync enqueues on `stream`, after the previous sync whatever stream that one ran on
+// (the stream waits for the previous sync's event: syncs on different streams never race on the
+// index buffers). Kernels that read the table must run on that stream or be ordered after it by
+// an event, and a sync must not overtake readers still running on another stream (make `stream`
+// wait for them). Views stay valid across syncs except after a relayout (relayouts() counts
+// them): take views after sync. A staging slot is reused once the event of its kernel has
+// completed (asked without blocking); with every slot in flight the ring grows instead, so sync
+// never blocks the host. Not internally synchronised.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,6 +38,7 @@
 #include "oomb/core/error.hpp"
 #include "oomb/cuda/error.hpp"
 #include "oomb/cuda/event.hpp"
+#include "oomb/cuda/kernel_linkage.cuh"
 #include "oomb/cuda/stream_view.hpp"
 #include "oomb/paging/page_table.hpp"
 #include "oomb/paging/views.hpp"
@@ -50,8 +53,10 @@ struct table_write {
   std::int32_t value;
 };
 
+OOMB_KERNEL_NAMESPACE_BEGIN
+
 template <int = 0>
-__global__ void table_scatter_kernel(std::int32_t* __restrict__ base, const table_write* __restrict__ writes,
+OOMB_KERNEL void table_scatter_kernel(std::int32_t* __restrict__ base, const table_write* __restrict__ writes,
                                      std::uint32_t count) {
   for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
     const table_write w = writes[i];  // mapped pinned memory, read once
@@ -62,7 +67,7 @@ __global__ void table_scatter_kernel(std::int32_t* __restrict__ base, const tabl
 /// Block (s, l): copies the pages sequence s keeps (min of old and new count) of layer l from the
 /// old indices buffer at the old offset to the new buffer at the new offset.
 template <int = 0>
-__global__ void table_relayout_kernel(const std::int32_t* __restrict__ from, std::int32_t* __restrict__ to,
+OOMB_KERNEL void table_relayout_kernel(const std::int32_t* __restrict__ from, std::int32_t* __restrict__ to,
                                       std::int64_t layer_stride, const std::int32_t* __restrict__ old_indptr,
                                       const std::int32_t* __restrict__ new_indptr, std::int32_t old_seqs) {
   const std::int32_t s = blockIdx.x;
@@ -73,6 +78,8 @@ __global__ void table_relayout_kernel(const std::int32_t* __restrict__ from, std
   for (std::int32_t i = threadIdx.x; i < keep; i += blockDim.x) to[l * layer_stride + n + i] = from[l * layer_stride + o + i];
 }
 
+OOMB_KERNEL_NAMESPACE_END
+
 }  // namespace detail
 
 /// A device copy of one page_table (see the file comment).
@@ -82,7 +89,7 @@ class device_page_table {
   device_page_table(std::int32_t layers, std::int32_t page_size, std::int32_t max_seqs, std::int32_t max_pages,
                     int staging_slots = 4)
       : layers_(layers), page_size_(page_size), max_seqs_(max_seqs), max_pages_(max_pages),
-        slots_(static_cast<std::size_t>(staging_slots)) {
+        slots_(static_cast<std::size_t>(std::max(staging_slots, 0))) {
     OOMB_EXPECTS(layers > 0, "device_page_table: layers must be positive, got ", layers);
     OOMB_EXPECTS(page_size >= 16 && (page_size & (page_size - 1)) == 0,
                  "device_page_table: page_size must be a power of two >= 16, got ", page_size);
@@ -163,7 +170,11 @@ class device_page_table {
 
     // --- enqueue: staging slot (writes, then old and new indptr for a relayout), kernels, event.
     const std::size_t extra = relayout ? indptr_.size() + new_indptr_.size() : 0;
-    slot& st = next_slot(writes_.size() + (extra + 1) / 2 + 1);
+    const std::size_t slot_index = next_slot(writes_.size() + (extra + 1) / 2 + 1);
+    slot& st = slots_[slot_index];
+    if (synced_)  // after the previous sync, on whichever stream it ran: never a host wait
+      OOMB_CUDA_CHECK(cudaStreamWaitEvent(stream.get(), slots_[last_slot_].done.get(), 0),
+                      "device_page_table: ordering a sync after the previous one");
     std::copy(writes_.begin(), writes_.end(), st.host.get());
     auto* tail = reinterpret_cast<std::int32_t*>(st.host.get() + writes_.size());
     if (relayout) {
@@ -186,6 +197,7 @@ class device_page_table {
 
     // --- nothing below can fail
     current_ = target;
+    last_slot_ = slot_index;
     indptr_ = new_indptr_;
     synced_ = true;
     last_writes_ = writes_.size();
@@ -232,12 +244,22 @@ class device_page_table {
     return header_words() + std::uint64_t(buffer) * std::uint64_t(layers_) * std::uint64_t(max_pages_);
   }
 
-  // The next ring slot, free (its last kernel done) and holding at least `entries` writes.
-  slot& next_slot(std::size_t entries) {
-    slot& s = slots_[next_];
-    next_ = (next_ + 1) % slots_.size();
-    if (!s.done) s.done = cuda_event::create();
-    if (!s.done.ready()) s.done.wait();  // more syncs in flight than slots: back-pressure
+  // The index of a ring slot whose last kernel has completed (asked without blocking), holding
+  // at least `entries` writes; with every slot in flight, a new slot. Never the previous sync's
+  // slot while that sync may still be running.
+  std::size_t next_slot(std::size_t entries) {
+    std::size_t index = slots_.size();
+    for (std::size_t k = 0; k < slots_.size() && index == slots_.size(); ++k) {
+      const std::size_t i = (next_ + k) % slots_.size();
+      if (!slots_[i].done) slots_[i].done = cuda_event::create();
+      if (slots_[i].done.ready()) index = i;
+    }
+    if (index == slots_.size()) {  // all in flight: grow the ring
+      slot fresh;
+      fresh.done = cuda_event::create();
+      slots_.push_back(std::move(fresh));
+    }
+    slot& s = slots_[index];
     if (s.capacity < entries) {
       const std::size_t cap = std::max(entries, 2 * s.capacity + 1024);
       void* p = nullptr;
@@ -246,13 +268,15 @@ class device_page_table {
       s.host.reset(static_cast<detail::table_write*>(p));
       s.capacity = cap;
     }
-    return s;
+    next_ = (index + 1) % slots_.size();
+    return index;
   }
 
   std::int32_t layers_, page_size_, max_seqs_, max_pages_;
   std::unique_ptr<std::int32_t, free_device> base_;
   std::vector<slot> slots_;
   std::size_t next_ = 0;
+  std::size_t last_slot_ = 0;  // the slot of the last sync, whose event orders the next one
   int current_ = 0;
   bool synced_ = false;
   std::int32_t num_seqs_ = 0;

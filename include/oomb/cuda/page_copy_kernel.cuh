@@ -21,6 +21,8 @@
 #include "oomb/core/error.hpp"
 #include "oomb/cuda/error.hpp"
 #include "oomb/cuda/event.hpp"
+#include "oomb/cuda/kernel_linkage.cuh"
+#include "oomb/cuda/nvtx.hpp"
 #include "oomb/offload/stream.hpp"
 
 OOMB_NAMESPACE_BEGIN
@@ -37,13 +39,28 @@ namespace detail {
 inline constexpr int page_copy_threads = 512;
 inline constexpr int page_copy_unroll = 8;
 
+/// Checks that one launch of `count` pages of `page_bytes` with `blocks` blocks fits the kernel's
+/// 32-bit vector indices (at most 64 GiB per launch); names the numbers when it does not.
+inline void check_page_copy_launch(std::size_t count, std::size_t page_bytes, int blocks) {
+  OOMB_EXPECTS(page_bytes > 0 && page_bytes % 16 == 0,
+               "page copy kernel: page bytes must be a positive multiple of 16, got ", page_bytes);
+  OOMB_EXPECTS(blocks > 0, "page copy kernel: blocks must be positive, got ", blocks);
+  constexpr std::uint64_t chunk = std::uint64_t(page_copy_threads) * page_copy_unroll;
+  const std::uint64_t total = std::uint64_t(page_bytes / 16) * std::uint64_t(count);
+  OOMB_EXPECTS(total / (page_bytes / 16) == count && total + chunk * std::uint64_t(blocks) < (std::uint64_t(1) << 32),
+               "page copy kernel: a launch of ", count, " pages of ", page_bytes,
+               " bytes is too large (at most 64 GiB per launch)");
+}
+
+OOMB_KERNEL_NAMESPACE_BEGIN
+
 /// Block b handles chunks b, b + gridDim.x, ... of kThreads * kUnroll vectors of the batch seen as
 /// one sequence of `count * vecs_per_page` vectors; a chunk may span pages (small pages keep every
 /// thread busy). Vector v of the batch is vector v % vecs_per_page of page v / vecs_per_page.
 /// 32-bit indices (the launcher checks the batch fits): a 64-bit division per vector would cost
 /// about as long as the PCIe round trip it is meant to hide.
 template <int kThreads, int kUnroll>
-__global__ void __launch_bounds__(kThreads) page_copy_kernel(const page_copy_desc* __restrict__ desc,
+OOMB_KERNEL void __launch_bounds__(kThreads) page_copy_kernel(const page_copy_desc* __restrict__ desc,
                                                              std::uint32_t vecs_per_page,
                                                              std::uint32_t total_vecs) {
   constexpr std::uint32_t chunk = std::uint32_t(kThreads) * kUnroll;
@@ -69,6 +86,8 @@ __global__ void __launch_bounds__(kThreads) page_copy_kernel(const page_copy_des
   }
 }
 
+OOMB_KERNEL_NAMESPACE_END
+
 }  // namespace detail
 
 /// Enqueues one kernel copying `count` pages of `page_bytes` each, as listed by `desc` (device
@@ -77,16 +96,11 @@ __global__ void __launch_bounds__(kThreads) page_copy_kernel(const page_copy_des
 /// caller that builds the list; see page_mover). Throws cuda_error if the launch fails.
 inline void launch_page_copy_kernel(const page_copy_desc* desc, std::size_t count, std::size_t page_bytes,
                                     int blocks, cudaStream_t stream) {
-  OOMB_EXPECTS(page_bytes > 0 && page_bytes % 16 == 0,
-               "page copy kernel: page bytes must be a positive multiple of 16, got ", page_bytes);
-  OOMB_EXPECTS(blocks > 0, "page copy kernel: blocks must be positive, got ", blocks);
+  detail::check_page_copy_launch(count, page_bytes, blocks);
   if (count == 0) return;
   constexpr std::uint64_t chunk = std::uint64_t(detail::page_copy_threads) * detail::page_copy_unroll;
   const std::uint64_t vecs = page_bytes / 16;
   const std::uint64_t total = vecs * count;
-  OOMB_EXPECTS(total + chunk * std::uint64_t(blocks) < (std::uint64_t(1) << 32),
-               "page copy kernel: a batch of ", count, " pages of ", page_bytes,
-               " bytes is too large for one launch (at most 64 GiB)");
   const std::uint64_t useful = (total + chunk - 1) / chunk;  // no block without work
   const unsigned grid = static_cast<unsigned>(useful < std::uint64_t(blocks) ? useful : std::uint64_t(blocks));
   detail::page_copy_kernel<detail::page_copy_threads, detail::page_copy_unroll>
@@ -98,32 +112,28 @@ inline void launch_page_copy_kernel(const page_copy_desc* desc, std::size_t coun
 
 /// Runs kernel batches from lists of copies: expands each copy (a multiple of the page size, e.g.
 /// a merged run) into per-page descriptors, writes them to a pinned staging slot, uploads them to
-/// the slot's device twin on the same stream (one small copy) and launches the kernel. Slots form
-/// a ring; a slot is written again only after the event recorded behind its last kernel, so the
-/// host blocks only when more than `slots` launches are still in flight (back-pressure, never a
-/// stream- or device-wide wait). Batches above `pages_per_launch` pages take several launches.
+/// the slot's device twin on the same stream (one small copy) and launches the kernel. A slot is
+/// written again only once the event recorded behind its last kernel has completed (asked
+/// without blocking); when every slot is still in flight the ring grows instead of waiting, so
+/// enqueue never blocks the host and ordering stays with streams and events. `slots` are taken
+/// up front (pages_per_launch * 16 bytes of pinned and of device memory each); slots() says how
+/// many there are now. Batches above `pages_per_launch` pages take several launches.
 /// Not internally synchronised: one per thread, or a lock.
 class page_copy_engine {
  public:
-  explicit page_copy_engine(std::size_t pages_per_launch = 8192, int slots = 8)
-      : per_launch_(pages_per_launch), slots_(static_cast<std::size_t>(slots)) {
+  explicit page_copy_engine(std::size_t pages_per_launch = 8192, int slots = 8) : per_launch_(pages_per_launch) {
     OOMB_EXPECTS(pages_per_launch > 0, "page_copy_engine: pages_per_launch must be positive");
     OOMB_EXPECTS(slots > 0, "page_copy_engine: slots must be positive, got ", slots);
-    const std::size_t bytes = per_launch_ * slots_.size() * sizeof(page_copy_desc);
-    void* h = nullptr;
-    OOMB_CUDA_CHECK_ALLOC(cudaHostAlloc(&h, bytes, cudaHostAllocPortable),
-                          "page_copy_engine: pinning ", bytes, " bytes of descriptor staging");
-    host_.reset(static_cast<page_copy_desc*>(h));
-    void* d = nullptr;
-    OOMB_CUDA_CHECK_ALLOC(cudaMalloc(&d, bytes), "page_copy_engine: allocating ", bytes,
-                          " bytes of device descriptors");
-    device_.reset(static_cast<page_copy_desc*>(d));
+    add_slots(static_cast<std::size_t>(slots));
   }
 
   /// Enqueues the copies of `ops` (each a positive multiple of `page_bytes`, 16-byte aligned on both
-  /// sides, device or mapped pinned memory) on `stream`, `blocks` blocks per launch. Validates
-  /// everything before enqueuing anything.
+  /// sides, device or mapped pinned memory) on `stream`, `blocks` blocks per launch. Validates the
+  /// whole batch, every launch's size included, and takes every staging slot it needs before it
+  /// enqueues anything: invalid_argument or out_of_memory leave nothing enqueued (a cuda_error
+  /// from the runtime itself may leave earlier launches of the batch enqueued).
   void enqueue(const copy_op* ops, std::size_t count, std::size_t page_bytes, int blocks, cudaStream_t stream) {
+    const detail::nvtx_range range("oomb: page copy kernel batch");
     OOMB_EXPECTS(ops != nullptr || count == 0, "page_copy_engine: null batch of ", count, " copies");
     OOMB_EXPECTS(page_bytes > 0 && page_bytes % 16 == 0,
                  "page_copy_engine: page bytes must be a positive multiple of 16, got ", page_bytes);
@@ -137,21 +147,25 @@ class page_copy_engine {
                    "page_copy_engine: copy ", i, " is not 16-byte aligned (", o.src, " -> ", o.dst, ")");
       pages += o.bytes / page_bytes;
     }
+    if (pages == 0) return;
+    detail::check_page_copy_launch(std::min(pages, per_launch_), page_bytes, blocks);  // the largest launch
+    const std::size_t launches = (pages + per_launch_ - 1) / per_launch_;
+    take_free_slots(launches);
+
     std::size_t op = 0, page_in_op = 0;
-    while (pages > 0) {
+    for (const std::size_t index : taken_) {
+      slot& s = slots_[index];
       const std::size_t n = std::min(pages, per_launch_);
-      slot& s = next_slot();
-      page_copy_desc* h = host_.get() + s.index * per_launch_;
       for (std::size_t k = 0; k < n; ++k) {
         while (page_in_op * page_bytes == ops[op].bytes) ++op, page_in_op = 0;
         const std::size_t off = page_in_op * page_bytes;
-        h[k] = {static_cast<const std::byte*>(ops[op].src) + off, static_cast<std::byte*>(ops[op].dst) + off};
+        s.host.get()[k] = {static_cast<const std::byte*>(ops[op].src) + off, static_cast<std::byte*>(ops[op].dst) + off};
         ++page_in_op;
       }
-      page_copy_desc* d = device_.get() + s.index * per_launch_;
-      OOMB_CUDA_CHECK(cudaMemcpyAsync(d, h, n * sizeof(page_copy_desc), cudaMemcpyHostToDevice, stream),
+      OOMB_CUDA_CHECK(cudaMemcpyAsync(s.device.get(), s.host.get(), n * sizeof(page_copy_desc),
+                                      cudaMemcpyHostToDevice, stream),
                       "page_copy_engine: uploading ", n, " descriptors");
-      launch_page_copy_kernel(d, n, page_bytes, blocks, stream);
+      launch_page_copy_kernel(s.device.get(), n, page_bytes, blocks, stream);
       OOMB_CUDA_CHECK(cudaEventRecord(s.done.get(), stream), "page_copy_engine: recording a slot's event");
       pages -= n;
     }
@@ -166,36 +180,62 @@ class page_copy_engine {
   }
 
   std::size_t pages_per_launch() const noexcept { return per_launch_; }
+  /// Staging slots now: those asked at construction, plus any the ring grew by.
   std::size_t slots() const noexcept { return slots_.size(); }
 
  private:
-  struct slot {
-    std::size_t index = 0;
-    cuda_event done;
-  };
   struct free_host {
     void operator()(page_copy_desc* p) const noexcept { (void)cudaFreeHost(p); }
   };
   struct free_device {
     void operator()(page_copy_desc* p) const noexcept { (void)cudaFree(p); }
   };
+  struct slot {
+    std::unique_ptr<page_copy_desc, free_host> host;
+    std::unique_ptr<page_copy_desc, free_device> device;
+    cuda_event done;  // recorded behind the slot's last kernel; a fresh event reads complete
+  };
 
-  slot& next_slot() {
-    slot& s = slots_[next_];
-    if (!s.done) {
-      s.index = next_;
+  // Appends `n` slots (all or none: a failed allocation leaves the ring as it was).
+  void add_slots(std::size_t n) {
+    const std::size_t bytes = per_launch_ * sizeof(page_copy_desc);
+    std::vector<slot> fresh(n);
+    for (slot& s : fresh) {
+      void* h = nullptr;
+      OOMB_CUDA_CHECK_ALLOC(cudaHostAlloc(&h, bytes, cudaHostAllocPortable),
+                            "page_copy_engine: pinning ", bytes, " bytes of descriptor staging");
+      s.host.reset(static_cast<page_copy_desc*>(h));
+      void* d = nullptr;
+      OOMB_CUDA_CHECK_ALLOC(cudaMalloc(&d, bytes), "page_copy_engine: allocating ", bytes,
+                            " bytes of device descriptors");
+      s.device.reset(static_cast<page_copy_desc*>(d));
       s.done = cuda_event::create();
     }
-    next_ = (next_ + 1) % slots_.size();
-    if (!s.done.ready()) s.done.wait();  // more than slots() launches in flight: back-pressure
-    return s;
+    slots_.reserve(slots_.size() + n);
+    for (slot& s : fresh) slots_.push_back(std::move(s));
+  }
+
+  // Fills taken_ with `n` distinct slots whose last kernel has completed, in ring order from
+  // next_, growing the ring by what is missing. Never waits.
+  void take_free_slots(std::size_t n) {
+    taken_.clear();
+    taken_.reserve(n);
+    for (std::size_t k = 0; k < slots_.size() && taken_.size() < n; ++k) {
+      const std::size_t i = (next_ + k) % slots_.size();
+      if (slots_[i].done.ready()) taken_.push_back(i);
+    }
+    if (taken_.size() < n) {
+      const std::size_t first_new = slots_.size();
+      add_slots(n - taken_.size());
+      for (std::size_t i = first_new; i < slots_.size(); ++i) taken_.push_back(i);
+    }
+    next_ = (taken_.back() + 1) % slots_.size();
   }
 
   std::size_t per_launch_;
   std::vector<slot> slots_;
+  std::vector<std::size_t> taken_;
   std::size_t next_ = 0;
-  std::unique_ptr<page_copy_desc, free_host> host_;
-  std::unique_ptr<page_copy_desc, free_device> device_;
 };
 
 OOMB_NAMESPACE_END

@@ -31,6 +31,7 @@
 
 #include "oomb/core/error.hpp"
 #include "oomb/cuda/error.hpp"
+#include "oomb/cuda/nvtx.hpp"
 #include "oomb/cuda/page_copy_kernel.cuh"
 #include "oomb/cuda/stream_view.hpp"
 #include "oomb/memory/block_pool.hpp"
@@ -96,11 +97,15 @@ class cuda_page_transfer {
 
   /// Pages of both pools must have the same block size (throws invalid_argument naming both).
   cuda_page_transfer(dst_pool_type& dst, const src_pool_type& src, cuda_transfer_options options = {})
-      : plan_(dst, src), options_(checked(options)) {}
+      : plan_(dst, src), options_(checked(options)) {
+    take_staging();
+  }
   /// As above, and the page formats must be equal and fit the blocks.
   cuda_page_transfer(dst_pool_type& dst, const page_format& dst_format, const src_pool_type& src,
                      const page_format& src_format, cuda_transfer_options options = {})
-      : plan_(dst, dst_format, src, src_format), options_(checked(options)) {}
+      : plan_(dst, dst_format, src, src_format), options_(checked(options)) {
+    take_staging();
+  }
 
   /// Copies page src_ids[i] of the source pool to page dst_ids[i] of the destination pool, as one
   /// batch on `stream`, by options().path. Everything is validated before anything is enqueued.
@@ -109,6 +114,7 @@ class cuda_page_transfer {
   }
   /// As above, by `path`.
   cuda_transfer_report enqueue(cuda_stream_view stream, id_span dst_ids, id_span src_ids, transfer_path path) {
+    const detail::nvtx_range range("oomb: page transfer batch");
     cuda_transfer_report r;
     static_cast<transfer_report&>(r) = plan_.plan(dst_ids, src_ids);
     r.path = choose(r, path);
@@ -151,7 +157,13 @@ class cuda_page_transfer {
     OOMB_EXPECTS(o.staging_slots > 0, "cuda_page_transfer: staging_slots must be positive, got ", o.staging_slots);
     return o;
   }
-  // Staging is pinned memory: taken on the first kernel batch only.
+  // The kernel path's staging (pinned and device memory) is taken here, at construction, when the
+  // options may choose the kernel, so a batch does not fail for want of it; an explicit kernel
+  // batch under other options takes it on first use.
+  void take_staging() {
+    const bool may_use_kernel = options_.path == transfer_path::automatic || options_.path == transfer_path::kernel;
+    if (may_use_kernel && !device_to_device && plan_.dst().block_bytes() % 16 == 0) (void)engine();
+  }
   page_copy_engine& engine() {
     if (engine_.empty()) engine_.emplace_back(options_.pages_per_launch, options_.staging_slots);
     return engine_.front();
