@@ -18,7 +18,10 @@
 #include "oomb/cuda/device_resource.hpp"
 #include "oomb/cuda/error.hpp"
 #include "oomb/cuda/pinned_resource.hpp"
+#include "oomb/cuda/stream.hpp"
+#include "oomb/cuda/stream_view.hpp"
 #include "oomb/cuda/vmm_resource.hpp"
+#include "oomb/memory/callback_resource.hpp"
 #include "oomb/memory/limiting_adaptor.hpp"
 #include "oomb/memory/statistics_adaptor.hpp"
 
@@ -75,9 +78,54 @@ struct pinned_access {
   }
 };
 
+// A framework's stream-ordered allocator, played by cudaMallocAsync / cudaFreeAsync on one stream:
+// what the callback adaptor hands to block_pool when PyTorch's or RMM's allocator backs oomb.
+using stream_ordered_resource = oomb::callback_resource<oomb::memory_kind::device, oomb::cuda_stream_view>;
+
+inline stream_ordered_resource make_stream_ordered_resource(oomb::cuda_stream_view s) {
+  return stream_ordered_resource(
+      [](std::size_t bytes, std::size_t, oomb::cuda_stream_view st) -> void* {
+        void* p = nullptr;
+        if (cudaMallocAsync(&p, bytes, st.get()) != cudaSuccess) {
+          (void)cudaGetLastError();
+          return nullptr;  // the adaptor turns this into out_of_memory naming the bytes
+        }
+        return p;
+      },
+      [](void* p, std::size_t, std::size_t, oomb::cuda_stream_view st) { (void)cudaFreeAsync(p, st.get()); }, s);
+}
+
+// The suite's reads and writes use the legacy default stream: order them after the allocator's
+// stream (where the blocks became valid) and let its frees complete.
+struct stream_ordered_access {
+  static void write(void* dst, const void* src, std::size_t n) {
+    oomb_cuda_test::sync_device();
+    device_access::write(dst, src, n);
+  }
+  static void read(void* dst, const void* src, std::size_t n) {
+    oomb_cuda_test::sync_device();
+    device_access::read(dst, src, n);
+  }
+};
+
 }  // namespace
 
 namespace oomb_test {
+
+template <>
+struct resource_traits<stream_ordered_resource> : stream_ordered_access {
+  struct holder {
+    oomb::cuda_stream stream;
+    stream_ordered_resource r = make_stream_ordered_resource(stream);
+    stream_ordered_resource& get() { return r; }
+    ~holder() { oomb_cuda_test::sync_device(); }  // the frees run before the stream goes
+  };
+  static constexpr oomb::memory_kind kind = oomb::memory_kind::device;
+  static constexpr std::size_t max_alignment = 256;  // what cudaMallocAsync guarantees
+  static constexpr bool refuses_above_max = false;   // the adaptor refuses misaligned blocks instead
+  static constexpr const char* bad_alignment_text = "alignment must be a power of two, got 24";
+  static constexpr std::size_t refused_bytes = std::size_t(1) << 50;  // 1 PiB
+};
 
 template <>
 struct resource_traits<oomb::device_resource> : device_access {
@@ -124,6 +172,7 @@ struct resource_traits<oomb::vmm_device_resource> : device_access {
 }  // namespace oomb_test
 
 TYPE_TO_STRING_AS("device_resource", oomb::device_resource);
+TYPE_TO_STRING_AS("callback_resource<device, cuda_stream_view>", stream_ordered_resource);
 TYPE_TO_STRING_AS("statistics_adaptor<device_resource>", oomb::statistics_adaptor<oomb::device_resource>);
 TYPE_TO_STRING_AS("limiting_adaptor<device_resource>", oomb::limiting_adaptor<oomb::device_resource>);
 TYPE_TO_STRING_AS("pinned_resource", oomb::pinned_resource);
@@ -132,7 +181,7 @@ TYPE_TO_STRING_AS("vmm_device_resource", oomb::vmm_device_resource);
 TEST_CASE_TEMPLATE_INVOKE(resource_conformance, oomb::device_resource,
                           oomb::statistics_adaptor<oomb::device_resource>,
                           oomb::limiting_adaptor<oomb::device_resource>, oomb::pinned_resource,
-                          oomb::vmm_device_resource);
+                          oomb::vmm_device_resource, stream_ordered_resource);
 TEST_CASE_TEMPLATE_INVOKE(statistics_adaptor_conformance, oomb::device_resource, oomb::pinned_resource,
                           oomb::vmm_device_resource);
 TEST_CASE_TEMPLATE_INVOKE(limiting_adaptor_conformance, oomb::device_resource, oomb::pinned_resource,
