@@ -9,6 +9,7 @@
 
 #include "oomb/memory/block_pool.hpp"
 #include "oomb/memory/host_resource.hpp"
+#include "oomb/offload/belady_eviction.hpp"
 #include "oomb/offload/host_backend.hpp"
 #include "oomb/offload/host_stream.hpp"
 #include "oomb/offload/page_transfer.hpp"
@@ -58,4 +59,38 @@ TEST_CASE("docs/offload.md example: a window of gradient pages accumulated near,
   CHECK(r.pages == 4);
   CHECK(r.copies == 1);
   CHECK(r.bytes == 4 * 4096);
+}
+
+TEST_CASE("docs/offload.md example: a declared window order evicts the page needed last") {
+  oomb::host_resource host;
+  auto homes = oomb::block_pool<oomb::host_resource>::contiguous(host, 4096, 64);
+  std::vector<std::int32_t> pages(6);
+  homes.acquire(6, pages.data());
+  oomb::host_stream compute, copy_in, copy_out;
+  // snippet-begin: belady
+  oomb::residency_scheduler<oomb::host_backend, oomb::belady_eviction> near(homes, host, /*slots=*/4,
+                                                                            copy_in, copy_out);
+  const std::vector<std::vector<std::int32_t>> windows = {{0, 1}, {2, 3}, {4, 5}, {0, 1}, {2, 3}};
+  std::vector<std::int32_t> order;  // the pages the loop below asks for, in order
+  for (const auto& w : windows) order.insert(order.end(), w.begin(), w.end());
+  near.eviction().expect(order);
+  for (const auto& w : windows) {
+    near.prefetch(w);  // {4, 5} evicts {2, 3} (needed last), not {0, 1} (needed next): LRU would
+    const std::vector<std::int32_t> slots = near.acquire(compute, w, oomb::access::read);
+    // ... enqueue the window's work on compute, reading `slots` ...
+    near.release(compute, w);
+  }
+  // snippet-end: belady
+  compute.synchronize();
+  near.drain();
+  CHECK(near.stats().misses == 8);
+  oomb::host_residency_scheduler lru(homes, host, 4, copy_in, copy_out);
+  for (const auto& w : windows) {
+    lru.prefetch(w);
+    lru.acquire(compute, w, oomb::access::read);
+    lru.release(compute, w);
+  }
+  compute.synchronize();
+  lru.drain();
+  CHECK(lru.stats().misses == 10);  // it evicts {0, 1} for {4, 5}, then {2, 3} for {0, 1}
 }
