@@ -2,7 +2,9 @@
 // against 16K / 64K / 256K tokens of past (non-causal) plus itself (causal), forward and backward,
 // KV read through a shuffled page table (paged) and through ids in logical order (contiguous).
 // Forward FLOPs 4 Sq Sk D Hq with the causal square halved; backward 2.5x forward.
-// Plain program (no Google Benchmark) so the binary runs on the GPU machine as is.
+// Plain program (no Google Benchmark) so the binary runs on the GPU machine as is. Options: --quick
+// (16K only), --past N, --reps N (default 5, every past), --no-extras, --sm90-variants, --alt (older
+// Hopper backward alternatives), --json FILE (one line per shape and past: TFLOP/s median, min, max).
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -27,8 +30,13 @@ using attn_test::device_problem;
 using attn_test::problem;
 namespace gpu = oomb_trainer::gpu;
 
+/// Median, fastest and slowest of `reps` timed calls (ms).
+struct timing {
+  double median = 0, lo = 0, hi = 0;
+};
+
 template <class F>
-double median_ms(int warmup, int reps, F&& f) {
+timing time_ms(int warmup, int reps, F&& f) {
   cudaEvent_t a, b;
   cuda_check(cudaEventCreate(&a), "event");
   cuda_check(cudaEventCreate(&b), "event");
@@ -46,7 +54,12 @@ double median_ms(int warmup, int reps, F&& f) {
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return {t[t.size() / 2], t.front(), t.back()};
+}
+
+template <class F>
+double median_ms(int warmup, int reps, F&& f) {
+  return time_ms(warmup, reps, std::forward<F>(f)).median;
 }
 
 /// Copies the window's K/V pages (one KV head layout, all heads) into a contiguous buffer: the
@@ -61,11 +74,13 @@ __global__ void gather_pages(const uint4* pool, const std::int32_t* ids, std::in
 }
 
 struct result {
-  double fwd_ms, bwd_ms;   // the public entry (Hopper forward where it applies; backward per backward_kernels)
+  timing fwd, bwd;         // the public entry (Hopper forward where it applies; backward per backward_kernels)
   double fwd_portable_ms;  // the mma.sync forward forced
-  double bwd_sm90_ms;      // the Hopper backward forced (0: not a Hopper device / no sm_90a code)
-  double bwd_sm90_alt_ms;  // alternative: d128 dQ over each consumer's own keys, d64 software-pipelined
-  double bwd_sm90_err;     // largest norm-wise difference Hopper vs portable backward (dq, dk, dv, dpast), 16K only
+  timing bwd_sm90;         // the Hopper backward's configuration forced (0: not a Hopper device / no sm_90a code)
+  timing bwd_other;        // the Hopper backward with the dQ path its configuration does not use (d128: the
+                           // writer warp, d64: red.add from the consumers; hb3) forced
+  double bwd_sm90_alt_ms;  // alternative (--alt only): d128 dQ over each consumer's own keys, d64 software-pipelined
+  double bwd_sm90_err;     // largest norm-wise difference Hopper (both) vs portable backward (dq, dk, dv, dpast), 16K only
 };
 
 double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -118,7 +133,7 @@ double time_fwd_sm90(const device_problem& dp, int split, int reps) {
   return median_ms(1, reps, [&] { gpu::detail::launch_forward_sm90<Cfg>(a, o.p, lse.p, nullptr, split); });
 }
 
-result time_one(const problem& p, int reps) {
+result time_one(const problem& p, int reps, bool alt) {
   device_problem dp(p);
   const auto a = dp.args();
   const auto& c = p.c;
@@ -136,7 +151,7 @@ result time_one(const problem& p, int reps) {
   gpu::set_forward_kernels(gpu::forward_kernels::portable);
   r.fwd_portable_ms = median_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
   gpu::set_forward_kernels(chosen);
-  r.fwd_ms = median_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
+  r.fwd = time_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
   // sanity: a forward output must be finite
   const auto l = lse.download();
   for (float x : l)
@@ -144,7 +159,7 @@ result time_one(const problem& p, int reps) {
       std::fprintf(stderr, "non-finite lse in %s\n", c.name.c_str());
       std::exit(1);
     }
-  r.bwd_ms = median_ms(1, reps, [&] {
+  r.bwd = time_ms(1, reps, [&] {
     gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
     gpu::attention_backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
   });
@@ -157,11 +172,24 @@ result time_one(const problem& p, int reps) {
         gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
                                                                                 dv.p, grads, nullptr);
     };
-    r.bwd_sm90_ms = median_ms(1, reps, [&] {
+    auto other = [&] {
+      namespace x = gpu::experimental;
+      if (c.d == 128)
+        gpu::detail::launch_backward_sm90<x::backward_sm90_d128_writer>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
+                                                                        grads, nullptr);
+      else
+        gpu::detail::launch_backward_sm90<x::backward_sm90_d64_atomics>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
+                                                                        grads, nullptr);
+    };
+    r.bwd_sm90 = time_ms(1, reps, [&] {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       hopper();
     });
-    r.bwd_sm90_alt_ms = median_ms(1, reps, [&] {
+    r.bwd_other = time_ms(1, reps, [&] {
+      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      other();
+    });
+    if (alt) r.bwd_sm90_alt_ms = median_ms(1, reps, [&] {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       if (c.d == 128)
         gpu::detail::launch_backward_sm90<gpu::experimental::backward_sm90_d128_own>(a, lse.p, delta.p, dp.d_o.p, dq.p,
@@ -189,7 +217,9 @@ result time_one(const problem& p, int reps) {
                                                                        grads, nullptr);
       });
       const auto hop = run(hopper);
-      for (int k = 0; k < 4; ++k) r.bwd_sm90_err = std::max(r.bwd_sm90_err, rel_diff(hop[k], ref[k]));
+      const auto oth = run(other);
+      for (int k = 0; k < 4; ++k)
+        r.bwd_sm90_err = std::max({r.bwd_sm90_err, rel_diff(hop[k], ref[k]), rel_diff(oth[k], ref[k])});
     }
   }
   return r;
@@ -202,7 +232,11 @@ int main(int argc, char** argv) {
   int reps = 5;
   bool extras = true;
   bool sm90_variants = false;  // time the Hopper forward's configurations and splits at every past
+  bool alt = false;            // time the Hopper backward's older alternatives (own-keys dQ, pipelined)
+  const char* json = nullptr;  // one JSON line per shape and past, every timed kernel
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--alt") == 0) alt = true;
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
     if (std::strcmp(argv[i], "--quick") == 0) pasts = {16384};
     if (std::strcmp(argv[i], "--no-extras") == 0) extras = false;
     if (std::strcmp(argv[i], "--sm90-variants") == 0) sm90_variants = true;
@@ -222,9 +256,14 @@ int main(int argc, char** argv) {
               gpu::get_forward_kernels() == gpu::forward_kernels::portable ? "portable" : "automatic");
   std::printf("backward kernels: %s (bwd columns: the public entry; 'sm90 bwd' = Hopper backward forced)\n",
               gpu::get_backward_kernels() == gpu::backward_kernels::portable ? "portable" : "automatic");
-  std::printf("%-10s %7s | %9s %9s %6s %9s | %9s %9s %6s | %9s %9s %9s %8s | %8s %8s\n", "heads", "past",
+  std::printf("%-10s %7s | %9s %9s %6s %9s | %9s %9s %6s | %9s %9s %9s %9s %8s | %8s %8s\n", "heads", "past",
               "fwd paged", "fwd contig", "ratio", "mma.sync", "bwd paged", "bwd contig", "ratio", "sm90 bwd", "sm90 ctg",
-              "sm90 alt", "vs port", "fwd ms", "bwd ms");
+              "other dQ", "other ct", "vs port", "fwd ms", "bwd ms");
+  std::FILE* jf = json != nullptr ? std::fopen(json, "w") : nullptr;
+  if (json != nullptr && jf == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", json);
+    return 1;
+  }
   for (const auto& s : shapes)
     for (std::int64_t past : pasts) {
       config c;
@@ -238,12 +277,12 @@ int main(int argc, char** argv) {
       c.seed = 7;
       const double flops_fwd = 4.0 * sq * double(past) * s.d * s.hq + 2.0 * sq * double(sq) * s.d * s.hq;
       const double flops_bwd = 2.5 * flops_fwd;
-      const int r = past >= 262144 ? std::max(2, reps / 2) : reps;
+      const int r = reps;
       result paged, contig;
       {
         c.shuffle_ids = true;
         const problem p(c, false);
-        paged = time_one(p, r);
+        paged = time_one(p, r, alt);
         if (sm90_variants) {
           device_problem dp(p);
           const double tf = flops_fwd / 1e9;
@@ -293,30 +332,55 @@ int main(int argc, char** argv) {
                                                                  pair_vec, p.npages, out.p);
           });
           std::printf("  [gather %s, %lld keys: %.3f ms = %.1f GB/s moved, %.2f%% of the paged forward]\n", s.name,
-                      (long long)p.total, ms, 2.0 * p.npages * pair_vec * 16 / ms / 1e6, 100.0 * ms / paged.fwd_ms);
+                      (long long)p.total, ms, 2.0 * p.npages * pair_vec * 16 / ms / 1e6, 100.0 * ms / paged.fwd.median);
         }
       }
       {
         c.shuffle_ids = false;
         const problem p(c, false);
-        contig = time_one(p, r);
+        contig = time_one(p, r, alt);
         if (extras) {
           device_problem dp(p);  // the backward with every block walking the query tiles in lockstep
           const double ms = s.d == 128 ? time_bwd<gpu::backward_config<128>::type>(dp, 0, r, 1)
                                        : time_bwd<gpu::backward_config<64>::type>(dp, 0, r, 1);
           std::printf("  [bwd %s %lldK contiguous, lockstep query walk: %.1f TFLOP/s (default staggered: %.1f)]\n",
-                      s.name, (long long)(past / 1024), flops_bwd / ms / 1e9, flops_bwd / contig.bwd_ms / 1e9);
+                      s.name, (long long)(past / 1024), flops_bwd / ms / 1e9, flops_bwd / contig.bwd.median / 1e9);
         }
       }
       auto tfs = [](double flops, double ms) { return ms > 0 ? flops / ms / 1e9 : 0.0; };
-      std::printf("%-10s %6lldK | %9.1f %9.1f %6.3f %9.1f | %9.1f %9.1f %6.3f | %9.1f %9.1f %9.1f %8.1e | %8.3f %8.3f\n",
-                  s.name, (long long)(past / 1024), flops_fwd / paged.fwd_ms / 1e9, flops_fwd / contig.fwd_ms / 1e9,
-                  contig.fwd_ms / paged.fwd_ms, flops_fwd / paged.fwd_portable_ms / 1e9, flops_bwd / paged.bwd_ms / 1e9,
-                  flops_bwd / contig.bwd_ms / 1e9, contig.bwd_ms / paged.bwd_ms, tfs(flops_bwd, paged.bwd_sm90_ms),
-                  tfs(flops_bwd, contig.bwd_sm90_ms), tfs(flops_bwd, paged.bwd_sm90_alt_ms),
-                  std::max(paged.bwd_sm90_err, contig.bwd_sm90_err), paged.fwd_ms, paged.bwd_ms);
+      std::printf("%-10s %6lldK | %9.1f %9.1f %6.3f %9.1f | %9.1f %9.1f %6.3f | %9.1f %9.1f %9.1f %9.1f %8.1e | %8.3f %8.3f\n",
+                  s.name, (long long)(past / 1024), tfs(flops_fwd, paged.fwd.median), tfs(flops_fwd, contig.fwd.median),
+                  contig.fwd.median / paged.fwd.median, tfs(flops_fwd, paged.fwd_portable_ms),
+                  tfs(flops_bwd, paged.bwd.median), tfs(flops_bwd, contig.bwd.median), contig.bwd.median / paged.bwd.median,
+                  tfs(flops_bwd, paged.bwd_sm90.median), tfs(flops_bwd, contig.bwd_sm90.median),
+                  tfs(flops_bwd, paged.bwd_other.median), tfs(flops_bwd, contig.bwd_other.median),
+                  std::max(paged.bwd_sm90_err, contig.bwd_sm90_err), paged.fwd.median, paged.bwd.median);
+      if (alt) std::printf("  [sm90 bwd alternative %s %lldK: %.1f TFLOP/s]\n", s.name, (long long)(past / 1024),
+                           tfs(flops_bwd, paged.bwd_sm90_alt_ms));
+      if (jf != nullptr) {  // TFLOP/s of the median, slowest and fastest call
+        auto tri = [&](double flops, const timing& t) {
+          return std::to_string(tfs(flops, t.median)) + ", " + std::to_string(tfs(flops, t.hi)) + ", " +
+                 std::to_string(tfs(flops, t.lo));
+        };
+        std::fprintf(jf,
+                     "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"device\": \"%s\", "
+                     "\"tflops_median_min_max\": {\"fwd_paged\": [%s], \"fwd_contig\": [%s], \"fwd_portable\": %f, "
+                     "\"bwd_public_paged\": [%s], \"bwd_public_contig\": [%s], \"bwd_sm90_config_paged\": [%s], "
+                     "\"bwd_sm90_config_contig\": [%s], \"bwd_sm90_other_dq_paged\": [%s], \"bwd_sm90_other_dq_contig\": [%s]}, "
+                     "\"bwd_vs_portable_err\": %g, \"backward_kernels\": \"%s\"}\n",
+                     s.name, (long long)past, sq, r, prop.name, tri(flops_fwd, paged.fwd).c_str(),
+                     tri(flops_fwd, contig.fwd).c_str(), tfs(flops_fwd, paged.fwd_portable_ms),
+                     tri(flops_bwd, paged.bwd).c_str(), tri(flops_bwd, contig.bwd).c_str(),
+                     tri(flops_bwd, paged.bwd_sm90).c_str(), tri(flops_bwd, contig.bwd_sm90).c_str(),
+                     tri(flops_bwd, paged.bwd_other).c_str(), tri(flops_bwd, contig.bwd_other).c_str(),
+                     std::max(paged.bwd_sm90_err, contig.bwd_sm90_err),
+                     gpu::get_backward_kernels() == gpu::backward_kernels::portable ? "portable" : "automatic");
+        std::fflush(jf);
+      }
       std::fflush(stdout);
     }
-  std::printf("TFLOP/s; ratio = contiguous time / paged time (1.0 = paging is free)\n");
+  std::printf("TFLOP/s (medians of %d calls); ratio = contiguous time / paged time (1.0 = paging is free); other dQ = "
+              "the Hopper backward with the dQ path not chosen (d128: writer warp, d64: red.add)\n", reps);
+  if (jf != nullptr) std::fclose(jf);
   return 0;
 }

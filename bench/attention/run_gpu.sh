@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine does everything for the attention kernels: gpu tests, compute-sanitizer
 # (memcheck, racecheck) on the tiny shapes, the benchmark, and the PyTorch SDPA baseline; logs go to
-# $OUT. Run from the repository root with the binaries built here copied to $BIN (.gpu/attn):
+# $OUT (the benchmark's and the baseline's raw results also as bench.jsonl / sdpa.jsonl). Run from the repository root with the binaries built here copied to $BIN (.gpu/attn):
 #   bash bench/attention/run_gpu.sh [all|tests|tests-portable|bench|sdpa|sanitize]...
 # tests-portable reruns the gpu tests with OOMB_ATTENTION_FORWARD=portable and
 # OOMB_ATTENTION_BACKWARD=portable (the mma.sync kernels behind the public entries; the Hopper
@@ -28,11 +28,11 @@ if has tests-portable; then
   summary+=("tests-portable rc=$?")
 fi
 if has bench; then
-  timeout 150 "$BIN/bench_attention" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+  timeout 150 "$BIN/bench_attention" --json "$OUT/bench.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
   summary+=("bench rc=$?")
 fi
 if has sdpa; then
-  PYTHONUNBUFFERED=1 timeout 150 python3 bench/attention/sdpa_baseline.py ${SDPA_ARGS:-} 2>&1 | tee "$OUT/sdpa.log"
+  PYTHONUNBUFFERED=1 timeout 150 python3 bench/attention/sdpa_baseline.py --json "$OUT/sdpa.jsonl" ${SDPA_ARGS:-} 2>&1 | tee "$OUT/sdpa.log"
   summary+=("sdpa rc=$?")
 fi
 if has sanitize; then

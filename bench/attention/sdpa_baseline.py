@@ -7,6 +7,7 @@
 # (past, then own keys causally); merging the two partial outputs is not timed (flattering SDPA).
 # SPDX-License-Identifier: Apache-2.0
 import argparse
+import json
 import statistics
 import sys
 
@@ -27,7 +28,7 @@ def timed(fn, warmup, reps):
         b.record()
         b.synchronize()
         ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return statistics.median(ts), min(ts), max(ts)
 
 
 def run(backend, hq, hkv, d, sq, past, reps):
@@ -64,14 +65,17 @@ def run(backend, hq, hkv, d, sq, past, reps):
 
         t_b = timed(bwd, 2, reps)
     flops = 4.0 * sq * past * d * hq + 2.0 * sq * sq * d * hq
-    return flops / t_f / 1e9, 2.5 * flops / t_b / 1e9, t_f, t_b, note
+    tf = lambda fl, t: [fl / x / 1e9 for x in (t[0], t[2], t[1])]  # TFLOP/s: median, min, max
+    return tf(flops, t_f)[0], tf(2.5 * flops, t_b)[0], t_f[0], t_b[0], note, tf(flops, t_f), tf(2.5 * flops, t_b)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", help="write one JSON line per backend, shape and past (TFLOP/s median, min, max)")
     args = ap.parse_args()
+    jf = open(args.json, "w") if args.json else None
     pasts = [16384] if args.quick else [16384, 65536, 262144]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
     print(f"{'backend':<8} {'heads':<10} {'past':>6} | {'fwd TF/s':>8} {'bwd TF/s':>8} | {'fwd ms':>8} {'bwd ms':>8} | note")
@@ -79,8 +83,13 @@ def main():
         for (label, hq, hkv, d) in (("28/4 d128", 28, 4, 128), ("14/2 d64", 14, 2, 64)):
             for past in pasts:
                 try:
-                    r = run(backend, hq, hkv, d, 4096, past, args.reps if past < 262144 else max(2, args.reps // 2))
+                    r = run(backend, hq, hkv, d, 4096, past, args.reps)
                     print(f"{name:<8} {label:<10} {past // 1024:>5}K | {r[0]:8.1f} {r[1]:8.1f} | {r[2]:8.3f} {r[3]:8.3f} | {r[4]}")
+                    if jf:
+                        jf.write(json.dumps({"backend": name, "heads": label, "past": past, "sq": 4096, "reps": args.reps,
+                                             "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                                             "tflops_median_min_max": {"fwd": r[5], "bwd": r[6]}, "note": r[4]}) + "\n")
+                        jf.flush()
                 except Exception as e:  # report and go on: one backend failing must not hide the rest
                     print(f"{name:<8} {label:<10} {past // 1024:>5}K | failed: {type(e).__name__}: {str(e)[:120]}")
                 sys.stdout.flush()

@@ -223,7 +223,8 @@ config windowed(config c, std::int32_t windows) {
 }
 
 bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
-/// variant: 0 the chosen configuration, 1 bulk dQ reductions, 2 d128 dQ over own keys / d64 software-pipelined.
+/// variant: 0 the chosen configuration, 1 bulk dQ reductions, 2 d128 dQ over own keys / d64 software-pipelined,
+/// 3 the dQ path the configuration does not use (d128: the writer warp, d64: red.add; hb3).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, int variant = 0);
 void check_backward_portable(const problem& p, const cpu_result& ref);
 
@@ -399,22 +400,23 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
   const gpu_result g = run_backward(
       p, ref,
       [&](const gpu::attention_args& a, auto... rest) {
-        if (p.c.d == 128 && variant == 0)
-          gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, rest..., nullptr, split);
-        else if (p.c.d == 128 && variant == 1)
-          gpu::detail::launch_backward_sm90<x::backward_sm90_d128_bulk>(a, rest..., nullptr, split);
-        else if (p.c.d == 128)
-          gpu::detail::launch_backward_sm90<x::backward_sm90_d128_own>(a, rest..., nullptr, split);
-        else if (variant == 0)
-          gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, rest..., nullptr, split);
-        else if (variant == 1)
-          gpu::detail::launch_backward_sm90<x::backward_sm90_d64_bulk>(a, rest..., nullptr, split);
-        else
-          gpu::detail::launch_backward_sm90<x::backward_sm90_d64_pipe>(a, rest..., nullptr, split);
+        auto run = [&](auto cfg) { gpu::detail::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split); };
+        if (p.c.d == 128) {
+          if (variant == 0) run(gpu::backward_sm90_config<128>::type{});
+          if (variant == 1) run(x::backward_sm90_d128_bulk{});
+          if (variant == 2) run(x::backward_sm90_d128_own{});
+          if (variant == 3) run(x::backward_sm90_d128_writer{});
+        } else {
+          if (variant == 0) run(gpu::backward_sm90_config<64>::type{});
+          if (variant == 1) run(x::backward_sm90_d64_bulk{});
+          if (variant == 2) run(x::backward_sm90_d64_pipe{});
+          if (variant == 3) run(x::backward_sm90_d64_atomics{});
+        }
       },
       merged);
   static const char* const names[] = {" [sm90 backward", " [sm90 backward, bulk dQ",
-                                      " [sm90 backward, dQ own keys (d128) / pipelined (d64)"};
+                                      " [sm90 backward, dQ own keys (d128) / pipelined (d64)",
+                                      " [sm90 backward, the other dQ path (d128 writer warp, d64 red.add)"};
   std::string name = p.c.name + names[variant];
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
@@ -679,6 +681,7 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     check_backward_sm90(p, ref);
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
+    check_backward_sm90(p, ref, 0, 3);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -749,6 +752,7 @@ TEST_CASE("attention: Hopper forward and backward ignore non-finite data past th
     const auto r = forward_sm90<bf16>(p, dp);
     check_forward(c.name, r.first, r.second, ref);
     check_backward_sm90(p, ref);  // zero-filled keys: NaN in the tail must not reach dq
+    check_backward_sm90(p, ref, 0, 3);
   }
 }
 
@@ -845,9 +849,13 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
                           make("sm90 qsplit g2 d64 short", 70, 100, 4, 2, 64, 128)}) {
     const problem p(c);
     const cpu_result ref = run_cpu(p);
-    for (int split = 1; split <= 3; ++split) check_backward_sm90(p, ref, split);
+    for (int split = 1; split <= 3; ++split) {
+      check_backward_sm90(p, ref, split);
+      check_backward_sm90(p, ref, split, 3);
+    }
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
+    check_backward_sm90(p, ref, 0, 3);
   }
 }
 
@@ -863,7 +871,9 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
     const cpu_result ref = run_cpu(p);
     check_backward_sm90(p, ref);
     check_backward_sm90(p, ref, 2);
+    check_backward_sm90(p, ref, 2, 3);
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
+    check_backward_sm90(p, ref, 0, 3);
   }
 }

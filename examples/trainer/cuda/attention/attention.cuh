@@ -549,7 +549,8 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
   if (!sm90_backward_built<Cfg>())
     OOMB_FAIL(oomb::cuda_error, "attention_backward (sm90): this binary holds no sm_90a code for the kernel");
   OOMB_EXPECTS(split_hint >= 0 && split_hint <= 4, "attention_backward (sm90): split must be 0..4, got ", split_hint);
-  if constexpr (Cfg::DQ_BULK) OOMB_EXPECTS(aligned16(dq), "attention_backward (sm90, bulk dQ): dq must be 16-byte aligned");
+  if constexpr (Cfg::DQ != backward_dq::atomics)
+    OOMB_EXPECTS(aligned16(dq), "attention_backward (sm90, bulk dQ): dq must be 16-byte aligned");
   const backward_outputs out{dq, dk_own, dv_own, dpast};
   const auto kernel = attention_backward_sm90_kernel<Cfg>;
   allow_smem(kernel, Cfg::smem_bytes);

@@ -38,7 +38,14 @@
 
 namespace oomb_trainer::gpu::detail {
 
-template <int D_, int STAGES_, bool DQ_BULK_ = false, bool DQ_OWN_ = false, bool PIPE_ = false>
+/// How a consumer's finished dQ tile reaches the fp32 dq in global memory.
+enum class backward_dq {
+  atomics,      ///< red.global.add.v2 from every consumer thread
+  row_bulk,     ///< via shared memory, one cp.reduce.async.bulk per row issued by a consumer warp (hb1: slower)
+  writer_warp,  ///< via shared memory; a producer warp adds whole query segments with bulk reductions
+};
+
+template <int D_, int STAGES_, backward_dq DQ_ = backward_dq::atomics, bool DQ_OWN_ = false, bool PIPE_ = false>
 struct backward_sm90_tile {
   static constexpr int D = D_, BN = 128, BM = 64, STAGES = STAGES_;
   /// Software pipelining across steps (S, dP of the next step issued before this step's dq
@@ -47,12 +54,25 @@ struct backward_sm90_tile {
   /// d128: each consumer computes dQ over its own 64 keys only (two column halves), so the two
   /// consumers share no barrier per step (d64 always works this way).
   static constexpr bool DQ_OWN = DQ_OWN_;
-  /// dQ through shared memory and one bulk reduction (cp.reduce.async.bulk) per row and consumer
-  /// instead of per-thread red.global.add.v2; needs a 16-byte aligned dq.
-  static constexpr bool DQ_BULK = DQ_BULK_;
-  static constexpr int DQ_PITCH = 64 * 4 + 16;  // one consumer's row of 64 fp32, padded against bank conflicts
-  static constexpr int DQ_BYTES = DQ_BULK ? 2 * BM * DQ_PITCH : 0;
+  static constexpr backward_dq DQ = DQ_;
+  static constexpr bool DQ_BULK = DQ == backward_dq::row_bulk;
+  /// writer_warp: the consumers copy their dq tile into a shared [BM][D] fp32 tile (d128: both
+  /// consumers' column halves in one tile; d64: one tile per consumer, over its own keys) and go
+  /// on; warp 3 of the producer warpgroup adds each query's rows (contiguous in dq) with one bulk
+  /// reduction and frees the tile. Full/empty mbarriers per tile, DQ_BUFS tiles per unit.
+  static constexpr bool DQ_WRITER = DQ == backward_dq::writer_warp;
+  static constexpr int DQ_UNITS = DQ_WRITER ? (D == 64 ? 2 : 1) : 0;  // d64: one per consumer
+  static constexpr int DQ_BUFS = D == 64 ? 2 : 1;  // d128: no room for a second 32 KB tile
+  static constexpr int DQ_UNIT_BYTES = BM * D * 4;
+  static constexpr int DQ_PITCH = 64 * 4 + 16;  // row_bulk: one consumer's row of 64 fp32, padded against bank conflicts
+  static constexpr int DQ_BYTES = DQ_BULK ? 2 * BM * DQ_PITCH : DQ_UNITS * DQ_BUFS * DQ_UNIT_BYTES;
   static constexpr int THREADS = 384;  // producer warpgroup + 2 consumer warpgroups
+  /// Producer threads that load Q/dO (the writer warp, when there is one, is not among them).
+  static constexpr int LOADERS = DQ_WRITER ? 96 : 128;
+  /// The writer_warp order frees a stage only in the next step (its dK reads Q), so with two
+  /// stages the loaders must release each step as soon as it lands: a lag of one step would wait
+  /// on a stage that only the step it holds back can free.
+  static constexpr int LOAD_LAG = DQ_WRITER && STAGES < 3 ? 0 : 1;
   static constexpr int PANELS = D / 64;
   static constexpr int KV_BYTES = BN * D * 2;
   static constexpr int Q_BYTES = BM * D * 2;   // one Q (or dO) stage
@@ -60,9 +80,18 @@ struct backward_sm90_tile {
   static constexpr int max_tiles = 4096;
   static constexpr int tiles_bytes = 2 * KV_BYTES + 2 * STAGES * Q_BYTES + 2 * DS_BYTES;
   static constexpr int smem_bytes = 1024 /* alignment slack */ + tiles_bytes + DQ_BYTES + 2 * STAGES * BM * 4 + max_tiles;
-  static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;  // static shared memory, sm_90a builds only
-  static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+  static constexpr int NBARS = 2 * STAGES + 1 + 2 * DQ_UNITS * DQ_BUFS;
+  static constexpr int BAR_BYTES = NBARS * 8;  // static shared memory, sm_90a builds only
+  // writer_warp at d128 needs 240 (dq stays live while dK is in flight; at 224 or 232 ptxas
+  // serialises the products, C7512), so the producer gets 24 (its loop is not unrolled then).
+  static constexpr bool WIDE = DQ_WRITER && D == 128;
+  static constexpr int PRODUCER_REGS = WIDE ? 24 : 56, CONSUMER_REGS = WIDE ? 240 : 224;
   static_assert(D == 64 || D == 128, "head_dim");
+  static_assert(!DQ_WRITER || (!DQ_OWN && !PIPE), "writer warp: its own step order, dQ split as the default's");
+  static_assert(smem_bytes <= 227 * 1024, "shared memory");
+  // setmaxnreg moves registers within the CTA: 384 threads start with 168 each (65536 / 384, rounded
+  // down to 8), and an increase beyond what the producer released waits forever.
+  static_assert(PRODUCER_REGS + 2 * CONSUMER_REGS <= 3 * 168, "register split over the CTA's allocation");
 };
 
 template <class Cfg>
@@ -90,11 +119,16 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   float* const sL = reinterpret_cast<float*>(tail);  // [S][BM] lse
   float* const sDl = sL + S * BM;                    // [S][BM] delta
   std::uint8_t* const sBits = reinterpret_cast<std::uint8_t*>(sDl + S * BM);
-  __shared__ alignas(8) std::uint64_t bar_mem[2 * S + 1];
+  __shared__ alignas(8) std::uint64_t bar_mem[Cfg::NBARS];
   const std::uint32_t bars = smem_addr(bar_mem);
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (S + s); };
   const std::uint32_t kv_bar = bars + 8u * (2 * S);
+  // writer_warp: tile n = unit * DQ_BUFS + buffer of the shared dq tiles.
+  constexpr int NDQ = Cfg::DQ_UNITS * Cfg::DQ_BUFS;
+  auto dq_full = [&](int n) { return bars + 8u * (2 * S + 1 + n); };
+  auto dq_empty = [&](int n) { return bars + 8u * (2 * S + 1 + NDQ + n); };
+  auto dq_tile = [&](int n) { return sdQ + static_cast<std::uint32_t>(n * Cfg::DQ_UNIT_BYTES); };
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;
@@ -145,10 +179,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full(s), 128);
+      mbar_init(full(s), Cfg::LOADERS);
       mbar_init(empty(s), 256);
     }
     mbar_init(kv_bar, 1);
+    for (int n = 0; n < NDQ; ++n) {
+      mbar_init(dq_full(n), D == 64 ? 128 : 256);  // d128: both consumers write one tile
+      mbar_init(dq_empty(n), 1);
+    }
     fence_barrier_init();
   }
   __syncthreads();  // barriers and sBits
@@ -162,6 +200,40 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     // ---------------------------------------------------------------- producer
     setmaxnreg_dec<Cfg::PRODUCER_REGS>();
     const int pt = tid;  // 0..127
+    if constexpr (Cfg::DQ_WRITER) {
+      if (pt >= Cfg::LOADERS) {
+        // The dq writer: per step and tile, wait until the consumers have written it, add each
+        // query's rows (contiguous in dq: rows query * group + head) with one bulk reduction, and
+        // free the tile once the reductions have read it.
+        int i = 0;
+        for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
+          const int r0 = b * BM, r1 = r0 + BM < rows ? r0 + BM : rows;
+          const int qa = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r0)));
+          const int qb = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r1 - 1)));
+          const int nb = i % Cfg::DQ_BUFS;
+#pragma unroll
+          for (int u = 0; u < Cfg::DQ_UNITS; ++u) {
+            const int n = u * Cfg::DQ_BUFS + nb;
+            mbar_wait(dq_full(n), static_cast<std::uint32_t>(i / Cfg::DQ_BUFS) & 1u);
+            for (int q = qa + lane; q <= qb; q += 32) {
+              const int lo = q * p.group > r0 ? q * p.group : r0;
+              const int hi = (q + 1) * p.group < r1 ? (q + 1) * p.group : r1;
+              bulk_reduce_add_f32(outp.dq + (std::int64_t(q) * p.hq + head0 + (lo - q * p.group)) * D,
+                                  dq_tile(n) + static_cast<std::uint32_t>((lo - r0) * D * 4),
+                                  static_cast<std::uint32_t>((hi - lo) * D * 4));
+            }
+            bulk_commit();
+          }
+          bulk_wait_read<0>();
+          __syncwarp();
+          if (lane == 0)
+#pragma unroll
+            for (int u = 0; u < Cfg::DQ_UNITS; ++u) mbar_arrive(dq_empty(u * Cfg::DQ_BUFS + nb));
+        }
+        bulk_wait<0>();
+        return;
+      }
+    }
     // K and V of the block, once: TMA boxes of the page when the tile is full, else zero-filled
     // cp.async (keys past the window's end must read as finite zeros).
     if (s_end - s0 == BN) {
@@ -180,7 +252,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     } else {
       const auto base = reinterpret_cast<const std::uint16_t*>(p.pool.base);
       constexpr int CPR = D / 8;
-      for (int e = pt; e < BN * CPR; e += 128) {
+      for (int e = pt; e < BN * CPR; e += Cfg::LOADERS) {
         const int r = e / CPR, chunk = e % CPR;
         const bool ok = s0 + r < s_end;
         const std::int64_t off = ok ? p.pool.offset(page_id, (s0 + r) & page_mask, kvh) + chunk * 8 : 0;
@@ -192,20 +264,21 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       cp_async_commit();
       cp_async_wait<0>();
       fence_proxy_async();
-      named_sync(1, 128);
+      named_sync(1, Cfg::LOADERS);
       if (pt == 0) mbar_arrive(kv_bar);
     }
 
     // Q, dO, lse, delta of each step into stage i % S; the full barrier is released once this
-    // thread's copies have landed (cp.async groups one step behind, so two steps are in flight).
+    // thread's copies have landed (cp.async groups LOAD_LAG steps behind: with 1, two steps are in
+    // flight).
     constexpr int CPR = D / 8;
+    constexpr int LOAD_UNROLL = Cfg::WIDE ? 1 : 4;  // with 24 registers the unrolled loop spills
     int i = 0, prev_s = -1;
     for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
       const int s = i % S;
       mbar_wait(empty(s), (static_cast<std::uint32_t>(i / S) & 1u) ^ 1u);
-#pragma unroll 4
-      for (int k = 0; k < BM * CPR / 128; ++k) {
-        const int e = pt + k * 128;
+#pragma unroll LOAD_UNROLL
+      for (int e = pt; e < BM * CPR; e += Cfg::LOADERS) {
         const int r = e / CPR, chunk = e % CPR;
         const int R = b * BM + r;
         const bool ok = R < rows;
@@ -225,6 +298,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         cp_async_4(smem_addr(sDl + s * BM + pt), delta + off, ok);
       }
       cp_async_commit();
+      if constexpr (Cfg::LOAD_LAG == 0) {
+        cp_async_wait<0>();
+        fence_proxy_async();
+        mbar_arrive(full(s));
+        continue;
+      }
       if (prev_s >= 0) {
         cp_async_wait<1>();
         fence_proxy_async();
@@ -289,7 +368,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   // Waits for S (all but the newest commit group), forms P^T; waits for dP, forms dS^T; packs both
   // into A fragments and stores dS ([query][key], key panel c) into buffer i & 1 for dQ = dS K.
-  auto softmax_ds = [&](int b, int s, int i) {
+  // release >= 0: the stage whose last reader (the previous step's dK) the S wait retires.
+  auto softmax_ds = [&](int b, int s, int i, int release) {
     const float* sLs = sL + s * BM;
     const float* sDs = sDl + s * BM;
     const bool masked = valid_keys < BN || (b + 1) * BM > rows ||
@@ -297,6 +377,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     wgmma_wait<1>();
 #pragma unroll
     for (int k = 0; k < 32; ++k) fence_operand(sacc[k]);
+    if (release >= 0) mbar_arrive(empty(release));
     // P^T = exp2(S^T scale log2e - lse log2e); lse = -inf (a row that saw no key) gives P = 0.
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
@@ -353,22 +434,23 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     fence_proxy_async();
   };
 
-  // dV += P^T dO, dK += dS^T Q (B operands N-major: [query][d] rows): one commit group.
-  auto issue_dkv = [&](int s) {
-    const std::uint32_t sQ_s = sQ + s * Q_BYTES, sdO_s = sdO + s * Q_BYTES;
-    wgmma_fence();
+  // acc += A_k B_k over the BM queries of stage buffer `sb` (B N-major: [query][d] rows); dV += P^T dO
+  // (frag = pa, sb = dO) or dK += dS^T Q (frag = da, sb = Q). No commit.
+  auto issue_kv_product = [&](float(&acc)[NKV], const std::uint32_t(&frag)[BM / 16][4], std::uint32_t sb) {
 #pragma unroll
     for (int k = 0; k < BM / 16; ++k) {
-      const std::uint64_t bo = sw128_desc(sdO_s + k * 16 * 128, PANEL_Q, 1024);
-      const std::uint64_t bq = sw128_desc(sQ_s + k * 16 * 128, PANEL_Q, 1024);
-      if constexpr (D == 128) {
-        wgmma_rs_n128(acc_dv, pa[k], bo);
-        wgmma_rs_n128(acc_dk, da[k], bq);
-      } else {
-        wgmma_rs_n64(acc_dv, pa[k], bo);
-        wgmma_rs_n64(acc_dk, da[k], bq);
-      }
+      const std::uint64_t bd = sw128_desc(sb + k * 16 * 128, PANEL_Q, 1024);
+      if constexpr (D == 128)
+        wgmma_rs_n128(acc, frag[k], bd);
+      else
+        wgmma_rs_n64(acc, frag[k], bd);
     }
+  };
+  // dV += P^T dO, dK += dS^T Q: one commit group.
+  auto issue_dkv = [&](int s) {
+    wgmma_fence();
+    issue_kv_product(acc_dv, pa, sdO + s * Q_BYTES);
+    issue_kv_product(acc_dk, da, sQ + s * Q_BYTES);
     wgmma_commit();
   };
 
@@ -409,9 +491,38 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
   };
   // Adds the finished dq tile of step b (rows 16w + g + 8h, columns 64 colp + 8j + 2t4) to global memory.
-  auto dq_out = [&](int b, int hf) {
+  auto dq_out = [&](int b, int i, int hf) {
     const int colp = colp_of(hf);
-    if constexpr (Cfg::DQ_BULK) {
+    if constexpr (Cfg::DQ_WRITER) {
+      // Into shared tile n ([BM][D] fp32, the writer warp's source; rows are dq rows, so no
+      // swizzle): each thread stores its 8 column blocks of a row in an order rotated by g, so the
+      // 8 rows of a store instruction fall on distinct bank groups.
+      (void)b;
+      const int n = (OWN ? c : 0) * Cfg::DQ_BUFS + i % Cfg::DQ_BUFS;
+      mbar_wait(dq_empty(n), (static_cast<std::uint32_t>(i / Cfg::DQ_BUFS) & 1u) ^ 1u);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float2 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = make_float2(dq[4 * j + 2 * h] * p.scale, dq[4 * j + 2 * h + 1] * p.scale);
+#pragma unroll
+        for (int bit = 1; bit < 8; bit <<= 1) {  // v[k] = v[(k + g) & 7], one select stage per bit of g
+          const bool rot = (g & bit) != 0;
+          float2 t[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) t[k] = rot ? v[(k + bit) & 7] : v[k];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) v[k] = t[k];
+        }
+        const std::uint32_t row = dq_tile(n) + static_cast<std::uint32_t>((w * 16 + g + 8 * h) * D * 4 + colp * 256 + t4 * 8);
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row + ((k + g) & 7) * 32), "f"(v[k].x), "f"(v[k].y)
+                       : "memory");
+      }
+      fence_proxy_async();
+      mbar_arrive(dq_full(n));
+    } else if constexpr (Cfg::DQ_BULK) {
       constexpr int P = Cfg::DQ_PITCH;
       const std::uint32_t my = sdQ + c * BM * P;
       if (w == 0) bulk_wait_read<0>();  // the previous step's reductions have read the buffer
@@ -470,12 +581,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     int b = b_first, i = 0, b_prev = -1, s_prev = 0;
     while (true) {
       const int s = i % S;
-      softmax_ds(b, s, i);  // its waits also retire dV/dK and dQ of step i - 1
+      softmax_ds(b, s, i, -1);  // its waits also retire dV/dK and dQ of step i - 1
       if (b_prev >= 0) {
 #pragma unroll
         for (int k = 0; k < 32; ++k) fence_operand(dq[k]);
         mbar_arrive(empty(s_prev));
-        dq_out(b_prev, 0);
+        dq_out(b_prev, i - 1, 0);
       }
       issue_dkv(s);
       ds_barrier();
@@ -492,14 +603,46 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     wgmma_wait<0>();
     fence_acc();
     mbar_arrive(empty(s_prev));
-    dq_out(b_prev, 0);
+    dq_out(b_prev, i, 0);
+  } else if constexpr (Cfg::DQ_WRITER) {
+    // FlashAttention-3's order: dV, then dQ (needs both consumers' dS), then dK; dQ is drained and
+    // copied to its shared tile while dK runs, and the writer warp adds it to global memory. dK of
+    // step i still reads stage s when step i + 1 starts: the stage is freed after that step's S wait.
+#pragma unroll
+    for (int k = 0; k < NKV; ++k) {  // the zeroed accumulators are defined before any product is in flight
+      fence_operand(acc_dk[k]);
+      fence_operand(acc_dv[k]);
+    }
+    int i = 0, s_prev = -1;
+    for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
+      const int s = i % S;
+      mbar_wait(full(s), full_parity(i));
+      issue_sdp(s);
+      softmax_ds(b, s, i, s_prev);
+      wgmma_fence();
+      issue_kv_product(acc_dv, pa, sdO + s * Q_BYTES);
+      wgmma_commit();
+      ds_barrier();
+      issue_dq(i, 0);
+      wgmma_fence();
+      issue_kv_product(acc_dk, da, sQ + s * Q_BYTES);
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dQ done, dK in flight
+#pragma unroll
+      for (int k = 0; k < 32; ++k) fence_operand(dq[k]);
+      dq_out(b, i, 0);
+      s_prev = s;
+    }
+    wgmma_wait<0>();
+    fence_acc();
+    if (s_prev >= 0) mbar_arrive(empty(s_prev));
   } else {
     int i = 0;
     for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
       const int s = i % S;
       mbar_wait(full(s), full_parity(i));
       issue_sdp(s);
-      softmax_ds(b, s, i);
+      softmax_ds(b, s, i, -1);
       issue_dkv(s);
       ds_barrier();
 #pragma unroll 1
@@ -508,7 +651,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         wgmma_wait<0>();
         fence_acc();
         if (hf == 0) mbar_arrive(empty(s));  // Q, dO, lse, delta of stage s are no longer read
-        dq_out(b, hf);
+        dq_out(b, i, hf);
       }
     }
   }

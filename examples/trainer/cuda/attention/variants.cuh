@@ -45,11 +45,12 @@ struct backward_config;
 template <> struct backward_config<64> { using type = detail::backward_tile<64, 128, 128, 8, 1, 4, 4, 4>; };
 template <> struct backward_config<128> { using type = detail::backward_tile<128, 128, 64, 8, 1, 2, 4, 2>; };
 
-/// Hopper backward (wgmma, warp-specialised; backward_sm90.cuh): Q/dO pipeline stages per head size.
+/// Hopper backward (wgmma, warp-specialised; backward_sm90.cuh): Q/dO pipeline stages and the way dQ
+/// reaches global memory, per head size. Measured (docs/attention-notes.md, hb3): the dQ writer warp
+/// +16-27% at d64, within 2% at d128.                                       D  stages  dQ
 template <int D>
 struct backward_sm90_config;
-//                                                                      D  stages
-template <> struct backward_sm90_config<64> { using type = detail::backward_sm90_tile<64, 3>; };
+template <> struct backward_sm90_config<64> { using type = detail::backward_sm90_tile<64, 3, detail::backward_dq::writer_warp>; };
 template <> struct backward_sm90_config<128> { using type = detail::backward_sm90_tile<128, 3>; };
 
 namespace experimental {
@@ -59,10 +60,16 @@ using backward_d64_bm64 = detail::backward_tile<64, 128, 64, 8, 1, 2, 4, 2>;    
 using forward_sm90_d64_plain = detail::forward_sm90_tile<64, 3, false>;        // h1 default
 using forward_sm90_d128_pingpong = detail::forward_sm90_tile<128, 2, true>;
 // Hopper backward with dQ through shared memory and bulk reductions (docs/attention-notes.md, hb)
-using backward_sm90_d128_bulk = detail::backward_sm90_tile<128, 2, true>;
-using backward_sm90_d64_bulk = detail::backward_sm90_tile<64, 3, true>;
-using backward_sm90_d128_own = detail::backward_sm90_tile<128, 3, false, true>;  // dQ over own keys, no shared barrier
-using backward_sm90_d64_pipe = detail::backward_sm90_tile<64, 3, false, false, true>;  // software-pipelined steps
+using detail::backward_dq;
+using backward_sm90_d128_bulk = detail::backward_sm90_tile<128, 2, backward_dq::row_bulk>;
+using backward_sm90_d64_bulk = detail::backward_sm90_tile<64, 3, backward_dq::row_bulk>;
+using backward_sm90_d128_own = detail::backward_sm90_tile<128, 3, backward_dq::atomics, true>;  // dQ over own keys, no shared barrier
+using backward_sm90_d64_pipe = detail::backward_sm90_tile<64, 3, backward_dq::atomics, false, true>;  // software-pipelined steps
+// dQ through shared tiles and a writer warp's bulk reductions, FlashAttention-3's step order (hb3;
+// the d64 default)
+using backward_sm90_d128_writer = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp>;
+using backward_sm90_d64_writer = backward_sm90_config<64>::type;
+using backward_sm90_d64_atomics = detail::backward_sm90_tile<64, 3>;  // hb2 default: red.add from the consumers
 }  // namespace experimental
 
 /// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
