@@ -17,8 +17,8 @@
 //  - compute streams are cuda_stream_view, taken by value: a temporary view of a framework's
 //    cudaStream_t works; the far tier is any pinned (or device) resource: pinned_resource, a
 //    framework's pinned allocator, a limiting_adaptor or statistics_adaptor over either;
-//  - prepare() builds both transfer objects when the scheduler is built (no lazy allocation of the
-//    backend's own on the first batch), and each scheduler batch is an NVTX range
+//  - prepare() builds both transfer objects, kernel staging included, when the scheduler is built
+//    (nothing is allocated lazily on the first batch), and each scheduler batch is an NVTX range
 //    ("oomb::residency::prefetch", ...) that a framework's profiler shows (NVTX3, header-only).
 // Streams: use high-priority streams for copy_in / copy_out (cuda_stream::greatest_priority()) so
 // kernel-path copies are scheduled ahead of compute blocks waiting for an SM.
@@ -29,9 +29,8 @@
 #include <memory>
 #include <type_traits>
 
-#include <nvtx3/nvToolsExt.h>
-
 #include "oomb/cuda/device_resource.hpp"
+#include "oomb/cuda/nvtx.hpp"
 #include "oomb/cuda/page_transfer.cuh"
 #include "oomb/cuda/pinned_resource.hpp"
 #include "oomb/cuda/stream.hpp"
@@ -77,9 +76,16 @@ class cuda_backend {
     (void)slot_for(far, static_cast<const block_pool<near_resource>&>(near));
   }
 
-  /// NVTX ranges around the scheduler's batches.
-  void range_begin(const char* name) noexcept { nvtxRangePushA(name); }
-  void range_end() noexcept { nvtxRangePop(); }
+  /// NVTX ranges (in the "oomb" domain, as the transfers' own) around the scheduler's batches.
+  void range_begin(const char* name) noexcept {
+    nvtxEventAttributes_t a{};
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.messageType = NVTX_MESSAGE_TYPE_ASCII;
+    a.message.ascii = name;
+    nvtxDomainRangePushEx(detail::nvtx_domain(), &a);
+  }
+  void range_end() noexcept { nvtxDomainRangePop(detail::nvtx_domain()); }
 
   /// One batch of page copies between the tiers, by the path options() choose. The transfer
   /// objects (validation scratch, kernel staging) are kept per direction and rebuilt only when the
