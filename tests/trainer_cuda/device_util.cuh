@@ -5,9 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
+
+#include <doctest/doctest.h>
 
 #include <oomb/core/bf16.hpp>
 #include <oomb/cuda/error.hpp>
@@ -63,6 +66,13 @@ inline std::vector<float> to_float(const std::vector<bf16>& b) {
   std::vector<float> f(b.size());
   for (std::size_t i = 0; i < b.size(); ++i) f[i] = static_cast<float>(b[i]);
   return f;
+}
+
+/// Checks a norm-wise relative error against its tolerance and prints both, so the log holds
+/// the measured errors that docs/trainer-ops.md quotes.
+inline void expect_close(const char* what, double err, double tol) {
+  MESSAGE(std::string(what) << ": relative error " << err << " (tolerance " << tol << ")");
+  CHECK(err < tol);
 }
 
 /// A non-blocking stream for one test.

@@ -1,4 +1,4 @@
-// RMSNorm, RoPE, SwiGLU and the embedding on the GPU against their CPU ops (float), on seeded
+// RMSNorm, RoPE, SwiGLU, the embedding and the elementwise glue on the GPU against their CPU ops (float), on seeded
 // random inputs the CPU reads exactly; shapes that are not multiples of the kernels' block sizes.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
@@ -11,6 +11,7 @@
 #include "trainer/cpu/rmsnorm.hpp"
 #include "trainer/cpu/rope.hpp"
 #include "trainer/cpu/swiglu.hpp"
+#include "trainer/cuda/ops/elementwise.cuh"
 #include "trainer/cuda/ops/embedding.cuh"
 #include "trainer/cuda/ops/rmsnorm.cuh"
 #include "trainer/cuda/ops/rope.cuh"
@@ -58,8 +59,8 @@ void check_rmsnorm(std::int64_t n, std::int32_t H, std::uint64_t seed) {
   device_array<char> ws(ops::rmsnorm_backward_workspace_bytes(n, H));
   ops::rmsnorm_forward(n, H, dx_in.get(), dw_in.get(), eps, y.get(), rstd.get(), stream.view());
   const auto rstd_gpu = rstd.download();
-  CHECK(rel_err(to_float(y.download()), y_ref) < tol_bf16);
-  CHECK(rel_err(rstd_gpu, rstd_ref) < tol_f32);
+  expect_close("rmsnorm y (bf16)", rel_err(to_float(y.download()), y_ref), tol_bf16);
+  expect_close("rmsnorm rstd", rel_err(rstd_gpu, rstd_ref), tol_f32);
 
   // The backward from the same rstd on both sides.
   std::vector<float> dx_ref = dx0, dw_ref = dw0;
@@ -67,8 +68,8 @@ void check_rmsnorm(std::int64_t n, std::int32_t H, std::uint64_t seed) {
   ops::rmsnorm_backward(n, H, dx_in.get(), dw_in.get(), rstd.get(), ddy.get(), gx.get(), gw.get(), ws.get(), ws.size(),
                         stream.view());
   const auto dw1 = gw.download();
-  CHECK(rel_err(minus(gx.download(), dx0), minus(dx_ref, dx0)) < tol_f32);
-  CHECK(rel_err(minus(dw1, dw0), minus(dw_ref, dw0)) < tol_f32);
+  expect_close("rmsnorm dx", rel_err(minus(gx.download(), dx0), minus(dx_ref, dx0)), tol_f32);
+  expect_close("rmsnorm dw", rel_err(minus(dw1, dw0), minus(dw_ref, dw0)), tol_f32);
   // Deterministic: the same call from the same state gives the same bits.
   gw.upload(dw0);
   ops::rmsnorm_backward(n, H, dx_in.get(), dw_in.get(), rstd.get(), ddy.get(), gx.get(), gw.get(), ws.get(), ws.size(),
@@ -79,7 +80,7 @@ void check_rmsnorm(std::int64_t n, std::int32_t H, std::uint64_t seed) {
 }  // namespace
 
 TEST_CASE("rmsnorm: forward and backward equal the CPU op; dw is deterministic") {
-  check_rmsnorm<float>(150, 200, 21);   // rows not a multiple of the 64-row chunk, H not of 256
+  check_rmsnorm<float>(150, 200, 21);   // rows not a multiple of the 8-row chunk, H not of 256
   check_rmsnorm<bf16>(70, 896, 22);     // Qwen2.5-0.5B's hidden size, bf16 dy
   check_rmsnorm<float>(3, 3584, 23);    // 7B's
 }
@@ -109,17 +110,17 @@ TEST_CASE("rope: forward and backward equal the CPU op at far positions, fp32 ta
   cpu::rope_backward(n, heads, d, bwd.data(), table);
   device_array<float> x(xf);
   ops::rope_forward(n, heads, d, x.get(), view, stream.view());
-  CHECK(rel_err(x.download(), fwd) < tol_f32);
+  expect_close("rope forward (fp32)", rel_err(x.download(), fwd), tol_f32);
   x.upload(xf);
   ops::rope_backward(n, heads, d, x.get(), view, stream.view());
-  CHECK(rel_err(x.download(), bwd) < tol_f32);
+  expect_close("rope backward (fp32)", rel_err(x.download(), bwd), tol_f32);
 
   const auto xb = random_bf16(xf.size(), 32);
   std::vector<float> fwd_b = to_float(xb);
   cpu::rope_forward(n, heads, d, fwd_b.data(), table);
   device_array<bf16> x16(xb);
   ops::rope_forward(n, heads, d, x16.get(), view, stream.view());
-  CHECK(rel_err(to_float(x16.download()), fwd_b) < tol_bf16);
+  expect_close("rope forward (bf16)", rel_err(to_float(x16.download()), fwd_b), tol_bf16);
 
   CHECK_THROWS_WITH_AS(ops::rope_forward(n, heads, 128, x.get(), view, stream.view()),
                        doctest::Contains("table is for head_dim 64"), oomb::invalid_argument);
@@ -142,12 +143,12 @@ TEST_CASE("swiglu: forward and backward equal the CPU op") {
   ops::swiglu_forward(n, dg_in.get(), du_in.get(), h32.get(), stream.view());
   ops::swiglu_backward(n, dg_in.get(), du_in.get(), ddh.get(), dg32.get(), du32.get(), stream.view());
   ops::swiglu_backward(n, dg_in.get(), du_in.get(), ddh.get(), dg16.get(), du16.get(), stream.view());
-  CHECK(rel_err(h32.download(), h_ref) < tol_f32);
-  CHECK(rel_err(to_float(h16.download()), h_ref) < tol_bf16);
-  CHECK(rel_err(dg32.download(), dg_ref) < tol_f32);
-  CHECK(rel_err(du32.download(), du_ref) < tol_f32);
-  CHECK(rel_err(to_float(dg16.download()), dg_ref) < tol_bf16);
-  CHECK(rel_err(to_float(du16.download()), du_ref) < tol_bf16);
+  expect_close("swiglu h (fp32)", rel_err(h32.download(), h_ref), tol_f32);
+  expect_close("swiglu h (bf16)", rel_err(to_float(h16.download()), h_ref), tol_bf16);
+  expect_close("swiglu dg (fp32)", rel_err(dg32.download(), dg_ref), tol_f32);
+  expect_close("swiglu du (fp32)", rel_err(du32.download(), du_ref), tol_f32);
+  expect_close("swiglu dg (bf16)", rel_err(to_float(dg16.download()), dg_ref), tol_bf16);
+  expect_close("swiglu du (bf16)", rel_err(to_float(du16.download()), du_ref), tol_bf16);
   CHECK_THROWS_AS(ops::swiglu_forward(0, dg_in.get(), du_in.get(), h16.get(), stream.view()), oomb::invalid_argument);
 }
 
@@ -174,7 +175,7 @@ TEST_CASE("embedding: forward copies rows, backward scatter-adds deterministical
   CHECK(bad.download()[0] == -1);
   ops::embedding_backward(n, H, vocab, dtok.get(), ddout.get(), dtable.get(), ws.get(), ws.size(), stream.view());
   const auto d1 = dtable.download();
-  CHECK(rel_err(minus(d1, dtable0), minus(dtable_ref, dtable0)) < tol_f32);
+  expect_close("embedding dtable", rel_err(minus(d1, dtable0), minus(dtable_ref, dtable0)), tol_f32);
   dtable.upload(dtable0);
   ops::embedding_backward(n, H, vocab, dtok.get(), ddout.get(), dtable.get(), ws.get(), ws.size(), stream.view());
   CHECK(trainer_test::same_bits(dtable.download(), d1));
@@ -191,4 +192,24 @@ TEST_CASE("embedding: forward copies rows, backward scatter-adds deterministical
   CHECK_THROWS_WITH_AS(ops::embedding_backward(n, H, vocab, dtok.get(), ddout.get(), dtable.get(), ws.get(), 8,
                                                stream.view()),
                        doctest::Contains("workspace of 8 bytes"), oomb::invalid_argument);
+}
+
+TEST_CASE("elementwise: convert rounds like oomb::bf16, add_into adds in fp32") {
+  test_stream stream;
+  const std::int64_t n = 5003;
+  const auto a = random_vector<float>(std::size_t(n), 61, -100.0, 100.0), b = random_vector<float>(std::size_t(n), 62);
+  device_array<float> da(a), db(b);
+  device_array<bf16> h(a.size());
+  ops::convert(n, da.get(), h.get(), stream.view());
+  const auto hb = h.download();
+  bool rounded = true;
+  for (std::size_t i = 0; i < a.size(); ++i) rounded = rounded && hb[i] == bf16(a[i]);
+  CHECK(rounded);  // exactly the host's round-to-nearest-even
+  ops::add_into(n, h.get(), db.get(), stream.view());
+  const auto sum = db.download();
+  bool added = true;
+  for (std::size_t i = 0; i < a.size(); ++i) added = added && sum[i] == b[i] + static_cast<float>(hb[i]);
+  CHECK(added);  // one fp32 add: exact agreement
+  CHECK_THROWS_WITH_AS(ops::add_into(n, da.get(), da.get(), stream.view()), doctest::Contains("must not be the same"),
+                       oomb::invalid_argument);
 }

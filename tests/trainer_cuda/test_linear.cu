@@ -52,15 +52,15 @@ void check_linear(std::int64_t n, std::int32_t in, std::int32_t out, std::uint64
   ops::linear_backward_weight(ctx, n, in, out, dx_d.get(), ddy.get(), gW.get(), stream.view());
   ops::bias_backward(n, out, ddy.get(), gb.get(), stream.view());
 
-  CHECK(rel_err(to_float(y_bf.download()), y_ref) < tol_bf16);
-  CHECK(rel_err(y_f.download(), y_nobias) < tol_f32);
-  CHECK(rel_err(gx.download(), dx_ref) < tol_f32);
+  expect_close("linear y (bf16, bias)", rel_err(to_float(y_bf.download()), y_ref), tol_bf16);
+  expect_close("linear y (fp32)", rel_err(y_f.download(), y_nobias), tol_f32);
+  expect_close("linear dx (fp32, +=)", rel_err(gx.download(), dx_ref), tol_f32);
   // dx written (not accumulated) in bf16: dx_ref - dx0 is the product alone.
   std::vector<float> dx_only(dx_ref.size());
   for (std::size_t i = 0; i < dx_only.size(); ++i) dx_only[i] = dx_ref[i] - dx0[i];
-  CHECK(rel_err(to_float(gx_bf.download()), dx_only) < tol_bf16);
-  CHECK(rel_err(gW.download(), dW_ref) < tol_f32);
-  CHECK(rel_err(gb.download(), db_ref) < tol_f32);
+  expect_close("linear dx (bf16)", rel_err(to_float(gx_bf.download()), dx_only), tol_bf16);
+  expect_close("linear dW", rel_err(gW.download(), dW_ref), tol_f32);
+  expect_close("linear db", rel_err(gb.download(), db_ref), tol_f32);
 }
 
 }  // namespace
