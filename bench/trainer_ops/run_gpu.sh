@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for the trainer's CUDA ops: the gpu tests, the fused LM head
-# benchmark beside PyTorch's plain head, then compute-sanitizer memcheck over the tests. Logs and
+# benchmark beside PyTorch's plain head, the layer ops' benchmark, then compute-sanitizer memcheck
+# over the tests. Logs and
 # raw JSON lines go to $OUT. Run from the repository root with the binaries built here (targets
-# test_trainer_cuda, bench_lm_head) copied to $BIN:
-#   BIN=.gpu/h4 bash bench/trainer_ops/run_gpu.sh [all|tests|bench|torch|memcheck]...
+# test_trainer_cuda, bench_lm_head, bench_layer_ops) copied to $BIN:
+#   BIN=.gpu/h4 bash bench/trainer_ops/run_gpu.sh [all|tests|bench|layer|torch|memcheck]...
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
 BIN=${BIN:-.gpu/h4}
@@ -25,6 +26,10 @@ fi
 if has bench; then
   timeout 150 "$BIN/bench_lm_head" 10 2>&1 | tee "$OUT/bench_lm_head.jsonl"
   summary+=("bench rc=$?")
+fi
+if has layer; then
+  timeout 150 "$BIN/bench_layer_ops" 2>&1 | tee "$OUT/bench_layer_ops.jsonl"
+  summary+=("layer rc=$?")
 fi
 if has torch; then
   timeout 120 "$PY" bench/trainer_ops/torch_baseline.py 10 2>&1 | tee "$OUT/torch_baseline.jsonl"

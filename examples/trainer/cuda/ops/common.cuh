@@ -15,6 +15,10 @@
 #include <oomb/cuda/error.hpp>
 #include <oomb/cuda/stream_view.hpp>
 
+/// Checks the launch just enqueued (configuration errors) without synchronising; faults inside
+/// the kernel surface at the caller's next checked call.
+#define OOMB_OPS_CHECK_LAUNCH(what) OOMB_CUDA_CHECK_LAUNCH(what, ": kernel launch")
+
 namespace oomb_trainer::gpu::ops {
 
 using oomb::bf16;
@@ -58,6 +62,37 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return t;
 }
 
+constexpr int column_sum_cols = 32, column_sum_row_groups = 8;
+
+/// out[c] += sum_r in[r][c] over rows r < rows of a row-major [rows][cols] array, in fp32. Block:
+/// 32 columns x 8 row groups; group g sums rows g, g + 8, ... and the 8 partials are added in a
+/// fixed order, so the result is the same on every run. Grid: ceil(cols / 32) blocks.
+template <class E>
+__global__ void column_sum_add_kernel(std::int64_t rows, std::int32_t cols, const E* __restrict__ in,
+                                      float* __restrict__ out) {
+  __shared__ float part[column_sum_row_groups][column_sum_cols];
+  const std::int32_t c = blockIdx.x * column_sum_cols + threadIdx.x;
+  float s = 0.0f;
+  if (c < cols)
+    for (std::int64_t r = threadIdx.y; r < rows; r += column_sum_row_groups) s += load(in[r * cols + c]);
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float total = 0.0f;
+    for (int g = 0; g < column_sum_row_groups; ++g) total += part[g][threadIdx.x];
+    out[c] += total;
+  }
+}
+
+/// Enqueues column_sum_add_kernel.
+template <class E>
+void column_sum_add(std::int64_t rows, std::int32_t cols, const E* in, float* out, stream_view stream, const char* what) {
+  const dim3 block(column_sum_cols, column_sum_row_groups);
+  column_sum_add_kernel<<<unsigned((cols + column_sum_cols - 1) / column_sum_cols), block, 0, stream.get()>>>(rows, cols,
+                                                                                                               in, out);
+  OOMB_OPS_CHECK_LAUNCH(what);
+}
+
 /// Carves a caller's workspace into 256-byte aligned arrays, in a fixed order: run once with a
 /// null base to size it (the planning functions), once over the real workspace to place them.
 class workspace_carver {
@@ -86,7 +121,3 @@ inline void check_workspace(const char* what, const void* workspace, std::size_t
 }  // namespace detail
 
 }  // namespace oomb_trainer::gpu::ops
-
-/// Checks the launch just enqueued (configuration errors) without synchronising; faults inside
-/// the kernel surface at the caller's next checked call.
-#define OOMB_OPS_CHECK_LAUNCH(what) OOMB_CUDA_CHECK_LAUNCH(what, ": kernel launch")

@@ -72,40 +72,13 @@ inline void linear_backward_weight(gemm_context& ctx, std::int64_t n, std::int32
   ctx.matmul(a, stream);
 }
 
-namespace detail {
-
-constexpr int bias_cols = 32, bias_row_groups = 8;
-
-/// Block (32 columns x 8 row groups): each thread sums its column over rows g, g + 8, ...; the 8
-/// partials are combined in a fixed order, so the result is the same on every run.
-template <class G>
-__global__ void bias_backward_kernel(std::int64_t n, std::int32_t out, const G* __restrict__ dy, float* __restrict__ db) {
-  __shared__ float part[bias_row_groups][bias_cols];
-  const std::int32_t o = blockIdx.x * bias_cols + threadIdx.x;
-  float s = 0.0f;
-  if (o < out)
-    for (std::int64_t t = threadIdx.y; t < n; t += bias_row_groups) s += load(dy[t * out + o]);
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && o < out) {
-    float total = 0.0f;
-    for (int g = 0; g < bias_row_groups; ++g) total += part[g][threadIdx.x];
-    db[o] += total;
-  }
-}
-
-}  // namespace detail
-
 /// db [out] += sum_t dy [t][out] (fp32 sums, deterministic). G: bf16 or float.
 template <class G>
 void bias_backward(std::int64_t n, std::int32_t out, const G* dy, float* db, stream_view stream) {
   static_assert(is_element_v<G>, "bias_backward: dy is bf16 or float");
   detail::check_linear("bias_backward", n, 1, out);
   OOMB_EXPECTS(dy != nullptr && db != nullptr, "bias_backward: null pointer");
-  const dim3 block(detail::bias_cols, detail::bias_row_groups);
-  detail::bias_backward_kernel<<<unsigned((out + detail::bias_cols - 1) / detail::bias_cols), block, 0, stream.get()>>>(
-      n, out, dy, db);
-  OOMB_OPS_CHECK_LAUNCH("bias_backward");
+  detail::column_sum_add(n, out, dy, db, stream, "bias_backward");
 }
 
 }  // namespace oomb_trainer::gpu::ops

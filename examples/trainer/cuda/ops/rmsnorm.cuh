@@ -16,7 +16,7 @@ namespace oomb_trainer::gpu::ops {
 namespace detail {
 
 constexpr int rmsnorm_threads = 256;
-constexpr int rmsnorm_rows_per_chunk = 64;
+constexpr int rmsnorm_rows_per_chunk = 8;  // 512 blocks for a 4,096-token chunk: every SM busy
 constexpr std::int32_t rmsnorm_max_hidden = 10240;  // the backward keeps an fp32 dw row in 48 KB of shared memory
 
 inline void check_rmsnorm(const char* what, std::int64_t n, std::int32_t H) {
@@ -72,16 +72,6 @@ __global__ void __launch_bounds__(rmsnorm_threads) rmsnorm_backward_kernel(
   for (std::int32_t j = threadIdx.x; j < H; j += blockDim.x) out[j] = dw_part[j];
 }
 
-/// dw[j] += sum of the chunks' partials, chunk 0 first.
-__global__ void rmsnorm_dw_reduce_kernel(std::int64_t chunks, std::int32_t H, const float* __restrict__ partial,
-                                         float* __restrict__ dw) {
-  const std::int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= H) return;
-  float s = 0.0f;
-  for (std::int64_t c = 0; c < chunks; ++c) s += partial[c * H + j];
-  dw[j] += s;
-}
-
 }  // namespace detail
 
 /// y [n][H] = w * x * rstd and rstd [n] (fp32, kept for the backward). X, Y: bf16 or float.
@@ -120,8 +110,7 @@ void rmsnorm_backward(std::int64_t n, std::int32_t H, const X* x, const bf16* w,
   detail::rmsnorm_backward_kernel<<<unsigned(chunks), detail::rmsnorm_threads, std::size_t(H) * sizeof(float),
                                     stream.get()>>>(n, H, x, w, rstd, dy, dx, partial);
   OOMB_OPS_CHECK_LAUNCH("rmsnorm_backward");
-  detail::rmsnorm_dw_reduce_kernel<<<unsigned((H + 255) / 256), 256, 0, stream.get()>>>(chunks, H, partial, dw);
-  OOMB_OPS_CHECK_LAUNCH("rmsnorm_backward (dw)");
+  detail::column_sum_add(chunks, H, static_cast<const float*>(partial), dw, stream, "rmsnorm_backward (dw)");
 }
 
 }  // namespace oomb_trainer::gpu::ops
