@@ -75,7 +75,7 @@ TEST_CASE("docs/offload.md example: a declared window order evicts the page need
   for (const auto& w : windows) order.insert(order.end(), w.begin(), w.end());
   near.eviction().expect(order);
   for (const auto& w : windows) {
-    near.prefetch(w);  // {4, 5} evicts {2, 3} (needed last), not {0, 1} (needed next): LRU would
+    near.prefetch(w);  // {4, 5} evicts {2, 3} (needed last); LRU would evict {0, 1} (needed next)
     const std::vector<std::int32_t> slots = near.acquire(compute, w, oomb::access::read);
     // ... enqueue the window's work on compute, reading `slots` ...
     near.release(compute, w);

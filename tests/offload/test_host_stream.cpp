@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstddef>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -9,9 +10,11 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "oomb/offload/host_stream.hpp"
+#include "oomb/offload/host_stream_view.hpp"
 #include "stream_conformance.hpp"
 #include "test_streams.hpp"
 
@@ -183,4 +186,26 @@ TEST_CASE("host stream: enqueueing from several threads is safe") {
   for (auto& th : threads) th.join();
   s.synchronize();
   CHECK(sum.load() == 200 * (1 + 2 + 3 + 4));
+}
+
+TEST_CASE("host_stream_view: a non-owning view, by value, of a host stream") {
+  static_assert(std::is_trivially_copyable_v<oomb::host_stream_view>);
+  static_assert(!std::is_constructible_v<oomb::host_stream_view, std::nullptr_t>);
+  static_assert(std::is_convertible_v<oomb::host_stream&, oomb::host_stream_view>);
+  oomb::host_stream a, b;
+  const oomb::host_stream_view va(a), va2 = a, vb(b);
+  CHECK(va == va2);
+  CHECK(va != vb);
+  CHECK(&va.get() == &a);
+  int x = 0;
+  oomb_test::gate g;
+  b.enqueue(g.task());
+  const oomb::host_event held = vb.record();
+  va.wait(held);  // work on `a` after this waits for `b`
+  va.enqueue([&x] { x = 1; });
+  const oomb::host_event done = va.record();
+  CHECK_FALSE(done.ready());
+  g.open();
+  done.wait();
+  CHECK(x == 1);
 }
