@@ -27,21 +27,34 @@ template <class T>
 struct tensor_traits;
 
 /// Non-owning, trivially copyable strided view of `Rank` dimensions (strides in elements).
+/// Extents and strides are kept as plain arrays so the accessors kernels use (data, extent,
+/// stride, size, kind, operator()) compile in device code without --expt-relaxed-constexpr
+/// (std::array's members are host-only constexpr functions under nvcc). Views are made on the
+/// host (from std::array extents) and passed to kernels by value; shape() and strides() hand out
+/// std::array copies on the host.
 template <class E, std::size_t Rank>
 class tensor_view {
+  static constexpr std::size_t storage = Rank > 0 ? Rank : 1;
+
  public:
   using element_type = E;
   using index_array = std::array<std::int64_t, Rank>;
   static constexpr std::size_t rank = Rank;
 
   tensor_view() = default;
-  OOMB_HOST_DEVICE tensor_view(E* data, const index_array& shape, const index_array& strides,
-                               memory_kind kind = memory_kind::host) noexcept
-      : data_(data), shape_(shape), strides_(strides), kind_(kind) {}
+  tensor_view(E* data, const index_array& shape, const index_array& strides,
+              memory_kind kind = memory_kind::host) noexcept
+      : data_(data), kind_(kind) {
+    const std::int64_t* sh = shape.data();
+    const std::int64_t* st = strides.data();
+    for (std::size_t d = 0; d < Rank; ++d) {
+      shape_[d] = sh[d];
+      strides_[d] = st[d];
+    }
+  }
 
   /// A row-major view: the last dimension is contiguous.
-  OOMB_HOST_DEVICE static tensor_view contiguous(E* data, const index_array& shape,
-                                                 memory_kind kind = memory_kind::host) noexcept {
+  static tensor_view contiguous(E* data, const index_array& shape, memory_kind kind = memory_kind::host) noexcept {
     index_array strides{};
     std::int64_t s = 1;
     for (std::size_t i = Rank; i-- > 0;) {
@@ -52,20 +65,21 @@ class tensor_view {
   }
 
   OOMB_HOST_DEVICE E* data() const noexcept { return data_; }
-  OOMB_HOST_DEVICE const index_array& shape() const noexcept { return shape_; }
-  OOMB_HOST_DEVICE const index_array& strides() const noexcept { return strides_; }
+  index_array shape() const noexcept { return to_array(shape_); }
+  index_array strides() const noexcept { return to_array(strides_); }
   OOMB_HOST_DEVICE std::int64_t extent(std::size_t d) const noexcept { return shape_[d]; }
+  OOMB_HOST_DEVICE std::int64_t stride(std::size_t d) const noexcept { return strides_[d]; }
   OOMB_HOST_DEVICE memory_kind kind() const noexcept { return kind_; }
   OOMB_HOST_DEVICE std::int64_t size() const noexcept {
     std::int64_t n = 1;
-    for (auto e : shape_) n *= e;
+    for (std::size_t d = 0; d < Rank; ++d) n *= shape_[d];
     return n;
   }
 
   /// Element at the given indices. Checked on the host when OOMB_ENABLE_BOUNDS_CHECKS is on.
   template <class... I, class = std::enable_if_t<sizeof...(I) == Rank>>
   OOMB_HOST_DEVICE E& operator()(I... idx) const {
-    const std::int64_t index[Rank] = {static_cast<std::int64_t>(idx)...};
+    const std::int64_t index[storage] = {static_cast<std::int64_t>(idx)...};
     std::int64_t off = 0;
     for (std::size_t d = 0; d < Rank; ++d) {
 #if OOMB_ENABLE_BOUNDS_CHECKS && !defined(__CUDA_ARCH__)
@@ -78,9 +92,15 @@ class tensor_view {
   }
 
  private:
+  static index_array to_array(const std::int64_t (&a)[storage]) noexcept {
+    index_array r{};
+    for (std::size_t d = 0; d < Rank; ++d) r[d] = a[d];
+    return r;
+  }
+
   E* data_ = nullptr;
-  index_array shape_{};
-  index_array strides_{};
+  std::int64_t shape_[storage] = {};
+  std::int64_t strides_[storage] = {};
   memory_kind kind_ = memory_kind::host;
 };
 
