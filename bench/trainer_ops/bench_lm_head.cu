@@ -61,7 +61,9 @@ int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 10;
   const shape shapes[] = {{"Qwen2.5-0.5B", 896, 151936, 4096}, {"Qwen2.5-7B", 3584, 151936, 4096}};
   const variant variants[] = {{"materialised_logits", 0},
+                              {"fused_2GiB", std::size_t(2) << 30},
                               {"fused_1GiB", std::size_t(1) << 30},
+                              {"fused_512MiB", std::size_t(512) << 20},
                               {"fused_256MiB", std::size_t(256) << 20}};
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "device properties");
