@@ -4,13 +4,15 @@
 // Forward FLOPs 4 Sq Sk D Hq with the causal square halved; backward 2.5x forward.
 // Plain program (no Google Benchmark) so the binary runs on the GPU machine as is. Options: --quick
 // (16K only), --past N, --reps N (default 5, every past), --no-extras, --sm90-variants, --alt (older
-// Hopper backward alternatives), --json FILE (one line per shape and past: TFLOP/s median, min, max).
+// Hopper backward alternatives), --no-sparse (skip the page-sparse run at 256K: 64 pages + sink + local
+// per 128-query tile, TFLOP/s over the attended keys), --json FILE (one line per shape and past: TFLOP/s median, min, max).
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,8 +79,8 @@ struct result {
   timing fwd, bwd;         // the public entry (Hopper forward where it applies; backward per backward_kernels)
   double fwd_portable_ms;  // the mma.sync forward forced
   timing bwd_sm90;         // the Hopper backward's configuration forced (0: not a Hopper device / no sm_90a code)
-  timing bwd_other;        // the Hopper backward with the dQ path its configuration does not use (d128: the
-                           // writer warp, d64: red.add from the consumers; hb3) forced
+  timing bwd_other;        // hb2 forced: dQ by red.add from the consumers, 64-row steps
+  timing bwd_hb4;          // forced: d128 writer warp with dQ over own keys, d64 writer warp with 64-row steps (hb3)
   double bwd_sm90_alt_ms;  // alternative (--alt only): d128 dQ over each consumer's own keys, d64 software-pipelined
   double bwd_sm90_err;     // largest norm-wise difference Hopper (both) vs portable backward (dq, dk, dv, dpast), 16K only
 };
@@ -175,8 +177,8 @@ result time_one(const problem& p, int reps, bool alt) {
     auto other = [&] {
       namespace x = gpu::experimental;
       if (c.d == 128)
-        gpu::detail::launch_backward_sm90<x::backward_sm90_d128_writer>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
-                                                                        grads, nullptr);
+        gpu::detail::launch_backward_sm90<x::backward_sm90_d128_atomics>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
+                                                                         grads, nullptr);
       else
         gpu::detail::launch_backward_sm90<x::backward_sm90_d64_atomics>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
                                                                         grads, nullptr);
@@ -188,6 +190,19 @@ result time_one(const problem& p, int reps, bool alt) {
     r.bwd_other = time_ms(1, reps, [&] {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       other();
+    });
+    auto hb4 = [&] {
+      namespace x = gpu::experimental;
+      if (c.d == 128)
+        gpu::detail::launch_backward_sm90<x::backward_sm90_d128_writer_own>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
+                                                                            dv.p, grads, nullptr);
+      else
+        gpu::detail::launch_backward_sm90<x::backward_sm90_d64_writer_bm64>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
+                                                                            dv.p, grads, nullptr);
+    };
+    r.bwd_hb4 = time_ms(1, reps, [&] {
+      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      hb4();
     });
     if (alt) r.bwd_sm90_alt_ms = median_ms(1, reps, [&] {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
@@ -220,9 +235,70 @@ result time_one(const problem& p, int reps, bool alt) {
       const auto oth = run(other);
       for (int k = 0; k < 4; ++k)
         r.bwd_sm90_err = std::max({r.bwd_sm90_err, rel_diff(hop[k], ref[k]), rel_diff(oth[k], ref[k])});
+      const auto h4 = run(hb4);
+      for (int k = 0; k < 4; ++k) r.bwd_sm90_err = std::max(r.bwd_sm90_err, rel_diff(h4[k], ref[k]));
     }
   }
   return r;
+}
+
+/// Gives p a page-sparse past: every tile of 128 queries attends the first `sink` past pages, the
+/// last `local` past pages before the chunk and `budget` other past pages drawn at random (sorted),
+/// plus the chunk's own pages. Returns the past keys each query attends.
+std::int64_t select_sparse_budget(problem& p, std::int32_t budget, std::int32_t sink, std::int32_t local) {
+  const std::int32_t past_pages = static_cast<std::int32_t>(p.c.q_start / p.c.page);
+  if (past_pages < sink + local + budget) {
+    std::fprintf(stderr, "sparse budget: %d past pages, fewer than %d\n", past_pages, sink + local + budget);
+    std::exit(1);
+  }
+  p.c.sparse = true;
+  p.c.tile = 128;
+  const std::int32_t ntiles = (p.c.sq + p.c.tile - 1) / p.c.tile;
+  std::mt19937_64 rng(p.c.seed + 11);
+  std::uniform_int_distribution<std::int32_t> mid(sink, past_pages - local - 1);
+  p.tile_indptr.assign(1, 0);
+  p.tile_pages.clear();
+  for (std::int32_t t = 0; t < ntiles; ++t) {
+    std::vector<std::int32_t> pick;
+    for (std::int32_t pg = 0; pg < sink; ++pg) pick.push_back(pg);
+    for (std::int32_t pg = past_pages - local; pg < past_pages; ++pg) pick.push_back(pg);
+    std::vector<char> taken(static_cast<std::size_t>(past_pages), 0);
+    for (std::int32_t pg : pick) taken[static_cast<std::size_t>(pg)] = 1;
+    for (std::int32_t k = 0; k < budget;) {
+      const std::int32_t pg = mid(rng);
+      if (taken[static_cast<std::size_t>(pg)] == 0) {
+        taken[static_cast<std::size_t>(pg)] = 1;
+        pick.push_back(pg);
+        ++k;
+      }
+    }
+    std::sort(pick.begin(), pick.end());
+    p.tile_pages.insert(p.tile_pages.end(), pick.begin(), pick.end());
+    p.tile_indptr.push_back(static_cast<std::int32_t>(p.tile_pages.size()));
+  }
+  return std::int64_t(sink + local + budget) * p.c.page;
+}
+
+/// The public sparse forward and backward (delta included) of p.
+std::pair<timing, timing> time_sparse(const problem& p, int reps) {
+  device_problem dp(p);
+  const auto a = dp.args();
+  const auto& c = p.c;
+  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
+  const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * p.shape.pair_elements());
+  dev<oomb::bf16> o(qn);
+  dev<float> lse(ln), delta(ln), dq(qn), dk(kn), dv(kn), g(gn);
+  dq.fill_bytes(0);
+  dk.fill_bytes(0);
+  dv.fill_bytes(0);
+  g.fill_bytes(0);
+  const auto grads = dp.grads(g.p);
+  const timing f = time_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
+  const timing b = time_ms(1, reps, [&] {
+    gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+    gpu::attention_backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+  });
+  return {f, b};
 }
 
 }  // namespace
@@ -233,9 +309,11 @@ int main(int argc, char** argv) {
   bool extras = true;
   bool sm90_variants = false;  // time the Hopper forward's configurations and splits at every past
   bool alt = false;            // time the Hopper backward's older alternatives (own-keys dQ, pipelined)
+  bool sparse_budget = true;   // at 256K: the page-sparse forward/backward at a 64-page budget (--no-sparse: off)
   const char* json = nullptr;  // one JSON line per shape and past, every timed kernel
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--alt") == 0) alt = true;
+    if (std::strcmp(argv[i], "--no-sparse") == 0) sparse_budget = false;
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
     if (std::strcmp(argv[i], "--quick") == 0) pasts = {16384};
     if (std::strcmp(argv[i], "--no-extras") == 0) extras = false;
@@ -256,9 +334,9 @@ int main(int argc, char** argv) {
               gpu::get_forward_kernels() == gpu::forward_kernels::portable ? "portable" : "automatic");
   std::printf("backward kernels: %s (bwd columns: the public entry; 'sm90 bwd' = Hopper backward forced)\n",
               gpu::get_backward_kernels() == gpu::backward_kernels::portable ? "portable" : "automatic");
-  std::printf("%-10s %7s | %9s %9s %6s %9s | %9s %9s %6s | %9s %9s %9s %9s %8s | %8s %8s\n", "heads", "past",
+  std::printf("%-10s %7s | %9s %9s %6s %9s | %9s %9s %6s | %9s %9s %9s %9s %9s %8s | %8s %8s\n", "heads", "past",
               "fwd paged", "fwd contig", "ratio", "mma.sync", "bwd paged", "bwd contig", "ratio", "sm90 bwd", "sm90 ctg",
-              "other dQ", "other ct", "vs port", "fwd ms", "bwd ms");
+              "hb2", "hb2 ctg", "alt", "vs port", "fwd ms", "bwd ms");
   std::FILE* jf = json != nullptr ? std::fopen(json, "w") : nullptr;
   if (json != nullptr && jf == nullptr) {
     std::fprintf(stderr, "cannot write %s\n", json);
@@ -281,8 +359,29 @@ int main(int argc, char** argv) {
       result paged, contig;
       {
         c.shuffle_ids = true;
-        const problem p(c, false);
+        problem p(c, false);
         paged = time_one(p, r, alt);
+        if (sparse_budget && past == 262144) {
+          // FLOPs over the keys each query attends: the selected past pages plus its causal own keys
+          const std::int64_t keys = select_sparse_budget(p, 64, 1, 8);
+          const double fl_f = 4.0 * sq * double(keys) * s.d * s.hq + 2.0 * sq * double(sq) * s.d * s.hq;
+          const auto [sf, sb] = time_sparse(p, r);
+          const double tf_f = fl_f / sf.median / 1e9, tf_b = 2.5 * fl_f / sb.median / 1e9;
+          const double dense_b = flops_bwd / paged.bwd.median / 1e9;
+          std::printf("  [sparse %s 256K past, 64 pages + sink 1 + local 8 per 128-query tile (%lld past keys): fwd %.1f | "
+                      "bwd %.1f TFLOP/s over attended keys; bwd %.3fx the dense backward's %.1f]\n",
+                      s.name, (long long)keys, tf_f, tf_b, tf_b / dense_b, dense_b);
+          if (jf != nullptr)
+            std::fprintf(jf,
+                         "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"sparse\": \"64 pages + sink 1 + "
+                         "local 8 per 128-query tile\", \"attended_past_keys\": %lld, \"tflops_median_min_max\": "
+                         "{\"fwd_sparse\": [%f, %f, %f], \"bwd_sparse\": [%f, %f, %f]}, \"bwd_dense_paged_median\": %f}\n",
+                         s.name, (long long)past, sq, r, (long long)keys, tf_f, fl_f / sf.hi / 1e9, fl_f / sf.lo / 1e9, tf_b,
+                         2.5 * fl_f / sb.hi / 1e9, 2.5 * fl_f / sb.lo / 1e9, dense_b);
+          p.c.sparse = false;
+          p.tile_indptr.clear();
+          p.tile_pages.clear();
+        }
         if (sm90_variants) {
           device_problem dp(p);
           const double tf = flops_fwd / 1e9;
@@ -348,13 +447,13 @@ int main(int argc, char** argv) {
         }
       }
       auto tfs = [](double flops, double ms) { return ms > 0 ? flops / ms / 1e9 : 0.0; };
-      std::printf("%-10s %6lldK | %9.1f %9.1f %6.3f %9.1f | %9.1f %9.1f %6.3f | %9.1f %9.1f %9.1f %9.1f %8.1e | %8.3f %8.3f\n",
+      std::printf("%-10s %6lldK | %9.1f %9.1f %6.3f %9.1f | %9.1f %9.1f %6.3f | %9.1f %9.1f %9.1f %9.1f %9.1f %8.1e | %8.3f %8.3f\n",
                   s.name, (long long)(past / 1024), tfs(flops_fwd, paged.fwd.median), tfs(flops_fwd, contig.fwd.median),
                   contig.fwd.median / paged.fwd.median, tfs(flops_fwd, paged.fwd_portable_ms),
                   tfs(flops_bwd, paged.bwd.median), tfs(flops_bwd, contig.bwd.median), contig.bwd.median / paged.bwd.median,
                   tfs(flops_bwd, paged.bwd_sm90.median), tfs(flops_bwd, contig.bwd_sm90.median),
                   tfs(flops_bwd, paged.bwd_other.median), tfs(flops_bwd, contig.bwd_other.median),
-                  std::max(paged.bwd_sm90_err, contig.bwd_sm90_err), paged.fwd.median, paged.bwd.median);
+                  tfs(flops_bwd, paged.bwd_hb4.median), std::max(paged.bwd_sm90_err, contig.bwd_sm90_err), paged.fwd.median, paged.bwd.median);
       if (alt) std::printf("  [sm90 bwd alternative %s %lldK: %.1f TFLOP/s]\n", s.name, (long long)(past / 1024),
                            tfs(flops_bwd, paged.bwd_sm90_alt_ms));
       if (jf != nullptr) {  // TFLOP/s of the median, slowest and fastest call
@@ -366,21 +465,24 @@ int main(int argc, char** argv) {
                      "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"device\": \"%s\", "
                      "\"tflops_median_min_max\": {\"fwd_paged\": [%s], \"fwd_contig\": [%s], \"fwd_portable\": %f, "
                      "\"bwd_public_paged\": [%s], \"bwd_public_contig\": [%s], \"bwd_sm90_config_paged\": [%s], "
-                     "\"bwd_sm90_config_contig\": [%s], \"bwd_sm90_other_dq_paged\": [%s], \"bwd_sm90_other_dq_contig\": [%s]}, "
+                     "\"bwd_sm90_config_contig\": [%s], \"bwd_hb2_paged\": [%s], \"bwd_hb2_contig\": [%s], "
+                     "\"bwd_alt_paged\": [%s], \"bwd_alt_contig\": [%s]}, "
                      "\"bwd_vs_portable_err\": %g, \"backward_kernels\": \"%s\"}\n",
                      s.name, (long long)past, sq, r, prop.name, tri(flops_fwd, paged.fwd).c_str(),
                      tri(flops_fwd, contig.fwd).c_str(), tfs(flops_fwd, paged.fwd_portable_ms),
                      tri(flops_bwd, paged.bwd).c_str(), tri(flops_bwd, contig.bwd).c_str(),
                      tri(flops_bwd, paged.bwd_sm90).c_str(), tri(flops_bwd, contig.bwd_sm90).c_str(),
                      tri(flops_bwd, paged.bwd_other).c_str(), tri(flops_bwd, contig.bwd_other).c_str(),
+                     tri(flops_bwd, paged.bwd_hb4).c_str(), tri(flops_bwd, contig.bwd_hb4).c_str(),
                      std::max(paged.bwd_sm90_err, contig.bwd_sm90_err),
                      gpu::get_backward_kernels() == gpu::backward_kernels::portable ? "portable" : "automatic");
         std::fflush(jf);
       }
       std::fflush(stdout);
     }
-  std::printf("TFLOP/s (medians of %d calls); ratio = contiguous time / paged time (1.0 = paging is free); other dQ = "
-              "the Hopper backward with the dQ path not chosen (d128: writer warp, d64: red.add)\n", reps);
+  std::printf("TFLOP/s (medians of %d calls); ratio = contiguous time / paged time (1.0 = paging is free); hb2 = the "
+              "Hopper backward with red.add dQ and 64-row steps; alt = d128 writer warp with dQ over own keys, d64 writer warp "
+              "with 64-row steps\n", reps);
   if (jf != nullptr) std::fclose(jf);
   return 0;
 }

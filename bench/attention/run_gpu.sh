@@ -6,7 +6,7 @@
 # tests-portable reruns the gpu tests with OOMB_ATTENTION_FORWARD=portable and
 # OOMB_ATTENTION_BACKWARD=portable (the mma.sync kernels behind the public entries; the Hopper
 # kernels are still tested through their own launchers); SAN_TC / RACE_TC override the sanitizer's
-# test filters.
+# test filters; BENCH_TIMEOUT (seconds, default 240) bounds the benchmark.
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
 BIN=${BIN:-.gpu/attn}
@@ -28,7 +28,7 @@ if has tests-portable; then
   summary+=("tests-portable rc=$?")
 fi
 if has bench; then
-  timeout 150 "$BIN/bench_attention" --json "$OUT/bench.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+  timeout "${BENCH_TIMEOUT:-240}" "$BIN/bench_attention" --json "$OUT/bench.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
   summary+=("bench rc=$?")
 fi
 if has sdpa; then

@@ -224,7 +224,8 @@ config windowed(config c, std::int32_t windows) {
 
 bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
 /// variant: 0 the chosen configuration, 1 bulk dQ reductions, 2 d128 dQ over own keys / d64 software-pipelined,
-/// 3 the dQ path the configuration does not use (d128: the writer warp, d64: red.add; hb3).
+/// 3 hb2 (dQ by red.add from the consumers, 64-row steps), 4 d128: the writer warp with dQ over each
+/// consumer's own keys, d64: the writer warp with 64-row steps (hb3).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, int variant = 0);
 void check_backward_portable(const problem& p, const cpu_result& ref);
 
@@ -405,18 +406,21 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
           if (variant == 0) run(gpu::backward_sm90_config<128>::type{});
           if (variant == 1) run(x::backward_sm90_d128_bulk{});
           if (variant == 2) run(x::backward_sm90_d128_own{});
-          if (variant == 3) run(x::backward_sm90_d128_writer{});
+          if (variant == 3) run(x::backward_sm90_d128_atomics{});
+          if (variant == 4) run(x::backward_sm90_d128_writer_own{});
         } else {
           if (variant == 0) run(gpu::backward_sm90_config<64>::type{});
           if (variant == 1) run(x::backward_sm90_d64_bulk{});
           if (variant == 2) run(x::backward_sm90_d64_pipe{});
           if (variant == 3) run(x::backward_sm90_d64_atomics{});
+          if (variant == 4) run(x::backward_sm90_d64_writer_bm64{});
         }
       },
       merged);
   static const char* const names[] = {" [sm90 backward", " [sm90 backward, bulk dQ",
                                       " [sm90 backward, dQ own keys (d128) / pipelined (d64)",
-                                      " [sm90 backward, the other dQ path (d128 writer warp, d64 red.add)"};
+                                      " [sm90 backward, hb2 (red.add dQ, 64-row steps)",
+                                      " [sm90 backward, d128 writer warp with dQ over own keys / d64 64-row steps"};
   std::string name = p.c.name + names[variant];
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
@@ -682,6 +686,7 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
+    check_backward_sm90(p, ref, 0, 4);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -753,6 +758,7 @@ TEST_CASE("attention: Hopper forward and backward ignore non-finite data past th
     check_forward(c.name, r.first, r.second, ref);
     check_backward_sm90(p, ref);  // zero-filled keys: NaN in the tail must not reach dq
     check_backward_sm90(p, ref, 0, 3);
+    check_backward_sm90(p, ref, 0, 4);
   }
 }
 
@@ -852,10 +858,12 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
     for (int split = 1; split <= 3; ++split) {
       check_backward_sm90(p, ref, split);
       check_backward_sm90(p, ref, split, 3);
+      check_backward_sm90(p, ref, split, 4);
     }
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
+    check_backward_sm90(p, ref, 0, 4);
   }
 }
 
@@ -872,8 +880,10 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
     check_backward_sm90(p, ref);
     check_backward_sm90(p, ref, 2);
     check_backward_sm90(p, ref, 2, 3);
+    check_backward_sm90(p, ref, 2, 4);
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
+    check_backward_sm90(p, ref, 0, 4);
   }
 }

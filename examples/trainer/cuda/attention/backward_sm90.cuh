@@ -3,7 +3,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // Same contract, arguments and packed GQA rows as backward.cuh. One CTA owns BN = 128 keys of one
-// KV head (one page tile, page_size >= 128) and walks the packed query rows in steps of BM = 64.
+// KV head (one page tile, page_size >= 128) and walks the packed query rows in steps of BM = 64
+// (128 for the d64 configuration).
 // Three warpgroups: warpgroup 0 is the producer (it loads the K/V tile once through the pool-wide
 // TMA maps, then streams Q, dO, lse and delta of each step into STAGES shared-memory stages with
 // cp.async: packed GQA rows are not a TMA box for group sizes that do not divide 64); warpgroups 1
@@ -13,14 +14,17 @@
 //   P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - delta)   (registers)
 //   dV_c += P^T dO, dK_c += dS^T Q            (wgmma, A from registers: the accumulator layout is
 //                                              the A-fragment layout)
-// and stores dS (stmatrix .trans) into shared memory; dQ = dS K is then computed with wgmma and
-// added to global memory with red.global.add.v2. d128: consumer c takes columns 64c..64c+63 over
+// and stores dS (stmatrix .trans) into shared memory; dQ = dS K is then computed with wgmma. The
+// configurations (variants.cuh) hand dQ to a writer warp through shared tiles (backward_dq::
+// writer_warp: bulk reductions into dq, off the consumers' chain; FlashAttention-3's step order,
+// measured +16-27% at d64, docs/attention-notes.md hb3); the alternative adds it from every
+// consumer thread with red.global.add.v2 (hb2). d128: consumer c takes columns 64c..64c+63 over
 // all 128 keys, after a named barrier between the two consumers (dS double-buffered, so one
 // barrier per step suffices); d64: each consumer takes all columns over its own keys, so the
 // consumers never wait for each other (measured +6-12%, docs/attention-notes.md hb2). dK/dV stay
 // in registers for the walk and are added once at the end (atomically when the query steps are
 // split over blocks). Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by
-// bulk reductions (DQ_BULK), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
+// per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
 // Keys past the window's end read as zeros (the partial tile is loaded with zero-filling cp.async),
 // and masked entries are selected to 0, so stale page tails never reach dQ.
 #pragma once
@@ -45,9 +49,12 @@ enum class backward_dq {
   writer_warp,  ///< via shared memory; a producer warp adds whole query segments with bulk reductions
 };
 
-template <int D_, int STAGES_, backward_dq DQ_ = backward_dq::atomics, bool DQ_OWN_ = false, bool PIPE_ = false>
+template <int D_, int STAGES_, backward_dq DQ_ = backward_dq::atomics, bool DQ_OWN_ = false, bool PIPE_ = false,
+          int BM_ = 64>
 struct backward_sm90_tile {
-  static constexpr int D = D_, BN = 128, BM = 64, STAGES = STAGES_;
+  /// BM: packed query rows per step, 64, or 128 at d64 with the writer warp (FlashAttention-3's d64
+  /// tile: S^T products of n = 128, half the fixed per-step cost per FLOP; single dS buffer).
+  static constexpr int D = D_, BN = 128, BM = BM_, STAGES = STAGES_;
   /// Software pipelining across steps (S, dP of the next step issued before this step's dq
   /// additions); needs the registers of d64.
   static constexpr bool PIPE = PIPE_;
@@ -61,8 +68,13 @@ struct backward_sm90_tile {
   /// on; warp 3 of the producer warpgroup adds each query's rows (contiguous in dq) with one bulk
   /// reduction and frees the tile. Full/empty mbarriers per tile, DQ_BUFS tiles per unit.
   static constexpr bool DQ_WRITER = DQ == backward_dq::writer_warp;
-  static constexpr int DQ_UNITS = DQ_WRITER ? (D == 64 ? 2 : 1) : 0;  // d64: one per consumer
-  static constexpr int DQ_BUFS = D == 64 ? 2 : 1;  // d128: no room for a second 32 KB tile
+  /// dQ over each consumer's own keys (d64 always; d128 with DQ_OWN): one dq tile per consumer.
+  static constexpr bool OWN_KEYS = D == 64 || DQ_OWN;
+  static constexpr int DQ_UNITS = DQ_WRITER ? (OWN_KEYS ? 2 : 1) : 0;
+  static constexpr int DQ_BUFS = D == 64 && BM == 64 ? 2 : 1;  // else no room for a second 32 KB tile
+  /// dS is read by this consumer only when OWN_KEYS: the writer warp's order drains dQ within the
+  /// step, so one buffer suffices where shared memory is short.
+  static constexpr int DS_BUFS = BM == 64 && !(DQ_WRITER && DQ_OWN) ? 2 : 1;
   static constexpr int DQ_UNIT_BYTES = BM * D * 4;
   static constexpr int DQ_PITCH = 64 * 4 + 16;  // row_bulk: one consumer's row of 64 fp32, padded against bank conflicts
   static constexpr int DQ_BYTES = DQ_BULK ? 2 * BM * DQ_PITCH : DQ_UNITS * DQ_BUFS * DQ_UNIT_BYTES;
@@ -78,16 +90,17 @@ struct backward_sm90_tile {
   static constexpr int Q_BYTES = BM * D * 2;   // one Q (or dO) stage
   static constexpr int DS_BYTES = BM * BN * 2; // one dS buffer (2 key panels of BM rows)
   static constexpr int max_tiles = 4096;
-  static constexpr int tiles_bytes = 2 * KV_BYTES + 2 * STAGES * Q_BYTES + 2 * DS_BYTES;
+  static constexpr int tiles_bytes = 2 * KV_BYTES + 2 * STAGES * Q_BYTES + DS_BUFS * DS_BYTES;
   static constexpr int smem_bytes = 1024 /* alignment slack */ + tiles_bytes + DQ_BYTES + 2 * STAGES * BM * 4 + max_tiles;
   static constexpr int NBARS = 2 * STAGES + 1 + 2 * DQ_UNITS * DQ_BUFS;
   static constexpr int BAR_BYTES = NBARS * 8;  // static shared memory, sm_90a builds only
   // writer_warp at d128 needs 240 (dq stays live while dK is in flight; at 224 or 232 ptxas
   // serialises the products, C7512), so the producer gets 24 (its loop is not unrolled then).
-  static constexpr bool WIDE = DQ_WRITER && D == 128;
+  static constexpr bool WIDE = DQ_WRITER && (D == 128 || BM == 128);
   static constexpr int PRODUCER_REGS = WIDE ? 24 : 56, CONSUMER_REGS = WIDE ? 240 : 224;
   static_assert(D == 64 || D == 128, "head_dim");
-  static_assert(!DQ_WRITER || (!DQ_OWN && !PIPE), "writer warp: its own step order, dQ split as the default's");
+  static_assert(!DQ_WRITER || !PIPE, "writer warp: its own step order");
+  static_assert(BM == 64 || (BM == 128 && D == 64 && DQ_WRITER), "128-row steps: d64 with the writer warp only");
   static_assert(smem_bytes <= 227 * 1024, "shared memory");
   // setmaxnreg moves registers within the CTA: 384 threads start with 168 each (65536 / 384, rounded
   // down to 8), and an increase beyond what the producer released waits forever.
@@ -114,7 +127,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const std::uint32_t sQ = sV + KV_BYTES;       // stage s at sQ + s * Q_BYTES
   const std::uint32_t sdO = sQ + S * Q_BYTES;   // stage s at sdO + s * Q_BYTES
   const std::uint32_t sdS = sdO + S * Q_BYTES;  // buffer i & 1 at sdS + (i & 1) * DS_BYTES
-  const std::uint32_t sdQ = sdS + 2 * DS_BYTES;  // DQ_BULK: consumer c's rows at sdQ + c * BM * DQ_PITCH
+  const std::uint32_t sdQ = sdS + Cfg::DS_BUFS * DS_BYTES;  // DQ_BULK: consumer c's rows at sdQ + c * BM * DQ_PITCH
   unsigned char* const tail = smem_raw + (sdQ + Cfg::DQ_BYTES - raw);
   float* const sL = reinterpret_cast<float*>(tail);  // [S][BM] lse
   float* const sDl = sL + S * BM;                    // [S][BM] delta
@@ -184,7 +197,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
     mbar_init(kv_bar, 1);
     for (int n = 0; n < NDQ; ++n) {
-      mbar_init(dq_full(n), D == 64 ? 128 : 256);  // d128: both consumers write one tile
+      mbar_init(dq_full(n), Cfg::OWN_KEYS ? 128 : 256);  // else both consumers write one tile
       mbar_init(dq_empty(n), 1);
     }
     fence_barrier_init();
@@ -289,13 +302,18 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         cp_async_16(sQ + dst, p.q + off, ok);
         cp_async_16(sdO + dst, d_o + off, ok);
       }
-      if (pt < BM) {
-        const int R = b * BM + pt;
+      auto load_stats = [&](int r) {  // lse and delta of row r of the step
+        const int R = b * BM + r;
         const bool ok = R < rows;
         const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(ok ? R : 0)));
         const std::int64_t off = ok ? std::int64_t(head0 + (R - qi * p.group)) * p.sq + qi : 0;
-        cp_async_4(smem_addr(sL + s * BM + pt), lse + off, ok);
-        cp_async_4(smem_addr(sDl + s * BM + pt), delta + off, ok);
+        cp_async_4(smem_addr(sL + s * BM + r), lse + off, ok);
+        cp_async_4(smem_addr(sDl + s * BM + r), delta + off, ok);
+      };
+      if constexpr (BM <= Cfg::LOADERS) {
+        if (pt < BM) load_stats(pt);
+      } else {
+        for (int r = pt; r < BM; r += Cfg::LOADERS) load_stats(r);
       }
       cp_async_commit();
       if constexpr (Cfg::LOAD_LAG == 0) {
@@ -343,7 +361,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   // Register tiles of one step: S^T / P^T, dP^T / dS^T (accumulator layout: element 4j + 2h + e is
   // key kr0 + 8h, query column 8j + 2t4 + e), their bf16 A fragments, and dQ.
-  float sacc[32], dpacc[32], dq[32];
+  // dq[qh]: query rows 64 qh .. 64 qh + 63 of the step.
+  // The dQ tile in PARTS accumulators of 64 x 64: query halves (128-row steps) or column halves
+  // (d128 over own keys).
+  constexpr int NS = BM / 2, QH = BM / 64;
+  constexpr int HALVES = D == 128 && Cfg::DQ_OWN ? 2 : 1;
+  constexpr int PARTS = QH > HALVES ? QH : HALVES;
+  float sacc[NS], dpacc[NS], dq[PARTS][32];
   std::uint32_t pa[BM / 16][4], da[BM / 16][4];
 
   // S^T = K_c Q^T and dP^T = V_c dO^T for stage s: two commit groups.
@@ -354,14 +378,20 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     for (int k = 0; k < D / 16; ++k) {
       const std::uint32_t off = (k >> 2) * PANEL_K + (k & 3) * 32;
       const std::uint32_t qoff = (k >> 2) * PANEL_Q + (k & 3) * 32;
-      wgmma_ss_n64(sacc, sw128_desc(sK_c + off, 16, 1024), sw128_desc(sQ_s + qoff, 16, 1024), k > 0);
+      if constexpr (BM == 128)
+        wgmma_ss_n128(sacc, sw128_desc(sK_c + off, 16, 1024), sw128_desc(sQ_s + qoff, 16, 1024), k > 0);
+      else
+        wgmma_ss_n64(sacc, sw128_desc(sK_c + off, 16, 1024), sw128_desc(sQ_s + qoff, 16, 1024), k > 0);
     }
     wgmma_commit();
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
       const std::uint32_t off = (k >> 2) * PANEL_K + (k & 3) * 32;
       const std::uint32_t qoff = (k >> 2) * PANEL_Q + (k & 3) * 32;
-      wgmma_ss_n64(dpacc, sw128_desc(sV_c + off, 16, 1024), sw128_desc(sdO_s + qoff, 16, 1024), k > 0);
+      if constexpr (BM == 128)
+        wgmma_ss_n128(dpacc, sw128_desc(sV_c + off, 16, 1024), sw128_desc(sdO_s + qoff, 16, 1024), k > 0);
+      else
+        wgmma_ss_n64(dpacc, sw128_desc(sV_c + off, 16, 1024), sw128_desc(sdO_s + qoff, 16, 1024), k > 0);
     }
     wgmma_commit();
   };
@@ -376,7 +406,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
                         kmax > p.q_start + std::int64_t(p.group_div.div(static_cast<std::uint32_t>(b * BM)));
     wgmma_wait<1>();
 #pragma unroll
-    for (int k = 0; k < 32; ++k) fence_operand(sacc[k]);
+    for (int k = 0; k < NS; ++k) fence_operand(sacc[k]);
     if (release >= 0) mbar_arrive(empty(release));
     // P^T = exp2(S^T scale log2e - lse log2e); lse = -inf (a row that saw no key) gives P = 0.
 #pragma unroll
@@ -407,7 +437,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
     wgmma_wait<0>();
 #pragma unroll
-    for (int k = 0; k < 32; ++k) fence_operand(dpacc[k]);
+    for (int k = 0; k < NS; ++k) fence_operand(dpacc[k]);
     // dS^T = P^T (dP^T - delta); a masked P is exactly 0, and dP there is finite (zero-filled keys).
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
@@ -428,7 +458,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         da[k][r] = pack_bf16(dpacc[8 * k + 2 * r], dpacc[8 * k + 2 * r + 1]);
       }
     }
-    const std::uint32_t sdS_b = sdS + (i & 1) * DS_BYTES;
+    const std::uint32_t sdS_b = sdS + (i % Cfg::DS_BUFS) * DS_BYTES;
+    // One dS buffer: every warp of this consumer must be past the previous step's dQ, its reader.
+    if constexpr (Cfg::DS_BUFS == 1) named_sync(3 + c, 128);
 #pragma unroll
     for (int k = 0; k < BM / 16; ++k) stmatrix_x4_trans(sdS_b + st_off + k * 16 * 128, da[k][0], da[k][1], da[k][2], da[k][3]);
     fence_proxy_async();
@@ -457,8 +489,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // dQ = dS K. d128: columns 64c.. over all 128 keys (both key panels of dS: a barrier between
   // the consumers). DQ_OWN (and d64): each consumer only over its own keys, all columns, so the
   // consumers never wait for each other (d128: two column halves, twice the dq additions).
-  constexpr bool OWN = D == 64 || Cfg::DQ_OWN;
-  constexpr int HALVES = D == 128 && Cfg::DQ_OWN ? 2 : 1;
+  constexpr bool OWN = Cfg::OWN_KEYS;
   auto ds_barrier = [&] {
     if constexpr (OWN)
       named_sync(3 + c, 128);  // this consumer's key panel of dS is written
@@ -466,24 +497,35 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       named_sync(2, 256);  // both key panels of dS are written
   };
   auto colp_of = [&](int hf) { return D == 128 ? (Cfg::DQ_OWN ? hf : c) : 0; };  // 64-column panel of dQ and K
-  // One commit group.
-  auto issue_dq = [&](int i, int hf) {
+  // One commit group: parts lo .. hi - 1 of the dQ tile (hi < 0: all).
+  auto issue_dq = [&](int i, int lo = 0, int hi = -1) {
     constexpr int KQ = OWN ? 4 : BN / 16;
     const int key_lo = OWN ? c * 64 : 0;
-    const std::uint32_t kcol = colp_of(hf) * PANEL_K;
-    const std::uint32_t sdS_b = sdS + (i & 1) * DS_BYTES;
+    const std::uint32_t sdS_b = sdS + (i % Cfg::DS_BUFS) * DS_BYTES;
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < KQ; ++k) {
-      const int key0 = key_lo + 16 * k;
-      wgmma_ss_n64_tb(dq, sw128_desc(sdS_b + (key0 >> 6) * PANEL_Q + ((key0 & 63) >> 4) * 32, 16, 1024),
-                      sw128_desc(sK + kcol + key0 * 128, PANEL_K, 1024), k > 0);
-    }
+    for (int part = 0; part < PARTS; ++part)
+      if (part >= lo && (hi < 0 || part < hi)) {
+        const int qh = QH > 1 ? part : 0;
+        const std::uint32_t kcol = colp_of(HALVES > 1 ? part : 0) * PANEL_K;
+#pragma unroll
+        for (int k = 0; k < KQ; ++k) {
+          const int key0 = key_lo + 16 * k;
+          wgmma_ss_n64_tb(dq[part],
+                          sw128_desc(sdS_b + (key0 >> 6) * PANEL_Q + qh * 64 * 128 + ((key0 & 63) >> 4) * 32, 16, 1024),
+                          sw128_desc(sK + kcol + key0 * 128, PANEL_K, 1024), k > 0);
+        }
+      }
     wgmma_commit();
   };
-  auto fence_acc = [&] {
+  auto fence_dq = [&] {
 #pragma unroll
-    for (int k = 0; k < 32; ++k) fence_operand(dq[k]);
+    for (int part = 0; part < PARTS; ++part)
+#pragma unroll
+      for (int k = 0; k < 32; ++k) fence_operand(dq[part][k]);
+  };
+  auto fence_acc = [&] {
+    fence_dq();
 #pragma unroll
     for (int k = 0; k < NKV; ++k) {
       fence_operand(acc_dk[k]);
@@ -491,20 +533,23 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
   };
   // Adds the finished dq tile of step b (rows 16w + g + 8h, columns 64 colp + 8j + 2t4) to global memory.
-  auto dq_out = [&](int b, int i, int hf) {
-    const int colp = colp_of(hf);
+  // part: the accumulator dq[part] (writer: the first part waits for the tile, the last releases it).
+  auto dq_out = [&](int b, int i, int part) {
+    const int colp = colp_of(HALVES > 1 ? part : 0);
     if constexpr (Cfg::DQ_WRITER) {
       // Into shared tile n ([BM][D] fp32, the writer warp's source; rows are dq rows, so no
       // swizzle): each thread stores its 8 column blocks of a row in an order rotated by g, so the
       // 8 rows of a store instruction fall on distinct bank groups.
       (void)b;
       const int n = (OWN ? c : 0) * Cfg::DQ_BUFS + i % Cfg::DQ_BUFS;
-      mbar_wait(dq_empty(n), (static_cast<std::uint32_t>(i / Cfg::DQ_BUFS) & 1u) ^ 1u);
+      const int qh = QH > 1 ? part : 0;
+      if (part == 0) mbar_wait(dq_empty(n), (static_cast<std::uint32_t>(i / Cfg::DQ_BUFS) & 1u) ^ 1u);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float2 v[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = make_float2(dq[4 * j + 2 * h] * p.scale, dq[4 * j + 2 * h + 1] * p.scale);
+        for (int j = 0; j < 8; ++j)
+          v[j] = make_float2(dq[part][4 * j + 2 * h] * p.scale, dq[part][4 * j + 2 * h + 1] * p.scale);
 #pragma unroll
         for (int bit = 1; bit < 8; bit <<= 1) {  // v[k] = v[(k + g) & 7], one select stage per bit of g
           const bool rot = (g & bit) != 0;
@@ -514,12 +559,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
           for (int k = 0; k < 8; ++k) v[k] = t[k];
         }
-        const std::uint32_t row = dq_tile(n) + static_cast<std::uint32_t>((w * 16 + g + 8 * h) * D * 4 + colp * 256 + t4 * 8);
+        const std::uint32_t row =
+            dq_tile(n) + static_cast<std::uint32_t>((64 * qh + w * 16 + g + 8 * h) * D * 4 + colp * 256 + t4 * 8);
 #pragma unroll
         for (int k = 0; k < 8; ++k)
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row + ((k + g) & 7) * 32), "f"(v[k].x), "f"(v[k].y)
                        : "memory");
       }
+      if (part < PARTS - 1) return;
       fence_proxy_async();
       mbar_arrive(dq_full(n));
     } else if constexpr (Cfg::DQ_BULK) {
@@ -532,7 +579,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
         for (int j = 0; j < 8; ++j)
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(my + (w * 16 + g + 8 * h) * P + (8 * j + 2 * t4) * 4),
-                       "f"(dq[4 * j + 2 * h] * p.scale), "f"(dq[4 * j + 2 * h + 1] * p.scale)
+                       "f"(dq[part][4 * j + 2 * h] * p.scale), "f"(dq[part][4 * j + 2 * h + 1] * p.scale)
                        : "memory");
       fence_proxy_async();
       named_sync(3 + c, 128);
@@ -557,7 +604,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
         float* dst = outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + colp * 64 + 2 * t4;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) red_add_v2(dst + 8 * j, dq[4 * j + 2 * h] * p.scale, dq[4 * j + 2 * h + 1] * p.scale);
+        for (int j = 0; j < 8; ++j) red_add_v2(dst + 8 * j, dq[part][4 * j + 2 * h] * p.scale, dq[part][4 * j + 2 * h + 1] * p.scale);
       }
     }
   };
@@ -583,14 +630,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       const int s = i % S;
       softmax_ds(b, s, i, -1);  // its waits also retire dV/dK and dQ of step i - 1
       if (b_prev >= 0) {
-#pragma unroll
-        for (int k = 0; k < 32; ++k) fence_operand(dq[k]);
+        fence_dq();
         mbar_arrive(empty(s_prev));
         dq_out(b_prev, i - 1, 0);
       }
       issue_dkv(s);
       ds_barrier();
-      issue_dq(i, 0);
+      issue_dq(i);
       const int nb = next_block(b + 1);
       b_prev = b;
       s_prev = s;
@@ -623,14 +669,27 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       issue_kv_product(acc_dv, pa, sdO + s * Q_BYTES);
       wgmma_commit();
       ds_barrier();
-      issue_dq(i, 0);
-      wgmma_fence();
-      issue_kv_product(acc_dk, da, sQ + s * Q_BYTES);
-      wgmma_commit();
-      wgmma_wait<1>();  // dV and dQ done, dK in flight
-#pragma unroll
-      for (int k = 0; k < 32; ++k) fence_operand(dq[k]);
-      dq_out(b, i, 0);
+      if constexpr (PARTS == 1) {
+        issue_dq(i);
+        wgmma_fence();
+        issue_kv_product(acc_dk, da, sQ + s * Q_BYTES);
+        wgmma_commit();
+        wgmma_wait<1>();  // dV and dQ done, dK in flight
+        fence_dq();
+        dq_out(b, i, 0);
+      } else {  // two parts: the second after dK (registers)
+        issue_dq(i, 0, 1);
+        wgmma_fence();
+        issue_kv_product(acc_dk, da, sQ + s * Q_BYTES);
+        wgmma_commit();
+        issue_dq(i, 1, 2);
+        wgmma_wait<2>();  // dV and dQ's first part done
+        fence_dq();
+        dq_out(b, i, 0);
+        wgmma_wait<0>();
+        fence_dq();
+        dq_out(b, i, 1);
+      }
       s_prev = s;
     }
     wgmma_wait<0>();
@@ -645,9 +704,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       softmax_ds(b, s, i, -1);
       issue_dkv(s);
       ds_barrier();
-#pragma unroll 1
+#pragma unroll  // constant indices into dq[]
       for (int hf = 0; hf < HALVES; ++hf) {
-        issue_dq(i, hf);
+        issue_dq(i, hf, hf + 1);
         wgmma_wait<0>();
         fence_acc();
         if (hf == 0) mbar_arrive(empty(s));  // Q, dO, lse, delta of stage s are no longer read
