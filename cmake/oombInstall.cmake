@@ -14,6 +14,13 @@ install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/oomb" DESTINATION "${CMAKE_INST
 install(TARGETS oomb EXPORT oombTargets)
 install(EXPORT oombTargets NAMESPACE oomb:: DESTINATION "${OOMB_INSTALL_CMAKEDIR}"
         COMPONENT oomb_development)
+# oomb::cuda in its own export set: the package config loads it only where the consumer's
+# find_package(CUDAToolkit) succeeds, so CPU-only consumers never need the toolkit.
+if(TARGET oomb_cuda)
+  install(TARGETS oomb_cuda EXPORT oombCudaTargets)
+  install(EXPORT oombCudaTargets NAMESPACE oomb:: DESTINATION "${OOMB_INSTALL_CMAKEDIR}"
+          COMPONENT oomb_development)
+endif()
 
 configure_package_config_file("${PROJECT_SOURCE_DIR}/cmake/oombConfig.cmake.in"
   "${PROJECT_BINARY_DIR}/oombConfig.cmake"

@@ -3,7 +3,9 @@
 # Builds and runs tests/consumer — a program outside oomb's tree — against oomb the ways a user
 # gets it: find_package(oomb CONFIG) against an install (moved after installing: the package is
 # relocatable), pkg-config against the same install, add_subdirectory of the source, and
-# FetchContent from a local archive of the source. Fails on the first step that does.
+# FetchContent from a local archive of the source. Where nvcc is found, the package and
+# add_subdirectory consumers also build a CUDA program and a shared library against oomb::cuda,
+# and the library must export none of oomb's header kernels. Fails on the first step that does.
 # Usage: bash tests/consumer/check.sh [OOMB_SOURCE_DIR]   (default: this checkout)
 set -euo pipefail
 
@@ -15,6 +17,9 @@ generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
 version=$(sed -n 's/^#define OOMB_VERSION_STRING "\(.*\)"$/\1/p' "$src/include/oomb/core/version.hpp")
 step() { printf '\n== consumer check: %s\n' "$*"; }
+cuda=()
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+if command -v nvcc >/dev/null; then cuda=(-DOOMB_CONSUMER_CUDA=ON); fi
 fail() { echo "consumer check FAILED: $*" >&2; exit 1; }
 
 # Configures, builds and runs the consumer: build_consumer NAME [cmake args...]
@@ -24,6 +29,17 @@ build_consumer() {
     || { cat "$work/$name.log"; fail "$name: configure"; }
   cmake --build "$work/$name" >>"$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "$name: build"; }
   "$work/$name/consumer" || fail "$name: the program failed"
+  if ((${#cuda[@]})) && [ -f "$work/$name/libconsumer_kernels.so" ]; then
+    local lib="$work/$name/libconsumer_kernels.so" exported kernels='detail::sm_[0-9_]+::(page_copy_kernel|table_scatter_kernel|table_relayout_kernel)<'
+    exported=$(nm -D --defined-only -C "$lib")
+    grep -q consumer_copy_pages <<<"$exported" || fail "$name: nm does not list the library's own function"
+    # The kernels are in the library, in their architecture-keyed namespace, but not exported.
+    grep -Eq "$kernels" <<<"$(nm -C "$lib")" || fail "$name: no architecture-keyed oomb kernel in $lib"
+    if grep -E "$kernels" <<<"$exported"; then
+      fail "$name: libconsumer_kernels.so exports oomb's kernels (above)"
+    fi
+    echo "$name: oomb::cuda consumers built; the shared library holds oomb's kernels, keyed by architecture, and exports none"
+  fi
 }
 
 step "install oomb $version into a staging prefix, then move it"
@@ -41,7 +57,7 @@ done
 echo "installed: $(cd "$prefix" && find . -type f | wc -l) files"
 
 step "find_package(oomb $version CONFIG) against the moved install"
-build_consumer package -DOOMB_CONSUMER_MODE=package -DCMAKE_PREFIX_PATH="$prefix"
+build_consumer package -DOOMB_CONSUMER_MODE=package -DCMAKE_PREFIX_PATH="$prefix" "${cuda[@]}"
 step "find_package(oomb 99.0) must be refused"
 if cmake -S "$consumer" -B "$work/package-99" "${generator[@]}" -DOOMB_CONSUMER_MODE=package \
      -DCMAKE_PREFIX_PATH="$prefix" -DOOMB_REQUIRED_VERSION=99.0 >"$work/package-99.log" 2>&1; then
@@ -63,7 +79,7 @@ c++ -std=c++17 -Wall -Wextra -Werror "$consumer/main.cpp" $(pkg-config --cflags 
 unset PKG_CONFIG_PATH
 
 step "add_subdirectory($src), consumer in C++20"
-build_consumer subdirectory -DOOMB_CONSUMER_MODE=subdirectory -DOOMB_SOURCE_DIR="$src" -DCMAKE_CXX_STANDARD=20
+build_consumer subdirectory -DOOMB_CONSUMER_MODE=subdirectory -DOOMB_SOURCE_DIR="$src" -DCMAKE_CXX_STANDARD=20 "${cuda[@]}"
 
 step "FetchContent from a local archive of the source"
 # The archive holds only what the library needs (CMake files, headers, licence): proof that a
