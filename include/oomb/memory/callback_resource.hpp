@@ -36,8 +36,8 @@ struct no_stream {};
 /// says where the callbacks' memory is (host, pinned or device); nothing checks that it is true.
 /// allocate() throws invalid_argument for an alignment that is not a power of two or a block the
 /// callback returned misaligned (after giving it back), and out_of_memory when the callback
-/// returns nullptr or throws anything but an oomb::error (its message is kept). Copyable; copies
-/// share the callbacks (and whatever they capture). Thread-safe when the callbacks are.
+/// returns nullptr or throws anything but an oomb::error (its message is kept). Copyable (the
+/// callbacks are copied with it). Thread-safe when the callbacks are.
 template <memory_kind Kind, class Stream = no_stream>
 class callback_resource {
   static constexpr bool has_stream = !std::is_same_v<Stream, no_stream>;
