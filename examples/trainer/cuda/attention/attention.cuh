@@ -486,7 +486,7 @@ void launch_backward(const attention_args& a, const float* lse, const float* del
 /// (backward_sm90.cuh: wgmma, warp specialisation) on a compute-capability 9.0 device when the
 /// binary holds its sm_90a code and page_size >= 128, the portable mma.sync kernel otherwise.
 /// `portable`: always the latter. The default is `automatic` (the Hopper backward passed every
-/// GPU test and is 1.17-1.45x the portable one on the H200: docs/attention-notes.md, hb2-hb4);
+/// GPU test and is 1.35-1.43x the portable one on the H200: docs/attention-notes.md, hb2-hb4);
 /// OOMB_ATTENTION_BACKWARD=portable (or =automatic), set when the first backward runs, overrides
 /// it. Process-wide.
 enum class backward_kernels { automatic, portable };
