@@ -3,6 +3,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <future>
 #include <limits>
@@ -864,6 +865,28 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
+  }
+}
+
+TEST_CASE("attention: public backward into a dq that is 8- but not 16-byte aligned matches") {
+  // On Hopper the public entry then takes the red.add configuration (the writer warp's bulk
+  // reductions need 16 bytes); elsewhere the portable kernel. Both must give the CPU oracle's dq.
+  using oomb::kv_layout;
+  for (const config& c : {make("unaligned dq g7 d128", 90, 300, 14, 2, 128, 128),
+                          sparse(make("unaligned dq sparse g5 d64 tm", 70, 500, 10, 2, 64, 128, kv_layout::token_major), 128)}) {
+    const problem p(c);
+    const cpu_result ref = run_cpu(p);
+    const std::size_t qn = p.q.size();
+    const gpu_result g = run_backward(p, ref, [&](const gpu::attention_args& a, const float* lse, const float* delta,
+                                                  const bf16* d_o, float* dq, float* dk, float* dv, auto grads) {
+      dev<float> shifted(qn + 2);
+      float* const dq8 = shifted.p + 2;  // cudaMalloc is 256-byte aligned: this is 8 mod 16
+      REQUIRE((reinterpret_cast<std::uintptr_t>(dq8) & 15u) == 8u);
+      attn_test::cuda_check(cudaMemcpy(dq8, dq, qn * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
+      gpu::attention_backward(a, lse, delta, d_o, dq8, dk, dv, grads, nullptr);
+      attn_test::cuda_check(cudaMemcpy(dq, dq8, qn * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
+    });
+    check_errors(c.name + " [public backward]", compare(g, ref), g.untouched_ok);
   }
 }
 

@@ -47,12 +47,20 @@ template <> struct backward_config<128> { using type = detail::backward_tile<128
 
 /// Hopper backward (wgmma, warp-specialised; backward_sm90.cuh): Q/dO pipeline stages and the way dQ
 /// reaches global memory, per head size. Measured on the H200 (docs/attention-notes.md, hb3-hb4): the
-/// dQ writer warp +16-27% at d64 and 0-3% at d128 over red.add; d64 steps of 128 rows another +6-7%.
+/// dQ writer warp +16-27% at d64 and 0-5% at d128 over red.add; d64 steps of 128 rows another +6-7%.
+/// `unaligned`: for a dq that is 8- but not 16-byte aligned (the writer's bulk reductions need 16):
+/// red.add from the consumers, 64-row steps (hb2).
 template <int D>
 struct backward_sm90_config;
 //                                                                D  stages dQ                            own keys pipe rows
-template <> struct backward_sm90_config<64> { using type = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_warp, false, false, 128>; };
-template <> struct backward_sm90_config<128> { using type = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp>; };
+template <> struct backward_sm90_config<64> {
+  using type = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_warp, false, false, 128>;
+  using unaligned = detail::backward_sm90_tile<64, 3>;
+};
+template <> struct backward_sm90_config<128> {
+  using type = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp>;
+  using unaligned = detail::backward_sm90_tile<128, 3>;
+};
 
 namespace experimental {
 using forward_d64_bn64 = detail::forward_tile<64, 128, 64, 4, 2>;                  // v2 default
@@ -67,8 +75,8 @@ using backward_sm90_d64_bulk = detail::backward_sm90_tile<64, 3, backward_dq::ro
 using backward_sm90_d128_own = detail::backward_sm90_tile<128, 3, backward_dq::atomics, true>;  // dQ over own keys, no shared barrier
 using backward_sm90_d64_pipe = detail::backward_sm90_tile<64, 3, backward_dq::atomics, false, true>;  // software-pipelined steps
 // hb2's defaults: red.add from the consumers, 64-row steps
-using backward_sm90_d128_atomics = detail::backward_sm90_tile<128, 3>;
-using backward_sm90_d64_atomics = detail::backward_sm90_tile<64, 3>;
+using backward_sm90_d128_atomics = backward_sm90_config<128>::unaligned;
+using backward_sm90_d64_atomics = backward_sm90_config<64>::unaligned;
 // hb3 at d64: the writer warp with 64-row steps
 using backward_sm90_d64_writer_bm64 = detail::backward_sm90_tile<64, 3, backward_dq::writer_warp>;
 // d128 writer warp with dQ over each consumer's own keys: no dS barrier between the consumers (hb4: -8%)
