@@ -2,6 +2,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -12,6 +13,7 @@
 #include "oomb/cuda/device_resource.hpp"
 #include "oomb/cuda/pinned_resource.hpp"
 #include "oomb/cuda/stream.hpp"
+#include "oomb/core/tensor.hpp"
 #include "oomb/cuda/vmm_resource.hpp"
 #include "oomb/memory/block_pool.hpp"
 #include "oomb/memory/growable_resource.hpp"
@@ -239,4 +241,40 @@ TEST_CASE("block_pool::growable: exhaustion mid-growth throws out_of_memory and 
   CHECK(dp.reserved() == 0);
   CHECK(dp.in_use() == 0);
   CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+namespace {
+// Reads a strided view element by element through its accessors, in device code.
+template <int = 0>
+__global__ void gather_view_kernel(oomb::tensor_view<const float, 3> in, float* out) {
+  const std::int64_t n = in.size();
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t a = i / (in.extent(1) * in.extent(2)), b = (i / in.extent(2)) % in.extent(1), c = i % in.extent(2);
+    const float* by_strides = in.data() + a * in.stride(0) + b * in.stride(1) + c * in.stride(2);
+    out[i] = in(a, b, c) == *by_strides ? in(a, b, c) : -1.0f;  // -1: operator() and stride() disagree
+  }
+}
+}  // namespace
+
+TEST_CASE("tensor_view: its accessors work in kernels on a strided view (CPU reference, exact)") {
+  // A [5][7][9] view over [9][5][7] storage (a permutation of the axes), seeded random values.
+  const std::int64_t A = 5, B = 7, C = 9;
+  std::vector<float> storage(std::size_t(A * B * C));
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> u(0.5f, 2.0f);
+  for (auto& x : storage) x = u(rng);
+  device_buffer<float> d_in(storage.size()), d_out(storage.size());
+  OOMB_CUDA_CHECK(cudaMemcpy(d_in.ptr, storage.data(), storage.size() * 4, cudaMemcpyHostToDevice), "test");
+  const std::array<std::int64_t, 3> shape{A, B, C}, strides{B, 1, A * B};
+  const oomb::tensor_view<const float, 3> host_view(storage.data(), shape, strides);
+  const oomb::tensor_view<const float, 3> device_view(d_in.ptr, shape, strides, oomb::memory_kind::device);
+  gather_view_kernel<><<<8, 128>>>(device_view, d_out.ptr);
+  OOMB_CUDA_CHECK_LAUNCH("gather_view_kernel");
+  std::vector<float> got(storage.size());
+  OOMB_CUDA_CHECK(cudaMemcpy(got.data(), d_out.ptr, got.size() * 4, cudaMemcpyDeviceToHost), "test");
+  std::size_t bad = 0, i = 0;
+  for (std::int64_t a = 0; a < A; ++a)
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t c = 0; c < C; ++c) bad += got[i++] != host_view(a, b, c);
+  CHECK(bad == 0);
 }
