@@ -9,6 +9,7 @@
 
 #include "model_util.hpp"
 #include "test_util.hpp"
+#include "trainer/backend/cpu_backend.hpp"
 #include "trainer/train/chunk_recurrent.hpp"
 #include "trainer/train/full_sequence.hpp"
 
@@ -24,7 +25,7 @@ struct run_out {
 };
 
 run_out run_chunked(const qwen2_params<double>& p, const oomb_trainer::sequence& seq, const chunk_options& opt) {
-  oomb_trainer::chunk_recurrent<double> trainer(p.config(), opt, seq.size());
+  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>> trainer(p.config(), opt, seq.size());
   qwen2_params<double> g(p.config());
   run_out r;
   r.loss = trainer.loss_and_grad(p, g, seq);
@@ -163,7 +164,7 @@ TEST_CASE("chunk-recurrent: stage 1 fills the far tier chunk by chunk, stage 2 r
     opt.page = 16;
     opt.offload = offload;
     opt.near_pages = 4;
-    oomb_trainer::chunk_recurrent<double> trainer(cfg, opt, seq.size());
+    oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>> trainer(cfg, opt, seq.size());
     std::vector<std::int32_t> kv_in_use, grad_in_use;
     std::vector<int> stages;
     trainer.loss_and_grad(p, g, seq, [&](const oomb_trainer::chunk_progress& pr) {

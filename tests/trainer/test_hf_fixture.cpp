@@ -15,6 +15,7 @@
 #include "trainer/io/checkpoint.hpp"
 #include "trainer/io/safetensors.hpp"
 #include "trainer/io/tokens.hpp"
+#include "trainer/backend/cpu_backend.hpp"
 #include "trainer/train/chunk_recurrent.hpp"
 #include "trainer/train/full_sequence.hpp"
 
@@ -58,7 +59,7 @@ void check_against_fixture(const std::string& name) {
   opt.window_pages = 1;
   opt.offload = true;
   opt.near_pages = 2;
-  oomb_trainer::chunk_recurrent<double> trainer(cfg, opt, seq.size());
+  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>> trainer(cfg, opt, seq.size());
   oomb_trainer::qwen2_params<double> gchunk(cfg);
   compare("chunk-recurrent, offload", trainer.loss_and_grad(p, gchunk, seq), gchunk);
 }

@@ -28,6 +28,7 @@
 #include "trainer/optim/adamw.hpp"
 #include "trainer/optim/clip.hpp"
 #include "trainer/optim/schedule.hpp"
+#include "trainer/backend/cpu_backend.hpp"
 #include "trainer/train/chunk_recurrent.hpp"
 #include "trainer/train/full_sequence.hpp"
 #include "trainer/train/options.hpp"
@@ -100,7 +101,7 @@ class training_run {
       co.sink = o_.sink;
       co.local = o_.local;
       co.tile = o_.tile;
-      chunked_ = std::make_unique<chunk_recurrent<T>>(cfg_, co, o_.seq_len);
+      chunked_ = std::make_unique<chunk_recurrent<cpu_backend<T>>>(cfg_, co, o_.seq_len);
     }
     fs::create_directories(o_.out);
     log_.open(fs::path(o_.out) / "log.jsonl", std::ios::app);
@@ -112,7 +113,7 @@ class training_run {
   std::int64_t steps_taken() const noexcept { return step_; }
   bool done() const noexcept { return step_ >= o_.steps; }
   qwen2_params<T>& params() noexcept { return params_; }
-  const chunk_recurrent<T>* chunked() const noexcept { return chunked_.get(); }
+  const chunk_recurrent<cpu_backend<T>>* chunked() const noexcept { return chunked_.get(); }
 
   /// The next training sequence (advances the data position).
   sequence next_sequence() {
@@ -281,7 +282,7 @@ class training_run {
   std::uint64_t data_position_ = 0;
   std::optional<kv_recall> task_;
   std::optional<token_windows> tokens_;
-  std::unique_ptr<chunk_recurrent<T>> chunked_;
+  std::unique_ptr<chunk_recurrent<cpu_backend<T>>> chunked_;
   std::ofstream log_;
   bool dumped_ = false;
   std::chrono::steady_clock::time_point last_progress_{};

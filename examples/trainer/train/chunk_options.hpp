@@ -1,0 +1,82 @@
+// oomb trainer — the chunk-recurrent path's options, and what a step reports.
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include <oomb/core/error.hpp>
+#include <oomb/paging/page_shape.hpp>
+#include <oomb/sparse/scoring.hpp>
+
+namespace oomb_trainer {
+
+/// How the chunk-recurrent path runs.
+struct chunk_options {
+  std::int32_t chunk = 256;        ///< tokens per chunk: a multiple of `page`
+  std::int32_t page = 16;          ///< tokens per page: a power of two >= 16
+  oomb::kv_layout layout = oomb::kv_layout::head_major;
+  /// Needed pages per attention window; 0 = one window per layer (no offload), or near_pages / 2
+  /// with offload (one window computing while the next one streams in).
+  std::int32_t window_pages = 0;
+  bool offload = false;            ///< stream pages through near-tier slots (else read them in place)
+  std::int32_t near_pages = 0;     ///< near-tier slots for K/V pages, and as many for gradient pages
+  bool sparse = false;             ///< page-sparse attention over the past (oomb's selection)
+  std::int32_t budget = 0, sink = 1, local = 1;
+  std::int32_t tile = 128;         ///< queries per selection tile
+  oomb::score_kind score = oomb::score_kind::quest;
+
+  void validate() const {
+    oomb::page_shape{page, 1, 2, layout}.validate();
+    OOMB_EXPECTS(chunk > 0 && chunk % page == 0, "chunk size ", chunk, " must be a positive multiple of the page size ", page);
+    OOMB_EXPECTS(window_pages >= 0, "window_pages must not be negative, got ", window_pages);
+    if (offload) {
+      OOMB_EXPECTS(near_pages >= chunk / page, "--near-pages ", near_pages, " is too small: the near tier must hold a chunk's ",
+                   chunk / page, " pages of one layer (chunk ", chunk, " / page ", page, ")");
+      OOMB_EXPECTS(window_pages == 0 || 2 * window_pages <= near_pages, "window of ", window_pages,
+                   " pages needs ", 2 * window_pages, " near slots (one window computing, the next streaming), the near tier has ",
+                   near_pages);
+      OOMB_EXPECTS(near_pages >= 2, "the near tier needs at least 2 slots, got ", near_pages);
+    }
+    if (sparse) {
+      OOMB_EXPECTS(budget >= 0 && sink >= 0 && local >= 0, "sparse budget/sink/local must not be negative (", budget, "/", sink,
+                   "/", local, ")");
+      OOMB_EXPECTS(tile > 0, "selection tile must be positive, got ", tile);
+    }
+  }
+  std::int32_t effective_window() const noexcept {
+    return window_pages > 0 ? window_pages : offload ? near_pages / 2 : std::numeric_limits<std::int32_t>::max();
+  }
+};
+
+/// Where a step is, for progress reports within long steps.
+struct chunk_progress {
+  int stage = 1;              ///< 1 or 2
+  std::int32_t chunk = 0;     ///< the chunk just finished
+  std::int32_t chunks = 0;
+};
+
+/// What one step did.
+struct chunk_step_stats {
+  double loss = 0;
+  std::int64_t tokens = 0;
+  double stage1_seconds = 0, stage2_seconds = 0;
+  std::uint64_t bytes_to_near = 0, bytes_to_far = 0;  ///< K/V and gradient pages, both directions
+  std::int32_t kv_pages_high_water = 0;    ///< far tier: K/V page pairs in use at most
+  std::int32_t grad_pages_high_water = 0;  ///< far tier: gradient page pairs in use at most
+  std::int64_t sparse_pages_selected = 0;  ///< sum over tiles of selected past pages
+  std::int64_t sparse_pages_candidate = 0; ///< sum over tiles of past pages
+};
+
+/// Bytes each tier holds.
+struct tier_memory {
+  std::size_t kv_pair_bytes = 0, grad_pair_bytes = 0;
+  std::size_t far_kv_reserved = 0, far_grad_reserved = 0;  ///< host memory taken by the far pools
+  std::int32_t far_kv_in_use = 0, far_grad_in_use = 0;     ///< page pairs now
+  std::int32_t near_kv_slots = 0, near_grad_slots = 0;
+  std::size_t near_bytes = 0;                              ///< both near pools (fixed)
+  std::size_t activation_bytes = 0;                        ///< one chunk's activations, all layers
+};
+
+}  // namespace oomb_trainer
