@@ -60,7 +60,7 @@ OOMB_HOST_DEVICE inline float quest_bound(const float* q, const float* lo, const
 /// Score of one query vector against KV head `head` of page `id` (-infinity for an empty page).
 OOMB_HOST_DEVICE inline float page_score(score_kind kind, const float* q, const page_summary_view& s,
                                          std::int32_t id, std::int32_t head) noexcept {
-  if (s.token_count(id) == 0) return -std::numeric_limits<float>::infinity();
+  if (s.token_count(id) == 0) return -HUGE_VALF;  // not numeric_limits: constexpr host-only under nvcc
   return kind == score_kind::quest ? quest_bound(q, s.min_of(id, head), s.max_of(id, head), s.head_dim)
                                    : dot(q, s.mean_of(id, head), s.head_dim);
 }

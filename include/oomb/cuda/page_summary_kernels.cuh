@@ -1,0 +1,171 @@
+// oomb — page summaries computed on the GPU, from the K pages where they are written.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The device twin of page_summaries (oomb/sparse/page_summaries.hpp): the same per-page, per-KV-head
+// channel min / max / mean of K, the same [num_ids][kv_heads][head_dim] float layout, read by the
+// scorers through the same page_summary_view. A launch re-summarises each listed page from its
+// first token (a page holds at most page_size tokens, so recomputing a partial page costs no more
+// than appending to it), summing in double in token order as the host store does: the GPU's
+// summaries equal the host's bit for bit, however the page was filled.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "oomb/core/error.hpp"
+#include "oomb/cuda/error.hpp"
+#include "oomb/cuda/kernel_linkage.cuh"
+#include "oomb/cuda/stream_view.hpp"
+#include "oomb/paging/views.hpp"
+#include "oomb/sparse/page_summary_view.hpp"
+
+OOMB_NAMESPACE_BEGIN
+
+/// Writable summaries in device memory, carved from one caller-owned allocation by over():
+/// min, max and mean as [num_ids][kv_heads][head_dim] floats, then num_ids int32 token counts.
+/// Never owns memory; trivially copyable.
+struct device_page_summaries {
+  float* min = nullptr;
+  float* max = nullptr;
+  float* mean = nullptr;
+  std::int32_t* tokens = nullptr;
+  std::int32_t num_ids = 0;
+  std::int32_t kv_heads = 0;
+  std::int32_t head_dim = 0;
+
+  /// Bytes of one page id's summary: 3 * kv_heads * head_dim floats plus its token count.
+  static std::size_t bytes_per_id(std::int32_t kv_heads, std::int32_t head_dim) noexcept {
+    return 3 * std::size_t(kv_heads) * std::size_t(head_dim) * sizeof(float) + sizeof(std::int32_t);
+  }
+  /// Bytes over() needs for `num_ids` ids.
+  static std::size_t bytes(std::int32_t num_ids, std::int32_t kv_heads, std::int32_t head_dim) noexcept {
+    return std::size_t(num_ids) * bytes_per_id(kv_heads, head_dim);
+  }
+  /// Lays the summaries out over `storage` (device memory, 4-byte aligned, bytes(...) long).
+  /// The caller clears them (clear_page_summaries) before the first read.
+  static device_page_summaries over(void* storage, std::int32_t num_ids, std::int32_t kv_heads,
+                                    std::int32_t head_dim) {
+    OOMB_EXPECTS(num_ids >= 0 && kv_heads > 0 && head_dim > 0, "device_page_summaries: bad shape: ",
+                 num_ids, " ids, ", kv_heads, " KV heads, head_dim ", head_dim);
+    OOMB_EXPECTS(storage != nullptr || num_ids == 0, "device_page_summaries: null storage for ", num_ids, " ids");
+    OOMB_EXPECTS((reinterpret_cast<std::uintptr_t>(storage) & 3) == 0,
+                 "device_page_summaries: storage is not 4-byte aligned");
+    const std::size_t row = std::size_t(num_ids) * std::size_t(kv_heads) * std::size_t(head_dim);
+    device_page_summaries s;
+    s.min = static_cast<float*>(storage);
+    s.max = s.min + row;
+    s.mean = s.max + row;
+    s.tokens = reinterpret_cast<std::int32_t*>(s.mean + row);
+    s.num_ids = num_ids;
+    s.kv_heads = kv_heads;
+    s.head_dim = head_dim;
+    return s;
+  }
+
+  /// The read-only view the scorers take (host or device, the memory stays on the device).
+  OOMB_HOST_DEVICE page_summary_view view() const noexcept {
+    page_summary_view v;
+    v.min = min;
+    v.max = max;
+    v.mean = mean;
+    v.tokens = tokens;
+    v.num_ids = num_ids;
+    v.kv_heads = kv_heads;
+    v.head_dim = head_dim;
+    return v;
+  }
+};
+
+static_assert(std::is_trivially_copyable_v<device_page_summaries>, "views must be PODs for kernels");
+
+namespace detail {
+
+inline constexpr int page_summary_threads = 128;
+
+OOMB_KERNEL_NAMESPACE_BEGIN
+
+/// Block i summarises page ids[i] over its first counts[i] tokens (clamped to [0, page_size]);
+/// thread x owns (kv head, channel) pairs x, x + blockDim.x, ..., so a warp reads contiguous
+/// channels of one token. counts == nullptr means whole pages.
+template <class E>
+OOMB_KERNEL void __launch_bounds__(page_summary_threads)
+    summarize_pages_kernel(page_pool_view<const E> pool, const std::int32_t* __restrict__ ids,
+                           const std::int32_t* __restrict__ counts, device_page_summaries out) {
+  const std::int32_t id = ids[blockIdx.x];
+  std::int32_t n = counts == nullptr ? pool.page_size : counts[blockIdx.x];
+  n = n < 0 ? 0 : n > pool.page_size ? pool.page_size : n;
+  const std::int32_t pairs = out.kv_heads * out.head_dim;
+  for (std::int32_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const std::int32_t h = p / out.head_dim, c = p - h * out.head_dim;
+    float mn = HUGE_VALF, mx = -HUGE_VALF;
+    double sum = 0.0;
+    for (std::int32_t t = 0; t < n; ++t) {  // token order: the host store's summation order
+      const float f = static_cast<float>(pool.k(id, t, h)[c]);
+      mn = f < mn ? f : mn;
+      mx = f > mx ? f : mx;
+      sum += static_cast<double>(f);
+    }
+    const std::int64_t at = out.view().offset(id, h) + c;
+    out.min[at] = mn;
+    out.max[at] = mx;
+    out.mean[at] = n == 0 ? 0.0f : static_cast<float>(sum / n);
+  }
+  if (threadIdx.x == 0) out.tokens[id] = n;
+}
+
+OOMB_KERNEL_NAMESPACE_END
+
+}  // namespace detail
+
+/// Enqueues on `stream` the summaries of `count` K pages of `pool` (device memory, element type
+/// bf16 or float): page ids[i] summarised over its first counts[i] tokens, as the host's
+/// page_summaries would after those tokens were appended. `ids` and `counts` are device arrays of
+/// `count` entries (counts == nullptr: every page full); a count outside [0, page_size] is taken
+/// as the nearest of the two, count 0 empties the summary (a released id). Ids must lie in
+/// [0, out.num_ids) and be distinct within a launch. Allocates nothing, never synchronises: call
+/// it behind the kernel that wrote the pages, on the same stream. Throws invalid_argument for
+/// mismatched shapes, cuda_error if the launch fails.
+template <class E>
+void summarize_pages(const page_pool_view<const E>& pool, const std::int32_t* ids, const std::int32_t* counts,
+                     std::int32_t count, const device_page_summaries& out, cuda_stream_view stream) {
+  OOMB_EXPECTS(pool.kv_heads == out.kv_heads && pool.head_dim == out.head_dim,
+               "summarize_pages: pool pages have ", pool.kv_heads, " KV heads of head_dim ", pool.head_dim,
+               ", the summaries ", out.kv_heads, " of ", out.head_dim);
+  OOMB_EXPECTS(count >= 0, "summarize_pages: negative page count ", count);
+  if (count == 0) return;
+  OOMB_EXPECTS(pool.base != nullptr && ids != nullptr && out.min != nullptr,
+               "summarize_pages: null pool, ids or summaries for ", count, " pages");
+  detail::summarize_pages_kernel<E><<<static_cast<unsigned>(count), detail::page_summary_threads, 0, stream>>>(
+      pool, ids, counts, out);
+  OOMB_CUDA_CHECK_LAUNCH("summarize_pages: launching for ", count, " pages");
+}
+
+namespace detail {
+OOMB_KERNEL_NAMESPACE_BEGIN
+template <int = 0>
+OOMB_KERNEL void clear_page_summaries_kernel(device_page_summaries s) {
+  const std::int64_t row = std::int64_t(s.num_ids) * s.kv_heads * s.head_dim;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < row;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    s.min[i] = HUGE_VALF;
+    s.max[i] = -HUGE_VALF;
+    s.mean[i] = 0.0f;
+    if (i < s.num_ids) s.tokens[i] = 0;
+  }
+}
+OOMB_KERNEL_NAMESPACE_END
+}  // namespace detail
+
+/// Enqueues on `stream` the emptying of every summary (what a fresh host page_summaries holds:
+/// min +infinity, max -infinity, mean 0, no tokens). Throws cuda_error if the launch fails.
+inline void clear_page_summaries(const device_page_summaries& s, cuda_stream_view stream) {
+  if (s.num_ids == 0) return;
+  detail::clear_page_summaries_kernel<0><<<1024, 256, 0, stream>>>(s);
+  OOMB_CUDA_CHECK_LAUNCH("clear_page_summaries: launching for ", s.num_ids, " ids");
+}
+
+OOMB_NAMESPACE_END

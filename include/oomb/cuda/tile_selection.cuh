@@ -1,0 +1,378 @@
+// oomb — page selection for every query tile of a chunk on the GPU: summarise, score, top-k, CSR.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The device counterpart of tile_selector (oomb/sparse/tile_selector.hpp), with one difference in
+// scoring: a tile is first reduced to a summary of its queries, per KV head and channel, over the
+// tile's queries and the KV head's GQA group, and pages are scored against that summary, so
+// scoring costs O(tiles x pages), not O(queries x pages):
+//  - quest: the box [qlo_d, qhi_d] (channel min / max of the queries); a page scores
+//    sum_d max(qlo_d lo_d, qlo_d hi_d, qhi_d lo_d, qhi_d hi_d), an upper bound of every query's
+//    Quest bound (so of every q·k): at least tile_scorer's score, equal to it for a one-query tile
+//    without GQA;
+//  - mean:  the tile's mean query q̄; a page scores q̄ · mean (the mean over the tile of the
+//    per-query mean-key scores), exactly tile_scorer's score of q̄ loaded as a one-query tile.
+// The score of a page is the maximum over KV heads. Selection is page_selector's, bit for bit:
+// sink and local pages always, the `budget` best of the middle by the same ranking key (higher
+// score, then lower page index; NaN lowest), sorted by index.
+//
+// Everything is stream-ordered on one cuda_stream_view: no host synchronisation, no allocation.
+// plan_tile_selection() sizes the workspace for the largest call up front; select_tiles() only
+// launches kernels (and CUB's segmented radix sort) into it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_segmented_radix_sort.cuh>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "oomb/core/error.hpp"
+#include "oomb/core/tensor.hpp"
+#include "oomb/cuda/error.hpp"
+#include "oomb/cuda/kernel_linkage.cuh"
+#include "oomb/cuda/stream_view.hpp"
+#include "oomb/sparse/page_summary_view.hpp"
+#include "oomb/sparse/scoring.hpp"
+#include "oomb/sparse/tile_selector.hpp"
+
+OOMB_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// a * b rounded, never fused into an add: nvcc contracts a * b + c into an FMA by default, which
+/// would make device sums differ from the host's.
+OOMB_HOST_DEVICE inline float mul_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+/// sum_d term(d) in scoring.hpp's fixed tree (8 interleaved lanes, then pairwise).
+template <class Term>
+OOMB_HOST_DEVICE float tree_sum(std::int32_t n, Term term) noexcept {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  std::int32_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += term(d + j);
+  for (int j = 0; d + j < n; ++j) acc[j] += term(d + j);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+OOMB_HOST_DEVICE inline float max2(float a, float b) noexcept { return a > b ? a : b; }
+
+}  // namespace detail
+
+/// Quest's bound for a box of queries: sum_d max over q_d in {qlo_d, qhi_d}, k_d in {lo_d, hi_d}
+/// of q_d k_d; no query of the box scores any key of the page higher. Same on host and device.
+OOMB_HOST_DEVICE inline float quest_box_bound(const float* qlo, const float* qhi, const float* lo,
+                                              const float* hi, std::int32_t n) noexcept {
+  using detail::max2;
+  using detail::mul_rn;
+  return detail::tree_sum(n, [&](std::int32_t d) {
+    return max2(max2(mul_rn(qlo[d], lo[d]), mul_rn(qlo[d], hi[d])), max2(mul_rn(qhi[d], lo[d]), mul_rn(qhi[d], hi[d])));
+  });
+}
+
+/// q · mean in scoring.hpp's order, without contraction: equals its dot() (compiled without FMA
+/// contraction) bit for bit, on host and device.
+OOMB_HOST_DEVICE inline float mean_key_score(const float* q, const float* mean, std::int32_t n) noexcept {
+  return detail::tree_sum(n, [&](std::int32_t d) { return detail::mul_rn(q[d], mean[d]); });
+}
+
+/// page_selector::rank_key, on host and device: the score as an order-preserving uint32 (NaN
+/// lowest, -0 == +0) above ~index.
+OOMB_HOST_DEVICE inline std::uint64_t page_rank_key(float score, std::int32_t index) noexcept {
+  score += 0.0f;
+#if defined(__CUDA_ARCH__)
+  const std::uint32_t bits = __float_as_uint(score);
+#else
+  std::uint32_t bits;
+  std::memcpy(&bits, &score, sizeof bits);
+#endif
+  const std::uint32_t flip = static_cast<std::uint32_t>(-static_cast<std::int32_t>(bits >> 31)) | 0x80000000u;
+  const std::uint32_t order = score != score ? 0u : bits ^ flip;
+  return (std::uint64_t(order) << 32) | std::uint64_t(~static_cast<std::uint32_t>(index));
+}
+
+/// Sizes of one GPU selection setup, fixed up front: the largest call it serves (max_tiles tiles of
+/// config.tile_queries queries, at most max_past_pages candidate pages) and where each piece of
+/// the caller's workspace goes. Made by plan_tile_selection(); a plain value.
+struct tile_selection_plan {
+  tile_selection_config config{};
+  std::int32_t q_heads = 0, kv_heads = 0, head_dim = 0;
+  std::int32_t max_tiles = 0, max_past_pages = 0;
+  std::int64_t max_scored = 0;  ///< middle pages per tile at most: max_past - sink - local
+  std::size_t query_summary_offset = 0, keys_offset = 0, sorted_offset = 0, segments_offset = 0, sort_offset = 0;
+  std::size_t sort_bytes = 0;
+  std::size_t workspace_bytes = 0;  ///< device memory select_tiles() needs, 256-byte aligned
+
+  /// Pages one tile selects for a past of `past_pages`: min(past, budget + sink + local).
+  std::int32_t pages_per_tile(std::int32_t past_pages) const noexcept {
+    const std::int64_t m = config.pages.max_pages();
+    return static_cast<std::int32_t>(past_pages < m ? past_pages : m);
+  }
+  /// Capacity tile_pages needs for the largest call: max_tiles * pages_per_tile(max_past_pages).
+  std::int64_t max_entries() const noexcept { return std::int64_t(max_tiles) * pages_per_tile(max_past_pages); }
+};
+
+/// Plans GPU selection for queries [n][q_heads][head_dim] in tiles of config.tile_queries, at most
+/// max_tiles tiles and max_past_pages candidate pages per call. Throws invalid_argument for a bad
+/// config or shape, or sizes whose keys overflow CUB's int item count.
+inline tile_selection_plan plan_tile_selection(const tile_selection_config& config, std::int32_t q_heads,
+                                               std::int32_t kv_heads, std::int32_t head_dim,
+                                               std::int32_t max_tiles, std::int32_t max_past_pages) {
+  config.validate();
+  OOMB_EXPECTS(kv_heads > 0 && q_heads > 0 && q_heads % kv_heads == 0, "plan_tile_selection: q_heads (", q_heads,
+               ") must be a positive multiple of kv_heads (", kv_heads, ")");
+  OOMB_EXPECTS(head_dim > 0 && std::int64_t(head_dim) * kv_heads <= 4096, "plan_tile_selection: kv_heads * head_dim must be in [1, 4096], got ",
+               kv_heads, " * ", head_dim);
+  OOMB_EXPECTS(max_tiles > 0, "plan_tile_selection: max_tiles must be positive, got ", max_tiles);
+  OOMB_EXPECTS(max_past_pages >= 0, "plan_tile_selection: max_past_pages must not be negative, got ", max_past_pages);
+  tile_selection_plan p;
+  p.config = config;
+  p.q_heads = q_heads;
+  p.kv_heads = kv_heads;
+  p.head_dim = head_dim;
+  p.max_tiles = max_tiles;
+  p.max_past_pages = max_past_pages;
+  const std::int64_t mid = std::int64_t(max_past_pages) - config.pages.sink - config.pages.local;
+  p.max_scored = mid > 0 ? mid : 0;
+  const std::int64_t keys = std::int64_t(max_tiles) * p.max_scored;
+  OOMB_EXPECTS(keys < (std::int64_t(1) << 31), "plan_tile_selection: ", max_tiles, " tiles of ", p.max_scored,
+               " scored pages exceed 2^31 keys");
+  if (keys > 0 && config.pages.budget > 0)
+    OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(
+                        nullptr, p.sort_bytes, static_cast<const std::uint64_t*>(nullptr),
+                        static_cast<std::uint64_t*>(nullptr), static_cast<int>(keys), max_tiles,
+                        static_cast<const int*>(nullptr), static_cast<const int*>(nullptr), 0, 64, cudaStream_t{}),
+                    "plan_tile_selection: sizing CUB's segmented sort of ", keys, " keys");
+  const auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
+  std::size_t at = 0;
+  p.query_summary_offset = at;
+  at = align(at + 2 * std::size_t(max_tiles) * kv_heads * head_dim * sizeof(float));
+  p.keys_offset = at;
+  at = align(at + std::size_t(keys) * sizeof(std::uint64_t));
+  p.sorted_offset = at;
+  at = align(at + std::size_t(keys) * sizeof(std::uint64_t));
+  p.segments_offset = at;
+  at = align(at + (std::size_t(max_tiles) + 1) * sizeof(int));
+  p.sort_offset = at;
+  at = align(at + p.sort_bytes);
+  p.workspace_bytes = at;
+  return p;
+}
+
+/// What select_tiles() wrote, known on the host without reading the device: `tiles` CSR rows of
+/// `pages_per_tile` pages each (tile_indptr[t] = t * pages_per_tile).
+struct tile_selection_result {
+  std::int32_t tiles = 0;
+  std::int32_t pages_per_tile = 0;
+};
+
+namespace detail {
+
+inline constexpr int tile_selection_threads = 128;
+
+OOMB_KERNEL_NAMESPACE_BEGIN
+
+/// Block (tile, kv head); thread x owns channels x, x + blockDim.x, ... Quest: channel min into
+/// lo, max into hi; mean: the mean into lo, summed in double over group member g (outer) and
+/// query t (inner). Layout [tile][kv head][channel].
+template <class E>
+OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
+    summarize_query_tiles_kernel(const E* __restrict__ q, std::int64_t s0, std::int64_t s1, std::int64_t s2,
+                                 std::int32_t n, std::int32_t tile_queries, std::int32_t group,
+                                 std::int32_t head_dim, score_kind kind, float* __restrict__ lo,
+                                 float* __restrict__ hi) {
+  const std::int32_t tile = blockIdx.x, h = blockIdx.y, kv_heads = gridDim.y;
+  const std::int32_t t0 = tile * tile_queries;
+  const std::int32_t t1 = t0 + tile_queries < n ? t0 + tile_queries : n;
+  const std::int64_t at = (std::int64_t(tile) * kv_heads + h) * head_dim;
+  for (std::int32_t c = threadIdx.x; c < head_dim; c += blockDim.x) {
+    float mn = HUGE_VALF, mx = -HUGE_VALF;
+    double sum = 0.0;
+    for (std::int32_t g = 0; g < group; ++g) {
+      const E* row = q + std::int64_t(h * group + g) * s1 + c * s2;
+      for (std::int32_t t = t0; t < t1; ++t) {
+        const float x = static_cast<float>(row[t * s0]);
+        mn = x < mn ? x : mn;
+        mx = x > mx ? x : mx;
+        sum += static_cast<double>(x);
+      }
+    }
+    if (kind == score_kind::quest) {
+      lo[at + c] = mn;
+      hi[at + c] = mx;
+    } else {
+      lo[at + c] = static_cast<float>(sum / (double(group) * (t1 - t0)));
+    }
+  }
+}
+
+/// Block (page block, tile); thread x scores middle page sink + blockIdx.x * blockDim.x + x against
+/// the tile's query summary (staged in shared memory) and writes its ranking key; block (0, t)
+/// also writes segment offset t (and the last one).
+OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
+    score_tile_pages_kernel(page_summary_view s, const std::int32_t* __restrict__ page_ids,
+                            const float* __restrict__ q_lo, const float* __restrict__ q_hi, score_kind kind,
+                            std::int32_t sink, std::int32_t scored, std::uint64_t* __restrict__ keys,
+                            int* __restrict__ segments) {
+  extern __shared__ float tile_summary[];  // [2][kv_heads][head_dim]
+  const std::int32_t tile = blockIdx.y;
+  const std::int32_t row = s.kv_heads * s.head_dim;
+  const std::int32_t halves = kind == score_kind::quest ? 2 : 1;
+  for (std::int32_t i = threadIdx.x; i < halves * row; i += blockDim.x)
+    tile_summary[i] = i < row ? q_lo[std::int64_t(tile) * row + i] : q_hi[std::int64_t(tile) * row + i - row];
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    segments[tile] = tile * scored;
+    if (tile + 1 == std::int32_t(gridDim.y)) segments[tile + 1] = (tile + 1) * scored;
+  }
+  __syncthreads();
+  const std::int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= scored) return;
+  const std::int32_t logical = sink + j;
+  const std::int32_t id = page_ids[logical];
+  float best = -HUGE_VALF;
+  if (s.token_count(id) > 0)
+    for (std::int32_t h = 0; h < s.kv_heads; ++h) {
+      const float* a = tile_summary + h * s.head_dim;
+      const float x = kind == score_kind::quest
+                          ? quest_box_bound(a, a + row, s.min_of(id, h), s.max_of(id, h), s.head_dim)
+                          : mean_key_score(a, s.mean_of(id, h), s.head_dim);
+      best = x > best ? x : best;
+    }
+  keys[std::int64_t(tile) * scored + j] = page_rank_key(best, logical);
+}
+
+/// Block per tile: writes its CSR row (sink pages, the middle pages whose key reaches the
+/// budget-th largest, in index order, then local pages; or every page when none is scored) and
+/// its indptr entry.
+template <int kThreads>
+OOMB_KERNEL void __launch_bounds__(kThreads)
+    emit_tile_pages_kernel(const std::uint64_t* __restrict__ keys, const std::uint64_t* __restrict__ sorted,
+                           std::int32_t past, std::int32_t sink, std::int32_t local, std::int32_t budget,
+                           std::int32_t scored, bool all, std::int32_t* __restrict__ indptr,
+                           std::int32_t* __restrict__ pages) {
+  using scan = cub::BlockScan<int, kThreads>;
+  __shared__ typename scan::TempStorage scan_storage;
+  const std::int32_t tile = blockIdx.x;
+  const std::int32_t per_tile = all ? past : sink + budget + local;
+  std::int32_t* out = pages + std::int64_t(tile) * per_tile;
+  if (threadIdx.x == 0) {
+    indptr[tile + 1] = (tile + 1) * per_tile;
+    if (tile == 0) indptr[0] = 0;
+  }
+  if (all) {
+    for (std::int32_t i = threadIdx.x; i < past; i += kThreads) out[i] = i;
+    return;
+  }
+  for (std::int32_t i = threadIdx.x; i < sink; i += kThreads) out[i] = i;
+  for (std::int32_t i = threadIdx.x; i < local; i += kThreads) out[sink + budget + i] = past - local + i;
+  if (budget == 0) return;
+  const std::uint64_t* row = keys + std::int64_t(tile) * scored;
+  const std::uint64_t threshold = sorted[std::int64_t(tile) * scored + budget - 1];  // keys are distinct
+  int written = 0;
+  for (std::int32_t base = 0; base < scored; base += kThreads) {
+    const std::int32_t j = base + std::int32_t(threadIdx.x);
+    const int chosen = j < scored && row[j] >= threshold ? 1 : 0;
+    int before = 0, total = 0;
+    scan(scan_storage).ExclusiveSum(chosen, before, total);
+    if (chosen) out[sink + written + before] = sink + j;
+    written += total;
+    __syncthreads();  // scan_storage is reused
+  }
+}
+
+OOMB_KERNEL_NAMESPACE_END
+
+}  // namespace detail
+
+/// Enqueues on `stream` the selection of every tile of `queries` ([n][q_heads][head_dim], device
+/// memory, bf16 or float, any strides; tile t holds queries [t * tile_queries, min(n, (t + 1) *
+/// tile_queries))), all with the causal past `past_pages` (candidates: logical pages
+/// [0, past_pages)), as tile_selector::select does with the scoring described at the top of this
+/// file. page_ids (device, past_pages entries) maps a logical page to its id in `summaries`
+/// (device memory). Writes tile_indptr (device, tiles + 1) and tile_pages (device, at least
+/// tiles * pages_per_tile entries): the page-sparse table the paged attention kernels take, and
+/// sparse_page_table's CSR layout. `workspace` is device memory of plan.workspace_bytes, 256-byte
+/// aligned, used by this call until it has run on the stream. Queries must be finite and page ids
+/// in range (neither is checked on the device). Throws invalid_argument (nothing enqueued) when
+/// the call exceeds the plan or shapes differ, cuda_error if a launch fails.
+template <class E>
+tile_selection_result select_tiles(const tile_selection_plan& plan, const page_summary_view& summaries,
+                                   const tensor_view<E, 3>& queries, const std::int32_t* page_ids,
+                                   std::int32_t past_pages, std::int32_t* tile_indptr, std::int32_t* tile_pages,
+                                   void* workspace, std::size_t workspace_bytes, cuda_stream_view stream) {
+  using element = std::remove_const_t<E>;
+  const tile_selection_config& cfg = plan.config;
+  const std::int64_t n = queries.extent(0);
+  OOMB_EXPECTS(device_accessible(queries.kind()), "select_tiles: queries are in ", to_string(queries.kind()),
+               " memory, which kernels cannot read");
+  OOMB_EXPECTS(n > 0, "select_tiles: no queries to select pages for (", n, ")");
+  OOMB_EXPECTS(queries.extent(1) == plan.q_heads && queries.extent(2) == plan.head_dim, "select_tiles: queries have ",
+               queries.extent(1), " heads of head_dim ", queries.extent(2), ", the plan ", plan.q_heads, " of ",
+               plan.head_dim);
+  OOMB_EXPECTS(summaries.kv_heads == plan.kv_heads && summaries.head_dim == plan.head_dim,
+               "select_tiles: summaries have ", summaries.kv_heads, " KV heads of head_dim ", summaries.head_dim,
+               ", the plan ", plan.kv_heads, " of ", plan.head_dim);
+  const std::int64_t tiles64 = (n + cfg.tile_queries - 1) / cfg.tile_queries;
+  OOMB_EXPECTS(tiles64 <= plan.max_tiles, "select_tiles: ", n, " queries make ", tiles64, " tiles of ",
+               cfg.tile_queries, ", the plan holds at most ", plan.max_tiles);
+  OOMB_EXPECTS(past_pages >= 0 && past_pages <= plan.max_past_pages, "select_tiles: past_pages ", past_pages,
+               " outside the plan's [0, ", plan.max_past_pages, "]");
+  OOMB_EXPECTS(workspace_bytes >= plan.workspace_bytes && (reinterpret_cast<std::uintptr_t>(workspace) & 255) == 0,
+               "select_tiles: the workspace needs ", plan.workspace_bytes, " bytes, 256-byte aligned; got ",
+               workspace_bytes, " at ", workspace);
+  OOMB_EXPECTS(tile_indptr != nullptr && (tile_pages != nullptr || plan.pages_per_tile(past_pages) == 0),
+               "select_tiles: null output table");
+  const auto tiles = static_cast<std::int32_t>(tiles64);
+  const selection_config& pc = cfg.pages;
+  const bool all = past_pages <= pc.max_pages();
+  const std::int32_t scored = all ? 0 : past_pages - pc.sink - pc.local;
+  auto* ws = static_cast<unsigned char*>(workspace);
+  auto* keys = reinterpret_cast<std::uint64_t*>(ws + plan.keys_offset);
+  auto* sorted = reinterpret_cast<std::uint64_t*>(ws + plan.sorted_offset);
+  if (!all && pc.budget > 0) {
+    OOMB_EXPECTS(page_ids != nullptr && summaries.tokens != nullptr, "select_tiles: null page_ids or summaries");
+    const auto st = queries.strides();
+    const std::int64_t row = std::int64_t(plan.kv_heads) * plan.head_dim;
+    auto* q_lo = reinterpret_cast<float*>(ws + plan.query_summary_offset);
+    float* q_hi = q_lo + std::int64_t(plan.max_tiles) * row;
+    detail::summarize_query_tiles_kernel<element>
+        <<<dim3(tiles, plan.kv_heads), detail::tile_selection_threads, 0, stream>>>(
+            queries.data(), st[0], st[1], st[2], static_cast<std::int32_t>(n), cfg.tile_queries,
+            plan.q_heads / plan.kv_heads, plan.head_dim, cfg.kind, q_lo, q_hi);
+    OOMB_CUDA_CHECK_LAUNCH("select_tiles: summarising ", tiles, " query tiles");
+    auto* segments = reinterpret_cast<int*>(ws + plan.segments_offset);
+    const unsigned blocks = static_cast<unsigned>((scored + detail::tile_selection_threads - 1) / detail::tile_selection_threads);
+    const std::size_t smem = (cfg.kind == score_kind::quest ? 2 : 1) * std::size_t(row) * sizeof(float);
+    detail::score_tile_pages_kernel<<<dim3(blocks, tiles), detail::tile_selection_threads, smem, stream>>>(
+        summaries, page_ids, q_lo, q_hi, cfg.kind, pc.sink, scored, keys, segments);
+    OOMB_CUDA_CHECK_LAUNCH("select_tiles: scoring ", scored, " pages for ", tiles, " tiles");
+    std::size_t sort_bytes = 0;
+    const int items = tiles * scored;
+    OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(nullptr, sort_bytes, keys, sorted, items, tiles,
+                                                                     segments, segments + 1, 0, 64, stream.get()),
+                    "select_tiles: sizing CUB's segmented sort");
+    OOMB_EXPECTS(sort_bytes <= plan.sort_bytes, "select_tiles: CUB asks ", sort_bytes, " bytes for ", items,
+                 " keys, more than the ", plan.sort_bytes, " planned for the largest call");
+    OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(ws + plan.sort_offset, sort_bytes, keys, sorted,
+                                                                     items, tiles, segments, segments + 1, 0, 64,
+                                                                     stream.get()),
+                    "select_tiles: CUB's segmented sort of ", items, " keys");
+  }
+  constexpr int emit_threads = 256;
+  detail::emit_tile_pages_kernel<emit_threads><<<tiles, emit_threads, 0, stream>>>(
+      keys, sorted, past_pages, pc.sink, pc.local, pc.budget, scored, all, tile_indptr, tile_pages);
+  OOMB_CUDA_CHECK_LAUNCH("select_tiles: writing ", tiles, " tiles' pages");
+  return {tiles, plan.pages_per_tile(past_pages)};
+}
+
+OOMB_NAMESPACE_END

@@ -1,0 +1,413 @@
+// GPU page summaries and tile selection against the CPU's page_summaries, tile_scorer,
+// page_selector and tile_selector, on seeded random inputs: exact equality, bit for bit.
+// SPDX-License-Identifier: Apache-2.0
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda_test_util.cuh"
+#include "oomb/core/bf16.hpp"
+#include "oomb/core/error.hpp"
+#include "oomb/cuda/page_summary_kernels.cuh"
+#include "oomb/cuda/stream.hpp"
+#include "oomb/cuda/tile_selection.cuh"
+#include "oomb/paging/page_shape.hpp"
+#include "oomb/sparse/page_summaries.hpp"
+#include "oomb/sparse/tile_selector.hpp"
+
+using namespace oomb_cuda_test;
+
+namespace {
+
+template <class T>
+void upload(device_buffer<T>& d, const std::vector<T>& h) {
+  OOMB_CUDA_CHECK(cudaMemcpy(d.ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "test upload");
+}
+template <class T>
+std::vector<T> download(const T* d, std::size_t n) {
+  std::vector<T> h(n);
+  OOMB_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), "test download");
+  return h;
+}
+
+std::vector<oomb::bf16> random_bf16(std::size_t n, std::mt19937_64& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<oomb::bf16> v(n);
+  for (auto& x : v) x = oomb::bf16(dist(rng));
+  return v;
+}
+
+// A device copy of host summaries (the store's arrays as they are).
+struct device_summaries_copy {
+  device_buffer<float> min, max, mean;
+  device_buffer<std::int32_t> tokens;
+  oomb::page_summary_view view;
+  explicit device_summaries_copy(const oomb::page_summaries& s)
+      : min(std::size_t(s.num_ids()) * s.kv_heads() * s.head_dim()), max(min.n), mean(min.n),
+        tokens(std::size_t(s.num_ids())) {
+    const oomb::page_summary_view h = s.view();
+    upload(min, std::vector<float>(h.min, h.min + min.n));
+    upload(max, std::vector<float>(h.max, h.max + min.n));
+    upload(mean, std::vector<float>(h.mean, h.mean + min.n));
+    upload(tokens, std::vector<std::int32_t>(h.tokens, h.tokens + tokens.n));
+    view = h;
+    view.min = min.ptr;
+    view.max = max.ptr;
+    view.mean = mean.ptr;
+    view.tokens = tokens.ptr;
+  }
+};
+
+template <int = 0>
+__global__ void rank_keys_kernel(const float* s, const std::int32_t* idx, int n, std::uint64_t* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = oomb::page_rank_key(s[i], idx[i]);
+}
+
+struct selection_case {
+  oomb::score_kind kind;
+  std::int32_t q_heads, kv_heads, head_dim;
+  std::int32_t queries, tile;
+  std::int32_t budget, sink, local, past;
+  bool repeated_ids;  // some logical pages share a page id: exact score ties
+  bool head_major;    // queries stored [q_heads][n][d] (non-contiguous token stride)
+};
+
+// The test's model of the GPU: per tile, the query summary computed on the host in the kernel's
+// order, scored by the same host/device functions, selected by the CPU's page_selector.
+std::vector<std::vector<std::int32_t>> reference_selection(const selection_case& c, const oomb::page_summaries& sums,
+                                                           const oomb::tensor_view<const oomb::bf16, 3>& qv,
+                                                           const std::vector<std::int32_t>& ids) {
+  const std::int32_t group = c.q_heads / c.kv_heads, d = c.head_dim;
+  const std::int32_t tiles = (c.queries + c.tile - 1) / c.tile;
+  const oomb::selection_config pc{c.budget, c.sink, c.local};
+  const oomb::page_summary_view s = sums.view();
+  const auto st = qv.strides();
+  std::vector<std::vector<std::int32_t>> rows;
+  oomb::page_selector selector(pc);
+  for (std::int32_t t = 0; t < tiles; ++t) {
+    const std::int32_t t0 = t * c.tile, t1 = std::min(c.queries, t0 + c.tile);
+    std::vector<float> lo(std::size_t(c.kv_heads) * d), hi(lo.size()), mean(lo.size());
+    for (std::int32_t h = 0; h < c.kv_heads; ++h)
+      for (std::int32_t ch = 0; ch < d; ++ch) {
+        float mn = INFINITY, mx = -INFINITY;
+        double sum = 0;
+        for (std::int32_t g = 0; g < group; ++g)
+          for (std::int32_t i = t0; i < t1; ++i) {
+            const float x = static_cast<float>(qv.data()[i * st[0] + (h * group + g) * st[1] + ch * st[2]]);
+            mn = std::min(mn, x);
+            mx = std::max(mx, x);
+            sum += x;
+          }
+        lo[std::size_t(h) * d + ch] = mn;
+        hi[std::size_t(h) * d + ch] = mx;
+        mean[std::size_t(h) * d + ch] = static_cast<float>(sum / (double(group) * (t1 - t0)));
+      }
+    std::vector<float> scores(std::size_t(c.past), std::numeric_limits<float>::quiet_NaN());  // sink/local unread
+    if (c.past > pc.max_pages()) {
+      const oomb::tensor_view<const oomb::bf16, 3> tile_q(qv.data() + t0 * st[0], {t1 - t0, c.q_heads, d}, st);
+      oomb::tile_scorer per_query(c.kind, c.q_heads, c.kv_heads, d);  // the CPU's per-query score
+      per_query.load(tile_q);
+      oomb::tile_scorer mean_query(oomb::score_kind::mean, c.kv_heads, c.kv_heads, d);
+      mean_query.load(oomb::tensor_view<const float, 3>(mean.data(), {1, c.kv_heads, d}, {std::int64_t(c.kv_heads) * d, d, 1}));
+      for (std::int32_t i = c.sink; i < c.past - c.local; ++i) {
+        const std::int32_t id = ids[std::size_t(i)];
+        float best = -INFINITY;
+        if (s.token_count(id) > 0)
+          for (std::int32_t h = 0; h < c.kv_heads; ++h) {
+            const float* a = (c.kind == oomb::score_kind::quest ? lo.data() : mean.data()) + std::size_t(h) * d;
+            const float x = c.kind == oomb::score_kind::quest
+                                ? oomb::quest_box_bound(a, hi.data() + std::size_t(h) * d, s.min_of(id, h), s.max_of(id, h), d)
+                                : oomb::mean_key_score(a, s.mean_of(id, h), d);
+            best = std::max(best, x);
+          }
+        scores[std::size_t(i)] = best;
+        float cpu = 0;
+        per_query.score(s, &id, 1, &cpu);
+        if (c.kind == oomb::score_kind::quest) {
+          // The box bounds every query's Quest bound exactly; a one-query tile without GQA is one.
+          REQUIRE(best >= cpu);
+          if (t1 - t0 == 1 && group == 1) REQUIRE(best == cpu);
+        } else {
+          float of_mean = 0;  // the CPU's mean-key score of the tile's mean query
+          mean_query.score(s, &id, 1, &of_mean);
+          REQUIRE(best == of_mean);
+        }
+      }
+    }
+    rows.emplace_back();
+    selector.select(scores.data(), c.past, rows.back());
+  }
+  return rows;
+}
+
+void run_selection_case(const selection_case& c, std::uint64_t seed) {
+  CAPTURE(oomb::to_string(c.kind));
+  CAPTURE(c.q_heads);
+  CAPTURE(c.kv_heads);
+  CAPTURE(c.head_dim);
+  CAPTURE(c.queries);
+  CAPTURE(c.tile);
+  CAPTURE(c.budget);
+  CAPTURE(c.sink);
+  CAPTURE(c.local);
+  CAPTURE(c.past);
+  std::mt19937_64 rng(seed);
+  const std::int32_t d = c.head_dim, num_ids = c.past + 7;
+  // Summaries of random pages: partial pages, a few empty ids, per-page offsets spread the scores.
+  oomb::page_summaries sums(c.kv_heads, d, num_ids);
+  std::uniform_int_distribution<std::int32_t> tokens_of(1, 16);
+  std::normal_distribution<float> offset(0.0f, 0.5f);
+  for (std::int32_t id = 0; id < num_ids; ++id) {
+    if (id % 13 == 5) continue;  // empty: scores -infinity
+    const std::int32_t n = tokens_of(rng);
+    std::vector<float> k(std::size_t(n) * c.kv_heads * d);
+    const float o = offset(rng);
+    std::normal_distribution<float> key(o, 1.0f);
+    for (auto& x : k) x = key(rng);
+    sums.update(id, 0, oomb::tensor_view<const float, 3>(k.data(), {n, c.kv_heads, d}, {std::int64_t(c.kv_heads) * d, d, 1}));
+  }
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(num_ids));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(std::size_t(c.past));
+  if (c.repeated_ids)
+    for (std::size_t i = 1; i < ids.size(); i += 3) ids[i] = ids[i - 1];
+  // Queries, bf16, token-major or head-major.
+  const std::vector<oomb::bf16> q = random_bf16(std::size_t(c.queries) * c.q_heads * d, rng);
+  const oomb::tensor_view<const oomb::bf16, 3>::index_array strides =
+      c.head_major ? oomb::tensor_view<const oomb::bf16, 3>::index_array{d, std::int64_t(c.queries) * d, 1}
+                   : oomb::tensor_view<const oomb::bf16, 3>::index_array{std::int64_t(c.q_heads) * d, d, 1};
+  const oomb::tensor_view<const oomb::bf16, 3> host_q(q.data(), {c.queries, c.q_heads, d}, strides);
+
+  const auto expected = reference_selection(c, sums, host_q, ids);
+
+  const device_summaries_copy dsums(sums);
+  device_buffer<oomb::bf16> dq(q.size());
+  upload(dq, q);
+  device_buffer<std::int32_t> dids(std::max<std::size_t>(ids.size(), 1));
+  if (!ids.empty()) upload(dids, ids);
+  const std::int32_t tiles = (c.queries + c.tile - 1) / c.tile;
+  const oomb::tile_selection_config config{c.tile, c.kind, {c.budget, c.sink, c.local}};
+  // A plan for a larger call than this one: the workspace is sized for the largest.
+  const oomb::tile_selection_plan plan =
+      oomb::plan_tile_selection(config, c.q_heads, c.kv_heads, d, tiles + 2, c.past + 5);
+  device_buffer<unsigned char> ws(plan.workspace_bytes);
+  device_buffer<std::int32_t> indptr(std::size_t(tiles) + 1);
+  device_buffer<std::int32_t> pages(std::size_t(std::max<std::int64_t>(plan.max_entries(), 1)));
+  // Never-zero garbage in the outputs and workspace: whatever is not written shows.
+  OOMB_CUDA_CHECK(cudaMemset(ws.ptr, 0x7b, plan.workspace_bytes), "test");
+  OOMB_CUDA_CHECK(cudaMemset(indptr.ptr, 0x7b, indptr.n * 4), "test");
+  OOMB_CUDA_CHECK(cudaMemset(pages.ptr, 0x7b, pages.n * 4), "test");
+  oomb::cuda_stream stream;
+  const oomb::tensor_view<const oomb::bf16, 3> dev_q(dq.ptr, {c.queries, c.q_heads, d}, strides, oomb::memory_kind::device);
+  const oomb::tile_selection_result r = oomb::select_tiles(plan, dsums.view, dev_q, dids.ptr, c.past, indptr.ptr,
+                                                           pages.ptr, ws.ptr, plan.workspace_bytes, stream.view());
+  stream.synchronize();
+  REQUIRE(r.tiles == tiles);
+  REQUIRE(r.pages_per_tile == plan.pages_per_tile(c.past));
+  const auto got_indptr = download(indptr.ptr, std::size_t(tiles) + 1);
+  const auto got_pages = download(pages.ptr, std::size_t(tiles) * r.pages_per_tile);
+  for (std::int32_t t = 0; t < tiles; ++t) {
+    CAPTURE(t);
+    REQUIRE(got_indptr[std::size_t(t)] == t * r.pages_per_tile);
+    const std::vector<std::int32_t> row(got_pages.begin() + std::ptrdiff_t(t) * r.pages_per_tile,
+                                        got_pages.begin() + std::ptrdiff_t(t + 1) * r.pages_per_tile);
+    REQUIRE(row == expected[std::size_t(t)]);
+  }
+  REQUIRE(got_indptr[std::size_t(tiles)] == tiles * r.pages_per_tile);
+}
+
+}  // namespace
+
+TEST_CASE("summarize_pages: GPU page summaries equal the host's page_summaries bit for bit, filled in two rounds") {
+  for (const oomb::kv_layout layout : {oomb::kv_layout::head_major, oomb::kv_layout::token_major}) {
+    for (const std::int32_t head_dim : {64, 128}) {
+      CAPTURE(head_dim);
+      const oomb::page_shape shape{16, head_dim == 128 ? 4 : 2, head_dim, layout};
+      const std::int32_t num_ids = 48;
+      std::mt19937_64 rng(1234 + head_dim + int(layout));
+      std::vector<oomb::bf16> pool = random_bf16(std::size_t(num_ids) * shape.pair_elements(), rng, 2.0f);
+      device_buffer<oomb::bf16> dpool(pool.size());
+      upload(dpool, pool);
+      const auto host_pool = oomb::page_pool_view<const oomb::bf16>::over(pool.data(), shape);
+      const auto dev_pool = oomb::page_pool_view<const oomb::bf16>::over(dpool.ptr, shape);
+
+      // Round 1: 40 of the ids get a partial or full page; round 2 appends to them (some become
+      // full), empties one (a released id) and leaves the rest as they were.
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(num_ids));
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      ids.resize(40);
+      std::vector<std::int32_t> first(ids.size()), second(ids.size());
+      std::uniform_int_distribution<std::int32_t> count(1, shape.page_size);
+      oomb::page_summaries host(shape.kv_heads, head_dim, num_ids);
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        first[i] = count(rng);
+        second[i] = i == 7 ? 0 : std::uniform_int_distribution<std::int32_t>(first[i], shape.page_size)(rng);
+        host.update_from_pool(host_pool, ids[i], 0, first[i]);
+      }
+      const std::size_t bytes = oomb::device_page_summaries::bytes(num_ids, shape.kv_heads, head_dim);
+      device_buffer<unsigned char> storage(bytes);
+      OOMB_CUDA_CHECK(cudaMemset(storage.ptr, 0x5a, bytes), "test");
+      const auto dev = oomb::device_page_summaries::over(storage.ptr, num_ids, shape.kv_heads, head_dim);
+      device_buffer<std::int32_t> dids(ids.size()), dfirst(ids.size()), dsecond(ids.size());
+      upload(dids, ids);
+      upload(dfirst, first);
+      upload(dsecond, second);
+      oomb::cuda_stream stream;
+      oomb::clear_page_summaries(dev, stream.view());
+      oomb::summarize_pages(dev_pool, dids.ptr, dfirst.ptr, std::int32_t(ids.size()), dev, stream.view());
+
+      const auto compare = [&](const char* round) {
+        CAPTURE(round);
+        const std::size_t row = std::size_t(num_ids) * shape.kv_heads * head_dim;
+        const oomb::page_summary_view h = host.view();
+        stream.synchronize();
+        const auto mn = download(dev.min, row), mx = download(dev.max, row), me = download(dev.mean, row);
+        const auto tk = download(dev.tokens, std::size_t(num_ids));
+        REQUIRE(std::memcmp(tk.data(), h.tokens, tk.size() * 4) == 0);
+        REQUIRE(std::memcmp(mn.data(), h.min, row * 4) == 0);
+        REQUIRE(std::memcmp(mx.data(), h.max, row * 4) == 0);
+        REQUIRE(std::memcmp(me.data(), h.mean, row * 4) == 0);
+      };
+      compare("round 1");
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (second[i] == 0)
+          host.clear(ids[i]);
+        else if (second[i] > first[i])
+          host.update_from_pool(host_pool, ids[i], first[i], second[i] - first[i]);
+      }
+      oomb::summarize_pages(dev_pool, dids.ptr, dsecond.ptr, std::int32_t(ids.size()), dev, stream.view());
+      compare("round 2");
+    }
+  }
+}
+
+TEST_CASE("summaries: the bytes the 7B's summaries take, as docs/sparse.md states them") {
+  // Qwen2.5-7B: 28 layers, 4 KV heads, head_dim 128; 10,000 tokens in 128-token pages.
+  const std::size_t per_page = 28 * oomb::device_page_summaries::bytes_per_id(4, 128);
+  CHECK(per_page == 172144);
+  CHECK(double(per_page) * 10000 / 128 == doctest::Approx(13.45e6).epsilon(0.001));
+}
+
+TEST_CASE("page_rank_key on the device equals page_selector::rank_key, NaN, infinities and signed zeros included") {
+  std::mt19937_64 rng(77);
+  std::vector<float> s = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1e-45f, -1e-45f, 3.4e38f, -3.4e38f, 1.0f, -1.0f};
+  while (s.size() < 20000) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(rng());
+    float f;
+    std::memcpy(&f, &bits, 4);
+    s.push_back(f);
+  }
+  std::vector<std::int32_t> idx(s.size());
+  for (auto& i : idx) i = static_cast<std::int32_t>(rng() % 1000000);
+  device_buffer<float> ds(s.size());
+  device_buffer<std::int32_t> di(s.size());
+  device_buffer<std::uint64_t> dk(s.size());
+  upload(ds, s);
+  upload(di, idx);
+  rank_keys_kernel<<<int(s.size() + 255) / 256, 256>>>(ds.ptr, di.ptr, int(s.size()), dk.ptr);
+  sync_device();
+  const auto keys = download(dk.ptr, s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    CAPTURE(s[i]);
+    REQUIRE(keys[i] == oomb::page_selector::rank_key(s[i], idx[i]));
+    REQUIRE(oomb::page_rank_key(s[i], idx[i]) == keys[i]);
+  }
+}
+
+TEST_CASE("select_tiles: the GPU's selection equals the CPU's (page_selector over the same tile scores)") {
+  using K = oomb::score_kind;
+  const selection_case cases[] = {
+      // kind, q_heads, kv_heads, d, queries, tile, budget, sink, local, past, repeated ids, head-major
+      {K::quest, 8, 2, 64, 300, 128, 5, 1, 2, 60, false, false},
+      {K::mean, 8, 2, 64, 300, 128, 5, 1, 2, 60, false, true},
+      {K::quest, 4, 4, 128, 256, 128, 0, 2, 3, 50, false, false},  // B = 0: sink and local only
+      {K::quest, 8, 2, 64, 200, 64, 8, 4, 4, 14, false, false},    // past within budget: every page
+      {K::mean, 8, 2, 64, 200, 64, 8, 4, 4, 17, false, false},     // one page over: scored, B of 9
+      {K::quest, 28, 4, 128, 130, 128, 16, 1, 1, 400, true, false},  // 7B heads, exact ties
+      {K::mean, 28, 4, 128, 129, 128, 64, 0, 0, 1000, true, true},
+      {K::quest, 8, 2, 64, 1000, 128, 3, 1, 1, 6, false, false},   // 4 middle pages, 3 kept
+      {K::mean, 8, 8, 64, 70, 16, 40, 2, 2, 200, false, false},
+      {K::quest, 8, 2, 64, 50, 128, 4, 1, 2, 0, false, false},     // no past
+      {K::quest, 2, 2, 64, 37, 1, 6, 1, 1, 90, true, false},       // one-query tiles without GQA
+  };
+  std::uint64_t seed = 2026;
+  for (const selection_case& c : cases) run_selection_case(c, seed++);
+}
+
+TEST_CASE("select_tiles: one-query tiles without GQA equal the CPU's tile_selector exactly, quest and mean") {
+  for (const oomb::score_kind kind : {oomb::score_kind::quest, oomb::score_kind::mean}) {
+    CAPTURE(oomb::to_string(kind));
+    std::mt19937_64 rng(99 + int(kind));
+    const std::int32_t heads = 4, d = 128, n = 20, past = 300, num_ids = 320;
+    oomb::page_summaries sums(heads, d, num_ids);
+    for (std::int32_t id = 0; id < num_ids; ++id) {
+      const std::int32_t t = 1 + std::int32_t(rng() % 16);
+      const auto k = random_bf16(std::size_t(t) * heads * d, rng);
+      sums.update(id, 0, oomb::tensor_view<const oomb::bf16, 3>(k.data(), {t, heads, d}, {heads * d, d, 1}));
+    }
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(num_ids));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const auto q = random_bf16(std::size_t(n) * heads * d, rng);
+    const oomb::tile_selection_config config{1, kind, {12, 2, 3}};
+    oomb::tile_selector cpu(config, heads, heads, d);
+    oomb::sparse_page_table table;
+    cpu.select(sums.view(), oomb::tensor_view<const oomb::bf16, 3>(q.data(), {n, heads, d}, {heads * d, d, 1}), ids.data(),
+               past, table);
+
+    const device_summaries_copy dsums(sums);
+    device_buffer<oomb::bf16> dq(q.size());
+    upload(dq, q);
+    device_buffer<std::int32_t> dids(ids.size());
+    upload(dids, ids);
+    const auto plan = oomb::plan_tile_selection(config, heads, heads, d, n, past);
+    device_buffer<unsigned char> ws(plan.workspace_bytes);
+    device_buffer<std::int32_t> indptr(std::size_t(n) + 1), pages(std::size_t(plan.max_entries()));
+    oomb::cuda_stream stream;
+    oomb::select_tiles(plan, dsums.view,
+                       oomb::tensor_view<const oomb::bf16, 3>(dq.ptr, {n, heads, d}, {heads * d, d, 1}, oomb::memory_kind::device),
+                       dids.ptr, past, indptr.ptr, pages.ptr, ws.ptr, plan.workspace_bytes, stream.view());
+    stream.synchronize();
+    REQUIRE(download(indptr.ptr, indptr.n) == table.indptr());
+    REQUIRE(download(pages.ptr, table.indices().size()) == table.indices());
+  }
+}
+
+TEST_CASE("select_tiles and plan_tile_selection: bad input throws before anything is enqueued") {
+  const oomb::tile_selection_config config{128, oomb::score_kind::quest, {4, 1, 1}};
+  CHECK_THROWS_AS(oomb::plan_tile_selection(config, 6, 4, 64, 4, 100), oomb::invalid_argument);  // 6 % 4
+  CHECK_THROWS_AS(oomb::plan_tile_selection(config, 8, 2, 64, 0, 100), oomb::invalid_argument);
+  CHECK_THROWS_AS(oomb::plan_tile_selection({0, oomb::score_kind::quest, {}}, 8, 2, 64, 4, 100), oomb::invalid_argument);
+  const auto plan = oomb::plan_tile_selection(config, 8, 2, 64, 2, 100);
+  device_buffer<unsigned char> ws(plan.workspace_bytes);
+  device_buffer<oomb::bf16> q(std::size_t(512) * 8 * 64);
+  device_buffer<float> summary(std::size_t(200) * 2 * 64);
+  device_buffer<std::int32_t> tokens(200), ids(200), indptr(8), pages(std::size_t(plan.max_entries()));
+  oomb::page_summary_view s{summary.ptr, summary.ptr, summary.ptr, tokens.ptr, 200, 2, 64};
+  oomb::cuda_stream stream;
+  const auto view = [&](std::int64_t n, std::int64_t heads) {
+    return oomb::tensor_view<const oomb::bf16, 3>(q.ptr, {n, heads, 64}, {heads * 64, 64, 1}, oomb::memory_kind::device);
+  };
+  const auto call = [&](const oomb::tensor_view<const oomb::bf16, 3>& qv, std::int32_t past, std::size_t bytes) {
+    return oomb::select_tiles(plan, s, qv, ids.ptr, past, indptr.ptr, pages.ptr, ws.ptr, bytes, stream.view());
+  };
+  CHECK_THROWS_AS(call(view(257, 8), 50, plan.workspace_bytes), oomb::invalid_argument);  // 3 tiles > 2
+  CHECK_THROWS_AS(call(view(256, 8), 101, plan.workspace_bytes), oomb::invalid_argument);  // past > plan
+  CHECK_THROWS_AS(call(view(256, 8), 50, plan.workspace_bytes - 1), oomb::invalid_argument);
+  CHECK_THROWS_AS(call(view(256, 4), 50, plan.workspace_bytes), oomb::invalid_argument);  // heads
+  CHECK_THROWS_AS(call(view(0, 8), 50, plan.workspace_bytes), oomb::invalid_argument);
+  CHECK_THROWS_AS(oomb::select_tiles(plan, s, oomb::tensor_view<const oomb::bf16, 3>(q.ptr, {16, 8, 64}, {512, 64, 1}), ids.ptr,
+                                     50, indptr.ptr, pages.ptr, ws.ptr, plan.workspace_bytes, stream.view()),
+                  oomb::invalid_argument);  // host memory
+  stream.synchronize();
+}
