@@ -184,6 +184,43 @@ TEST_CASE("chunk-recurrent: stage 1 fills the far tier chunk by chunk, stage 2 r
   }
 }
 
+TEST_CASE("chunk-recurrent: Belady eviction fed the stage-2 window order changes no bit and misses no more than LRU") {
+  using lru = oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>>;
+  using belady = oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>, oomb::belady_eviction>;
+  const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 3, 13);
+  qwen2_params<double> p(cfg);
+  oomb_trainer::init_perturbed(p, 27);
+  const auto seq = trainer_test::random_sequence(300, cfg.vocab_size, 28);
+  struct shape {
+    std::int32_t near, window;
+  };
+  for (const shape s : {shape{4, 2}, shape{8, 2}, shape{8, 4}, shape{16, 4}}) {
+    CAPTURE(s.near);
+    CAPTURE(s.window);
+    chunk_options opt;
+    opt.chunk = 32;
+    opt.page = 16;
+    opt.offload = true;
+    opt.near_pages = s.near;
+    opt.window_pages = s.window;
+    auto run = [&](auto& trainer, std::vector<double>& grads) {
+      qwen2_params<double> g(cfg);
+      trainer.loss_and_grad(p, g, seq);
+      grads.assign(g.data(), g.data() + g.size());
+      return trainer.kv_residency();
+    };
+    lru a(cfg, opt, seq.size());
+    belady b(cfg, opt, seq.size());
+    std::vector<double> ga, gb;
+    const auto ra = run(a, ga), rb = run(b, gb);
+    CHECK(trainer_test::same_bits(ga, gb));
+    CHECK(rb.misses <= ra.misses);
+    CHECK(rb.bytes_to_near <= ra.bytes_to_near);
+    MESSAGE("near ", s.near, " window ", s.window, ": K/V page misses LRU ", ra.misses, ", Belady ", rb.misses,
+            " (hits ", ra.hits, " / ", rb.hits, ")");
+  }
+}
+
 TEST_CASE("chunk-recurrent: bad options are named") {
   chunk_options o;
   o.chunk = 40;

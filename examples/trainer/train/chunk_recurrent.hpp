@@ -33,8 +33,10 @@
 
 namespace oomb_trainer {
 
-/// The chunk-recurrent trainer of one model shape on backend B.
-template <class B>
+/// The chunk-recurrent trainer of one model shape on backend B; Eviction: the K/V pages' eviction
+/// policy with offload (oomb::lru_eviction, or oomb::belady_eviction fed the order of each chunk's
+/// stage-2 windows).
+template <class B, class Eviction = oomb::lru_eviction>
 class chunk_recurrent {
   static_assert(is_trainer_backend_v<B>, "chunk_recurrent needs a trainer backend");
   using T = typename B::value_type;
@@ -109,6 +111,7 @@ class chunk_recurrent {
     for (std::int32_t c = chunks; c-- > 0;) {
       const std::int64_t p0 = std::int64_t(c) * opt_.chunk;
       const std::int64_t n = std::min<std::int64_t>(opt_.chunk, N - p0);
+      attn_.expect_recompute(c);
       const auto rope = be_.rope(p0, n, D_.d, cfg_.rope_theta);
       be_.embedding_forward(n, D_.H, cfg_.vocab_size, seq.tokens.data() + p0, p.embed(), x);
       for (std::int32_t l = 0; l < L; ++l) {
@@ -178,7 +181,7 @@ class chunk_recurrent {
   chunk_options opt_;
   std::int64_t max_tokens_;
   B be_;  // before attn_, which streams through its memory and streams
-  paged_attention<B> attn_;
+  paged_attention<B, Eviction> attn_;
   std::vector<block_acts<B>> acts_;
   block_scratch<B> scratch_;
   typename B::template buffer<T> x_, dx_;

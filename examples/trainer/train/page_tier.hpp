@@ -6,16 +6,20 @@
 // through a fixed set of near slots and the kernels address the slots. Either way the caller
 // speaks one protocol: prefetch what comes next, acquire (ids -> where to address them), run the
 // work on the backend's compute stream, release; write_back what was produced, discard what died.
-// In place every call but acquire is free, and acquire returns the ids unchanged.
+// In place every call but acquire is free, and acquire returns the ids unchanged. Eviction is the
+// scheduler's policy: with oomb::belady_eviction, expect() declares the order pages will be asked
+// for (the trainer knows its next windows); with LRU it does nothing.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include <oomb/core/id_span.hpp>
 #include <oomb/memory/block_pool.hpp>
+#include <oomb/offload/belady_eviction.hpp>
 #include <oomb/offload/residency_scheduler.hpp>
 #include <oomb/paging/views.hpp>
 
@@ -24,11 +28,11 @@
 namespace oomb_trainer {
 
 /// The pages of one far pool of element X, as backend B's kernels reach them.
-template <class B, class X>
+template <class B, class X, class Eviction = oomb::lru_eviction>
 class page_tier {
   static_assert(is_trainer_backend_v<B>, "page_tier needs a trainer backend");
   using residency = typename B::residency_backend;
-  using scheduler = oomb::residency_scheduler<residency>;
+  using scheduler = oomb::residency_scheduler<residency, Eviction>;
 
  public:
   using far_pool_type = oomb::block_pool<typename residency::far_resource>;
@@ -43,6 +47,13 @@ class page_tier {
 
   bool streamed() const noexcept { return scheduler_ != nullptr; }
 
+  /// True when expect() is heard: streamed, with belady_eviction.
+  bool wants_order() const noexcept { return scheduler_ && std::is_same_v<Eviction, oomb::belady_eviction>; }
+  /// The order in which pages will be asked for from now on (belady_eviction only).
+  void expect(oomb::id_span order) {
+    if constexpr (std::is_same_v<Eviction, oomb::belady_eviction>)
+      if (scheduler_) scheduler_->eviction().expect(order);
+  }
   /// The pages asked for next, in compute order (their copies start now when streamed).
   void prefetch(oomb::id_span ids) {
     if (scheduler_) scheduler_->prefetch(ids);

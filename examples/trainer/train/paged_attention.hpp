@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -35,7 +36,8 @@
 namespace oomb_trainer {
 
 /// The K/V pages, gradient pages and selections of one sequence of at most `max_tokens` tokens.
-template <class B>
+/// Eviction: the K/V scheduler's policy (oomb::lru_eviction or oomb::belady_eviction).
+template <class B, class Eviction = oomb::lru_eviction>
 class paged_attention {
   static_assert(is_trainer_backend_v<B>, "paged_attention needs a trainer backend");
   using T = typename B::value_type;
@@ -73,7 +75,7 @@ class paged_attention {
     mirror_ = std::make_unique<oomb::grad_mirror<G, far_resource>>(backend.far_memory(), gc);
     // The two tiers share the backend's copy streams.
     const std::int32_t near = opt.offload ? opt.near_pages : 0;
-    kv_ = std::make_unique<page_tier<B, E>>(backend, cache_->pool(), shape_, near);
+    kv_ = std::make_unique<page_tier<B, E, Eviction>>(backend, cache_->pool(), shape_, near);
     grad_ = std::make_unique<page_tier<B, G>>(backend, mirror_->pool(), shape_, near);
     if (opt.sparse) {
       oomb::tile_selection_config sc;
@@ -112,6 +114,20 @@ class paged_attention {
     selector_->select(q, n, cache_->page_ids(seq_, l), past, out);
     pages_selected_ += out.num_entries();
     pages_candidate_ += std::int64_t(past) * out.num_tiles();
+  }
+
+  /// Stage 2 of chunk c reads K/V pages in this order: the windows of layers 0 .. L-1 (the
+  /// recomputation), then of layers L-1 .. 0 (the backward); declared to the eviction policy.
+  void expect_recompute(std::int32_t c) {
+    if (!kv_->wants_order()) return;
+    order_.clear();
+    for (std::int32_t pass = 0; pass < 2; ++pass)
+      for (std::int32_t i = 0; i < layers_; ++i) {
+        const std::int32_t l = pass == 0 ? i : layers_ - 1 - i;
+        for (const window& w : plan_windows(l, c))
+          for (std::int32_t pg : w.needed) order_.push_back(cache_->page_id(seq_, l, pg));
+      }
+    kv_->expect(order_);
   }
 
   /// Forward attention of layer l for chunk c over its windows: o [n][hq*d], lse [hq][n].
@@ -203,7 +219,7 @@ class paged_attention {
     grad_->drain();
   }
 
-  const page_tier<B, E>& kv() const noexcept { return *kv_; }
+  const page_tier<B, E, Eviction>& kv() const noexcept { return *kv_; }
   const page_tier<B, G>& grads() const noexcept { return *grad_; }
   const oomb::paged_kv_cache<E, far_resource>& cache() const noexcept { return *cache_; }
   const oomb::grad_mirror<G, far_resource>& mirror() const noexcept { return *mirror_; }
@@ -273,8 +289,9 @@ class paged_attention {
     return t;
   }
 
-  template <class X>
-  oomb::page_pool_view<const X> read_view(const page_tier<B, X>& tier) const {
+  template <class Tier>
+  auto read_view(const Tier& tier) const {
+    using X = std::remove_pointer_t<decltype(tier.view().base)>;
     return oomb::page_pool_view<const X>::over(tier.view().base, shape_);
   }
 
@@ -310,13 +327,13 @@ class paged_attention {
   std::unique_ptr<oomb::paged_kv_cache<E, far_resource>> cache_;
   std::unique_ptr<oomb::grad_mirror<G, far_resource>> mirror_;
   std::int32_t seq_ = 0;
-  std::unique_ptr<page_tier<B, E>> kv_;
+  std::unique_ptr<page_tier<B, E, Eviction>> kv_;
   std::unique_ptr<page_tier<B, G>> grad_;
   std::unique_ptr<typename B::selector_type> selector_;
   std::vector<oomb::sparse_page_table> selections_;  // [chunk][layer], made in stage 1
   std::int64_t pages_selected_ = 0, pages_candidate_ = 0;
   // Id lists of the window at hand (reused, never freed within a step).
-  std::vector<std::int32_t> ids_, where_, gids_, gwhere_, kv_index_, table_ids_, table_grads_, own_where_;
+  std::vector<std::int32_t> ids_, where_, gids_, gwhere_, kv_index_, table_ids_, table_grads_, own_where_, order_;
 };
 
 }  // namespace oomb_trainer

@@ -101,7 +101,7 @@ class training_run {
       co.sink = o_.sink;
       co.local = o_.local;
       co.tile = o_.tile;
-      chunked_ = std::make_unique<chunk_recurrent<cpu_backend<T>>>(cfg_, co, o_.seq_len);
+      chunked_ = std::make_unique<chunk_recurrent<cpu_backend<T>, oomb::belady_eviction>>(cfg_, co, o_.seq_len);
     }
     fs::create_directories(o_.out);
     log_.open(fs::path(o_.out) / "log.jsonl", std::ios::app);
@@ -113,7 +113,7 @@ class training_run {
   std::int64_t steps_taken() const noexcept { return step_; }
   bool done() const noexcept { return step_ >= o_.steps; }
   qwen2_params<T>& params() noexcept { return params_; }
-  const chunk_recurrent<cpu_backend<T>>* chunked() const noexcept { return chunked_.get(); }
+  const chunk_recurrent<cpu_backend<T>, oomb::belady_eviction>* chunked() const noexcept { return chunked_.get(); }
 
   /// The next training sequence (advances the data position).
   sequence next_sequence() {
@@ -282,7 +282,7 @@ class training_run {
   std::uint64_t data_position_ = 0;
   std::optional<kv_recall> task_;
   std::optional<token_windows> tokens_;
-  std::unique_ptr<chunk_recurrent<cpu_backend<T>>> chunked_;
+  std::unique_ptr<chunk_recurrent<cpu_backend<T>, oomb::belady_eviction>> chunked_;
   std::ofstream log_;
   bool dumped_ = false;
   std::chrono::steady_clock::time_point last_progress_{};
