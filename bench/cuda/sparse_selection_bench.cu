@@ -2,7 +2,9 @@
 // heads, head_dim 128), 128-token pages, one layer. For each context length and budget: the
 // median time of select_tiles (query-tile summaries, scoring, CUB top-k, CSR) for one chunk of
 // 4096 queries (32 tiles of 128) whose past is the whole context, and of summarize_pages for the
-// chunk's 32 new pages and for every page of the context. One JSON line per measurement.
+// chunk's 32 new pages and for every page of the context; at budget 64 also the query-tile
+// summary kernel and CUB's sort alone (the rest is scoring and writing the CSR). One JSON line per
+// measurement.
 //   sparse_selection_bench [--out FILE.jsonl] [--reps N]
 // SPDX-License-Identifier: Apache-2.0
 #include <cuda_runtime.h>
@@ -133,6 +135,31 @@ int main(int argc, char** argv) {
                       prop.name, static_cast<long long>(tokens), past, page, chunk, tile, chunk / tile, q_heads, kv_heads,
                       d, oomb::to_string(kind), budget, ms, reps, plan.workspace_bytes);
         emit(buf);
+        if (budget == 64) {  // where the time goes: the query-tile summaries and CUB's sort alone
+          auto* wsb = static_cast<unsigned char*>(ws);
+          auto* q_lo = reinterpret_cast<float*>(wsb + plan.query_summary_offset);
+          float* q_hi = q_lo + std::int64_t(plan.max_tiles) * kv_heads * d;
+          const double summary_ms = median_ms(s, reps, [&] {
+            oomb::detail::summarize_query_tiles_kernel<oomb::bf16><<<dim3(chunk / tile, kv_heads), 128, 0, s>>>(
+                q, q_heads * d, d, 1, chunk, tile, q_heads / kv_heads, d, kind, q_lo, q_hi);
+          });
+          auto* keys = reinterpret_cast<std::uint64_t*>(wsb + plan.keys_offset);
+          auto* sorted = reinterpret_cast<std::uint64_t*>(wsb + plan.sorted_offset);
+          auto* segments = reinterpret_cast<int*>(wsb + plan.segments_offset);
+          std::size_t bytes = plan.sort_bytes;
+          const int items = (chunk / tile) * (past - 3);
+          const double sort_ms = median_ms(s, reps, [&] {
+            (void)cub::DeviceSegmentedRadixSort::SortKeysDescending(wsb + plan.sort_offset, bytes, keys, sorted, items,
+                                                                    chunk / tile, segments, segments + 1, 0, 64, s);
+          });
+          std::snprintf(buf, sizeof buf,
+                        "{\"bench\":\"select_tiles_parts\",\"gpu\":\"%s\",\"context_tokens\":%lld,\"past_pages\":%d,"
+                        "\"scoring\":\"%s\",\"budget\":%d,\"query_summary_ms\":%.4f,\"cub_sort_ms\":%.4f,"
+                        "\"scoring_and_emit_ms\":%.4f,\"reps\":%d}",
+                        prop.name, static_cast<long long>(tokens), past, oomb::to_string(kind), budget, summary_ms, sort_ms,
+                        ms - summary_ms - sort_ms, reps);
+          emit(buf);
+        }
         stream.synchronize();
         (void)cudaFree(ws);
         (void)cudaFree(indptr);

@@ -54,18 +54,26 @@ OOMB_HOST_DEVICE inline float mul_rn(float a, float b) noexcept {
 #endif
 }
 
-/// sum_d term(d) in scoring.hpp's fixed tree (8 interleaved lanes, then pairwise).
-template <class Term>
-OOMB_HOST_DEVICE float tree_sum(std::int32_t n, Term term) noexcept {
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  std::int32_t d = 0;
-  for (; d + 8 <= n; d += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += term(d + j);
-  for (int j = 0; d + j < n; ++j) acc[j] += term(d + j);
+/// The last step of scoring.hpp's fixed tree: its 8 lanes summed pairwise.
+OOMB_HOST_DEVICE inline float tree_combine(const float* acc) noexcept {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+/// sum_d term(d) in scoring.hpp's fixed tree: lane j sums the terms of channels d = j (mod 8) in
+/// ascending order, then tree_combine.
+template <class Term>
+OOMB_HOST_DEVICE float tree_sum(std::int32_t n, Term term) noexcept {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (std::int32_t d = 0; d < n; ++d) acc[d & 7] += term(d);
+  return tree_combine(acc);
+}
+
 OOMB_HOST_DEVICE inline float max2(float a, float b) noexcept { return a > b ? a : b; }
+
+/// One channel's term of the box bound: max over q in {qlo, qhi}, k in {lo, hi} of q k.
+OOMB_HOST_DEVICE inline float box_term(float qlo, float qhi, float lo, float hi) noexcept {
+  return max2(max2(mul_rn(qlo, lo), mul_rn(qlo, hi)), max2(mul_rn(qhi, lo), mul_rn(qhi, hi)));
+}
 
 }  // namespace detail
 
@@ -73,11 +81,7 @@ OOMB_HOST_DEVICE inline float max2(float a, float b) noexcept { return a > b ? a
 /// of q_d k_d; no query of the box scores any key of the page higher. Same on host and device.
 OOMB_HOST_DEVICE inline float quest_box_bound(const float* qlo, const float* qhi, const float* lo,
                                               const float* hi, std::int32_t n) noexcept {
-  using detail::max2;
-  using detail::mul_rn;
-  return detail::tree_sum(n, [&](std::int32_t d) {
-    return max2(max2(mul_rn(qlo[d], lo[d]), mul_rn(qlo[d], hi[d])), max2(mul_rn(qhi[d], lo[d]), mul_rn(qhi[d], hi[d])));
-  });
+  return detail::tree_sum(n, [&](std::int32_t d) { return detail::box_term(qlo[d], qhi[d], lo[d], hi[d]); });
 }
 
 /// q · mean in scoring.hpp's order, without contraction: equals its dot() (compiled without FMA
@@ -216,39 +220,68 @@ OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
   }
 }
 
-/// Block (page block, tile); thread x scores middle page sink + blockIdx.x * blockDim.x + x against
-/// the tile's query summary (staged in shared memory) and writes its ranking key; block (0, t)
-/// also writes segment offset t (and the last one).
+/// Block (page block, tile group); thread x scores middle page sink + blockIdx.x * blockDim.x + x
+/// for the kTiles tiles kTiles * blockIdx.y, ... (their query summaries staged in shared memory),
+/// so each page summary is read once per kTiles tiles. Per (tile, KV head) it evaluates
+/// quest_box_bound / mean_key_score term for term in their order (lane d % 8, then
+/// tree_combine), so the scores are theirs bit for bit. Writes the ranking keys; block (0, 0)
+/// also writes the segment offsets.
+template <int kTiles>
 OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
     score_tile_pages_kernel(page_summary_view s, const std::int32_t* __restrict__ page_ids,
                             const float* __restrict__ q_lo, const float* __restrict__ q_hi, score_kind kind,
-                            std::int32_t sink, std::int32_t scored, std::uint64_t* __restrict__ keys,
-                            int* __restrict__ segments) {
-  extern __shared__ float tile_summary[];  // [2][kv_heads][head_dim]
-  const std::int32_t tile = blockIdx.y;
+                            std::int32_t tiles, std::int32_t sink, std::int32_t scored,
+                            std::uint64_t* __restrict__ keys, int* __restrict__ segments) {
+  extern __shared__ float tile_summary[];  // [kTiles][2][kv_heads][head_dim]
+  const std::int32_t first = blockIdx.y * kTiles;
+  const std::int32_t count = tiles - first < kTiles ? tiles - first : kTiles;
   const std::int32_t row = s.kv_heads * s.head_dim;
-  const std::int32_t halves = kind == score_kind::quest ? 2 : 1;
-  for (std::int32_t i = threadIdx.x; i < halves * row; i += blockDim.x)
-    tile_summary[i] = i < row ? q_lo[std::int64_t(tile) * row + i] : q_hi[std::int64_t(tile) * row + i - row];
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    segments[tile] = tile * scored;
-    if (tile + 1 == std::int32_t(gridDim.y)) segments[tile + 1] = (tile + 1) * scored;
+  const bool quest = kind == score_kind::quest;
+  for (std::int32_t i = threadIdx.x; i < count * 2 * row; i += blockDim.x) {
+    const std::int32_t t = i / (2 * row), r = i - t * 2 * row;
+    const std::int64_t at = std::int64_t(first + t) * row + (r < row ? r : r - row);
+    tile_summary[i] = r < row ? q_lo[at] : quest ? q_hi[at] : 0.0f;
   }
+  if (blockIdx.x == 0 && blockIdx.y == 0)
+    for (std::int32_t t = threadIdx.x; t <= tiles; t += blockDim.x) segments[t] = t * scored;
   __syncthreads();
   const std::int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= scored) return;
   const std::int32_t logical = sink + j;
   const std::int32_t id = page_ids[logical];
-  float best = -HUGE_VALF;
+  float best[kTiles];
+  for (int t = 0; t < kTiles; ++t) best[t] = -HUGE_VALF;
   if (s.token_count(id) > 0)
     for (std::int32_t h = 0; h < s.kv_heads; ++h) {
-      const float* a = tile_summary + h * s.head_dim;
-      const float x = kind == score_kind::quest
-                          ? quest_box_bound(a, a + row, s.min_of(id, h), s.max_of(id, h), s.head_dim)
-                          : mean_key_score(a, s.mean_of(id, h), s.head_dim);
-      best = x > best ? x : best;
+      const float* lo = quest ? s.min_of(id, h) : s.mean_of(id, h);
+      const float* hi = s.max_of(id, h);
+      float acc[kTiles][8];
+      for (int t = 0; t < kTiles; ++t)
+        for (int l = 0; l < 8; ++l) acc[t][l] = 0.0f;
+      for (std::int32_t d0 = 0; d0 < s.head_dim; d0 += 8) {
+        float klo[8], khi[8];
+        const int lanes = s.head_dim - d0 < 8 ? s.head_dim - d0 : 8;
+#pragma unroll
+        for (int l = 0; l < 8; ++l) {
+          klo[l] = l < lanes ? lo[d0 + l] : 0.0f;
+          khi[l] = l < lanes && quest ? hi[d0 + l] : 0.0f;
+        }
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) {
+          const float* a = tile_summary + (t * 2 * s.kv_heads + h) * s.head_dim + d0;  // lo (or mean)
+          const float* b = a + row;                                                     // hi
+#pragma unroll
+          for (int l = 0; l < 8; ++l)
+            if (l < lanes) acc[t][l] += quest ? box_term(a[l], b[l], klo[l], khi[l]) : mul_rn(a[l], klo[l]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        const float x = tree_combine(acc[t]);
+        best[t] = x > best[t] ? x : best[t];  // as tile_scorer: a NaN never replaces a number
+      }
     }
-  keys[std::int64_t(tile) * scored + j] = page_rank_key(best, logical);
+  for (int t = 0; t < count; ++t) keys[std::int64_t(first + t) * scored + j] = page_rank_key(best[t], logical);
 }
 
 /// Block per tile: writes its CSR row (sink pages, the middle pages whose key reaches the
@@ -352,9 +385,17 @@ tile_selection_result select_tiles(const tile_selection_plan& plan, const page_s
     OOMB_CUDA_CHECK_LAUNCH("select_tiles: summarising ", tiles, " query tiles");
     auto* segments = reinterpret_cast<int*>(ws + plan.segments_offset);
     const unsigned blocks = static_cast<unsigned>((scored + detail::tile_selection_threads - 1) / detail::tile_selection_threads);
-    const std::size_t smem = (cfg.kind == score_kind::quest ? 2 : 1) * std::size_t(row) * sizeof(float);
-    detail::score_tile_pages_kernel<<<dim3(blocks, tiles), detail::tile_selection_threads, smem, stream>>>(
-        summaries, page_ids, q_lo, q_hi, cfg.kind, pc.sink, scored, keys, segments);
+    // Eight tiles per block share each page read where their summaries fit 48 KiB of shared memory.
+    const std::size_t per_tile = 2 * std::size_t(row) * sizeof(float);
+    if (8 * per_tile <= 48 * 1024) {
+      detail::score_tile_pages_kernel<8><<<dim3(blocks, unsigned(tiles + 7) / 8), detail::tile_selection_threads,
+                                           8 * per_tile, stream>>>(summaries, page_ids, q_lo, q_hi, cfg.kind, tiles,
+                                                                   pc.sink, scored, keys, segments);
+    } else {
+      detail::score_tile_pages_kernel<1><<<dim3(blocks, unsigned(tiles)), detail::tile_selection_threads, per_tile,
+                                           stream>>>(summaries, page_ids, q_lo, q_hi, cfg.kind, tiles, pc.sink, scored,
+                                                     keys, segments);
+    }
     OOMB_CUDA_CHECK_LAUNCH("select_tiles: scoring ", scored, " pages for ", tiles, " tiles");
     std::size_t sort_bytes = 0;
     const int items = tiles * scored;
