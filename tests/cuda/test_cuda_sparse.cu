@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -189,7 +190,10 @@ void run_selection_case(const selection_case& c, std::uint64_t seed) {
 
   const auto expected = reference_selection(c, sums, host_q, ids);
 
-  const device_summaries_copy dsums(sums);
+  device_summaries_copy dsums(sums);
+  // Only the statistics the kind reads: the kernels must not touch the others.
+  if (c.kind == oomb::score_kind::quest) dsums.view.mean = nullptr;
+  else dsums.view.min = dsums.view.max = nullptr;
   device_buffer<oomb::bf16> dq(q.size());
   upload(dq, q);
   device_buffer<std::int32_t> dids(std::max<std::size_t>(ids.size(), 1));
@@ -254,29 +258,44 @@ TEST_CASE("summarize_pages: GPU page summaries equal the host's page_summaries b
         second[i] = i == 7 ? 0 : std::uniform_int_distribution<std::int32_t>(first[i], shape.page_size)(rng);
         host.update_from_pool(host_pool, ids[i], 0, first[i]);
       }
-      const std::size_t bytes = oomb::device_page_summaries::bytes(num_ids, shape.kv_heads, head_dim);
-      device_buffer<unsigned char> storage(bytes);
-      OOMB_CUDA_CHECK(cudaMemset(storage.ptr, 0x5a, bytes), "test");
-      const auto dev = oomb::device_page_summaries::over(storage.ptr, num_ids, shape.kv_heads, head_dim);
       device_buffer<std::int32_t> dids(ids.size()), dfirst(ids.size()), dsecond(ids.size());
       upload(dids, ids);
       upload(dfirst, first);
       upload(dsecond, second);
       oomb::cuda_stream stream;
-      oomb::clear_page_summaries(dev, stream.view());
-      oomb::summarize_pages(dev_pool, dids.ptr, dfirst.ptr, std::int32_t(ids.size()), dev, stream.view());
+      const oomb::summary_stats all_stats[] = {oomb::summary_stats::min_max_mean, oomb::summary_stats::min_max,
+                                               oomb::summary_stats::mean};
+      std::vector<std::unique_ptr<device_buffer<unsigned char>>> storage;
+      std::vector<oomb::device_page_summaries> devs;
+      for (const oomb::summary_stats stats : all_stats) {
+        const std::size_t bytes = oomb::device_page_summaries::bytes(num_ids, shape.kv_heads, head_dim, stats);
+        storage.push_back(std::make_unique<device_buffer<unsigned char>>(bytes));
+        OOMB_CUDA_CHECK(cudaMemset(storage.back()->ptr, 0x5a, bytes), "test");
+        devs.push_back(oomb::device_page_summaries::over(storage.back()->ptr, num_ids, shape.kv_heads, head_dim, stats));
+        REQUIRE((devs.back().min == nullptr) == (stats == oomb::summary_stats::mean));
+        REQUIRE((devs.back().mean == nullptr) == (stats == oomb::summary_stats::min_max));
+        oomb::clear_page_summaries(devs.back(), stream.view());
+        oomb::summarize_pages(dev_pool, dids.ptr, dfirst.ptr, std::int32_t(ids.size()), devs.back(), stream.view());
+      }
 
       const auto compare = [&](const char* round) {
         CAPTURE(round);
         const std::size_t row = std::size_t(num_ids) * shape.kv_heads * head_dim;
         const oomb::page_summary_view h = host.view();
         stream.synchronize();
-        const auto mn = download(dev.min, row), mx = download(dev.max, row), me = download(dev.mean, row);
-        const auto tk = download(dev.tokens, std::size_t(num_ids));
-        REQUIRE(std::memcmp(tk.data(), h.tokens, tk.size() * 4) == 0);
-        REQUIRE(std::memcmp(mn.data(), h.min, row * 4) == 0);
-        REQUIRE(std::memcmp(mx.data(), h.max, row * 4) == 0);
-        REQUIRE(std::memcmp(me.data(), h.mean, row * 4) == 0);
+        for (const oomb::device_page_summaries& dev : devs) {
+          const auto tk = download(dev.tokens, std::size_t(num_ids));
+          REQUIRE(std::memcmp(tk.data(), h.tokens, tk.size() * 4) == 0);
+          if (dev.min != nullptr) {
+            const auto mn = download(dev.min, row), mx = download(dev.max, row);
+            REQUIRE(std::memcmp(mn.data(), h.min, row * 4) == 0);
+            REQUIRE(std::memcmp(mx.data(), h.max, row * 4) == 0);
+          }
+          if (dev.mean != nullptr) {
+            const auto me = download(dev.mean, row);
+            REQUIRE(std::memcmp(me.data(), h.mean, row * 4) == 0);
+          }
+        }
       };
       compare("round 1");
       for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -285,7 +304,8 @@ TEST_CASE("summarize_pages: GPU page summaries equal the host's page_summaries b
         else if (second[i] > first[i])
           host.update_from_pool(host_pool, ids[i], first[i], second[i] - first[i]);
       }
-      oomb::summarize_pages(dev_pool, dids.ptr, dsecond.ptr, std::int32_t(ids.size()), dev, stream.view());
+      for (const oomb::device_page_summaries& dev : devs)
+        oomb::summarize_pages(dev_pool, dids.ptr, dsecond.ptr, std::int32_t(ids.size()), dev, stream.view());
       compare("round 2");
     }
   }
@@ -296,6 +316,9 @@ TEST_CASE("summaries: the bytes the 7B's summaries take, as docs/sparse.md state
   const std::size_t per_page = 28 * oomb::device_page_summaries::bytes_per_id(4, 128);
   CHECK(per_page == 172144);
   CHECK(double(per_page) * 10000 / 128 == doctest::Approx(13.45e6).epsilon(0.001));
+  // A store for one scoring kind keeps only what it reads.
+  CHECK(28 * oomb::device_page_summaries::bytes_per_id(4, 128, oomb::summary_stats_for(oomb::score_kind::quest)) == 114800);
+  CHECK(28 * oomb::device_page_summaries::bytes_per_id(4, 128, oomb::summary_stats_for(oomb::score_kind::mean)) == 57456);
 }
 
 TEST_CASE("page_rank_key on the device equals page_selector::rank_key, NaN, infinities and signed zeros included") {
@@ -339,6 +362,8 @@ TEST_CASE("select_tiles: the GPU's selection equals the CPU's (page_selector ove
       {K::mean, 8, 8, 64, 70, 16, 40, 2, 2, 200, false, false},
       {K::quest, 8, 2, 64, 50, 128, 4, 1, 2, 0, false, false},     // no past
       {K::quest, 2, 2, 64, 37, 1, 6, 1, 1, 90, true, false},       // one-query tiles without GQA
+      {K::quest, 16, 8, 128, 300, 128, 10, 1, 2, 120, false, false},  // 8 x 128 channels: a tile per block
+      {K::mean, 16, 8, 128, 300, 128, 10, 1, 2, 120, true, false},
   };
   std::uint64_t seed = 2026;
   for (const selection_case& c : cases) run_selection_case(c, seed++);
@@ -406,6 +431,9 @@ TEST_CASE("select_tiles and plan_tile_selection: bad input throws before anythin
   CHECK_THROWS_AS(call(view(256, 8), 50, plan.workspace_bytes - 1), oomb::invalid_argument);
   CHECK_THROWS_AS(call(view(256, 4), 50, plan.workspace_bytes), oomb::invalid_argument);  // heads
   CHECK_THROWS_AS(call(view(0, 8), 50, plan.workspace_bytes), oomb::invalid_argument);
+  s.max = nullptr;  // a mean-only store cannot serve quest scoring
+  CHECK_THROWS_AS(call(view(256, 8), 50, plan.workspace_bytes), oomb::invalid_argument);
+  s.max = summary.ptr;
   CHECK_THROWS_AS(oomb::select_tiles(plan, s, oomb::tensor_view<const oomb::bf16, 3>(q.ptr, {16, 8, 64}, {512, 64, 1}), ids.ptr,
                                      50, indptr.ptr, pages.ptr, ws.ptr, plan.workspace_bytes, stream.view()),
                   oomb::invalid_argument);  // host memory

@@ -22,12 +22,23 @@
 #include "oomb/cuda/stream_view.hpp"
 #include "oomb/paging/views.hpp"
 #include "oomb/sparse/page_summary_view.hpp"
+#include "oomb/sparse/scoring.hpp"
 
 OOMB_NAMESPACE_BEGIN
 
-/// Writable summaries in device memory, carved from one caller-owned allocation by over():
-/// min, max and mean as [num_ids][kv_heads][head_dim] floats, then num_ids int32 token counts.
-/// Never owns memory; trivially copyable.
+/// Which statistics a device store keeps: quest scoring reads only min and max, mean scoring only
+/// the mean, so a store for one kind can leave the other out (2/3 or 1/3 of the bytes).
+enum class summary_stats { min_max_mean, min_max, mean };
+
+/// The statistics scoring by `kind` reads.
+constexpr summary_stats summary_stats_for(score_kind kind) noexcept {
+  return kind == score_kind::quest ? summary_stats::min_max : summary_stats::mean;
+}
+
+/// Writable summaries in device memory, carved from one caller-owned allocation by over(): the
+/// kept statistics (min, max, mean, in that order) as [num_ids][kv_heads][head_dim] floats, then
+/// num_ids int32 token counts; a statistic left out is nullptr. Never owns memory; trivially
+/// copyable.
 struct device_page_summaries {
   float* min = nullptr;
   float* max = nullptr;
@@ -37,18 +48,23 @@ struct device_page_summaries {
   std::int32_t kv_heads = 0;
   std::int32_t head_dim = 0;
 
-  /// Bytes of one page id's summary: 3 * kv_heads * head_dim floats plus its token count.
-  static std::size_t bytes_per_id(std::int32_t kv_heads, std::int32_t head_dim) noexcept {
-    return 3 * std::size_t(kv_heads) * std::size_t(head_dim) * sizeof(float) + sizeof(std::int32_t);
+  /// Bytes of one page id's summary: kv_heads * head_dim floats per kept statistic plus its token
+  /// count (Qwen2.5-7B's 4 KV heads of head_dim 128: 6,148 B for all three, 4,100 B for min/max,
+  /// 2,052 B for the mean, per layer).
+  static std::size_t bytes_per_id(std::int32_t kv_heads, std::int32_t head_dim,
+                                  summary_stats stats = summary_stats::min_max_mean) noexcept {
+    const std::size_t arrays = stats == summary_stats::min_max_mean ? 3 : stats == summary_stats::min_max ? 2 : 1;
+    return arrays * std::size_t(kv_heads) * std::size_t(head_dim) * sizeof(float) + sizeof(std::int32_t);
   }
   /// Bytes over() needs for `num_ids` ids.
-  static std::size_t bytes(std::int32_t num_ids, std::int32_t kv_heads, std::int32_t head_dim) noexcept {
-    return std::size_t(num_ids) * bytes_per_id(kv_heads, head_dim);
+  static std::size_t bytes(std::int32_t num_ids, std::int32_t kv_heads, std::int32_t head_dim,
+                           summary_stats stats = summary_stats::min_max_mean) noexcept {
+    return std::size_t(num_ids) * bytes_per_id(kv_heads, head_dim, stats);
   }
   /// Lays the summaries out over `storage` (device memory, 4-byte aligned, bytes(...) long).
   /// The caller clears them (clear_page_summaries) before the first read.
-  static device_page_summaries over(void* storage, std::int32_t num_ids, std::int32_t kv_heads,
-                                    std::int32_t head_dim) {
+  static device_page_summaries over(void* storage, std::int32_t num_ids, std::int32_t kv_heads, std::int32_t head_dim,
+                                    summary_stats stats = summary_stats::min_max_mean) {
     OOMB_EXPECTS(num_ids >= 0 && kv_heads > 0 && head_dim > 0, "device_page_summaries: bad shape: ",
                  num_ids, " ids, ", kv_heads, " KV heads, head_dim ", head_dim);
     OOMB_EXPECTS(storage != nullptr || num_ids == 0, "device_page_summaries: null storage for ", num_ids, " ids");
@@ -56,10 +72,17 @@ struct device_page_summaries {
                  "device_page_summaries: storage is not 4-byte aligned");
     const std::size_t row = std::size_t(num_ids) * std::size_t(kv_heads) * std::size_t(head_dim);
     device_page_summaries s;
-    s.min = static_cast<float*>(storage);
-    s.max = s.min + row;
-    s.mean = s.max + row;
-    s.tokens = reinterpret_cast<std::int32_t*>(s.mean + row);
+    float* at = static_cast<float*>(storage);
+    if (stats != summary_stats::mean) {
+      s.min = at;
+      s.max = at + row;
+      at += 2 * row;
+    }
+    if (stats != summary_stats::min_max) {
+      s.mean = at;
+      at += row;
+    }
+    s.tokens = reinterpret_cast<std::int32_t*>(at);
     s.num_ids = num_ids;
     s.kv_heads = kv_heads;
     s.head_dim = head_dim;
@@ -110,9 +133,11 @@ OOMB_KERNEL void __launch_bounds__(page_summary_threads)
       sum += static_cast<double>(f);
     }
     const std::int64_t at = out.view().offset(id, h) + c;
-    out.min[at] = mn;
-    out.max[at] = mx;
-    out.mean[at] = n == 0 ? 0.0f : static_cast<float>(sum / n);
+    if (out.min != nullptr) {
+      out.min[at] = mn;
+      out.max[at] = mx;
+    }
+    if (out.mean != nullptr) out.mean[at] = n == 0 ? 0.0f : static_cast<float>(sum / n);
   }
   if (threadIdx.x == 0) out.tokens[id] = n;
 }
@@ -137,7 +162,7 @@ void summarize_pages(const page_pool_view<const E>& pool, const std::int32_t* id
                ", the summaries ", out.kv_heads, " of ", out.head_dim);
   OOMB_EXPECTS(count >= 0, "summarize_pages: negative page count ", count);
   if (count == 0) return;
-  OOMB_EXPECTS(pool.base != nullptr && ids != nullptr && out.min != nullptr,
+  OOMB_EXPECTS(pool.base != nullptr && ids != nullptr && out.tokens != nullptr,
                "summarize_pages: null pool, ids or summaries for ", count, " pages");
   detail::summarize_pages_kernel<E><<<static_cast<unsigned>(count), detail::page_summary_threads, 0, stream>>>(
       pool, ids, counts, out);
@@ -151,9 +176,11 @@ OOMB_KERNEL void clear_page_summaries_kernel(device_page_summaries s) {
   const std::int64_t row = std::int64_t(s.num_ids) * s.kv_heads * s.head_dim;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < row;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    s.min[i] = HUGE_VALF;
-    s.max[i] = -HUGE_VALF;
-    s.mean[i] = 0.0f;
+    if (s.min != nullptr) {
+      s.min[i] = HUGE_VALF;
+      s.max[i] = -HUGE_VALF;
+    }
+    if (s.mean != nullptr) s.mean[i] = 0.0f;
     if (i < s.num_ids) s.tokens[i] = 0;
   }
 }

@@ -254,7 +254,7 @@ OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
   if (s.token_count(id) > 0)
     for (std::int32_t h = 0; h < s.kv_heads; ++h) {
       const float* lo = quest ? s.min_of(id, h) : s.mean_of(id, h);
-      const float* hi = s.max_of(id, h);
+      const float* hi = quest ? s.max_of(id, h) : nullptr;
       float acc[kTiles][8];
       for (int t = 0; t < kTiles; ++t)
         for (int l = 0; l < 8; ++l) acc[t][l] = 0.0f;
@@ -374,6 +374,10 @@ tile_selection_result select_tiles(const tile_selection_plan& plan, const page_s
   auto* sorted = reinterpret_cast<std::uint64_t*>(ws + plan.sorted_offset);
   if (!all && pc.budget > 0) {
     OOMB_EXPECTS(page_ids != nullptr && summaries.tokens != nullptr, "select_tiles: null page_ids or summaries");
+    OOMB_EXPECTS(cfg.kind == score_kind::quest ? summaries.min != nullptr && summaries.max != nullptr
+                                               : summaries.mean != nullptr,
+                 "select_tiles: ", to_string(cfg.kind), " scoring reads the summaries' ",
+                 cfg.kind == score_kind::quest ? "min and max" : "mean", ", which this store does not keep");
     const auto st = queries.strides();
     const std::int64_t row = std::int64_t(plan.kv_heads) * plan.head_dim;
     auto* q_lo = reinterpret_cast<float*>(ws + plan.query_summary_offset);
