@@ -80,6 +80,7 @@ template <class T, class E = T, class G = T>
 class cpu_backend {
  public:
   using value_type = T;
+  using stat_type = T;
   using kv_type = E;
   using grad_type = G;
   template <class X>

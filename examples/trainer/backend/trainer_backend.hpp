@@ -9,7 +9,10 @@
 // B is default-constructible and not copyable: one per trainer, holding its streams, memory
 // resources and scratch.
 // precision
-//   value_type                  activations (x, dx, every block_acts buffer) and scalars (eps, scale)
+//   value_type                  activations (x, dx, block_acts and block_scratch buffers), scalars
+//                               (eps, scale)
+//   stat_type                   the statistics among the activations: rstd of the norms, the
+//                               attention's lse (fp32 where activations are bf16)
 //   kv_type, grad_type          element of a K/V page and of a gradient page
 // buffers and parameters
 //   buffer<X>                   owning array in compute memory: data(), size(), resize(n) (keeps
@@ -37,7 +40,8 @@
 //   linear_forward(n, in, out, x, W, b, y)              linear_backward(n, in, out, x, W, dy, dx, dW, db)
 //   rope_forward(n, heads, d, x, rope)                  rope_backward(n, heads, d, dx, rope)
 //   swiglu_forward(n, g, u, h)                          swiglu_backward(n, g, u, dh, dg, du)
-//   copy(n, src, dst)   add(n, src, dst): dst += src   fill(n, value, dst)
+//   copy(n, src, dst)   add(n, src, dst): dst += src   fill(n, value, dst)   (fill: of value_type
+//       and of stat_type elements; rstd and lse arguments are stat_type)
 //   head_loss_and_grad(p, grads, n, x, targets, scale, dx): final norm, LM head and cross-entropy;
 //       adds the SUM of the counted rows' losses to the step's loss; with grads != nullptr adds
 //       scale * its gradient into grads and writes dx. take_loss() -> double: the loss added since
@@ -52,7 +56,7 @@
 // backend builds whatever tables its kernels read from them — on a GPU through a ring of pinned
 // buffers guarded by events, never a table a kernel still reads)
 //   attention_forward(chunk, kv, table, o_acc, lse_acc)   folds the window into o_acc [sq][hq][d],
-//       lse_acc [hq][sq] by log-sum-exp (they start as 0 and -inf)
+//       lse_acc [hq][sq] (stat_type) by log-sum-exp (they start as 0 and -inf)
 //   attention_backward_begin(chunk, o, d_o)                once per layer and chunk, before its windows
 //       (a GPU computes rowsum(dO * O) here; the CPU needs nothing)
 //   attention_backward(chunk, kv, table, grads, o, lse, d_o, dq, dk, dv)   given the GLOBAL o, lse:
@@ -102,7 +106,7 @@ template <class B, class = void>
 struct is_trainer_backend : std::false_type {};
 template <class B>
 struct is_trainer_backend<
-    B, std::void_t<typename B::value_type, typename B::kv_type, typename B::grad_type,
+    B, std::void_t<typename B::value_type, typename B::stat_type, typename B::kv_type, typename B::grad_type,
                    typename B::template buffer<typename B::value_type>, typename B::params_type,
                    typename B::grads_type, typename B::rope_type,
                    typename B::residency_backend::compute_stream_type, typename B::selector_type,
@@ -113,14 +117,14 @@ struct is_trainer_backend<
                        std::declval<const attention_chunk<typename B::value_type>&>(),
                        std::declval<const oomb::page_pool_view<const typename B::kv_type>&>(),
                        std::declval<const window_table&>(), static_cast<typename B::value_type*>(nullptr),
-                       static_cast<typename B::value_type*>(nullptr))),
+                       static_cast<typename B::stat_type*>(nullptr))),
                    decltype(std::declval<B&>().attention_backward(
                        std::declval<const attention_chunk<typename B::value_type>&>(),
                        std::declval<const oomb::page_pool_view<const typename B::kv_type>&>(),
                        std::declval<const window_table&>(),
                        std::declval<const oomb::page_pool_view<typename B::grad_type>&>(),
                        static_cast<const typename B::value_type*>(nullptr),
-                       static_cast<const typename B::value_type*>(nullptr),
+                       static_cast<const typename B::stat_type*>(nullptr),
                        static_cast<const typename B::value_type*>(nullptr),
                        static_cast<typename B::value_type*>(nullptr), static_cast<typename B::value_type*>(nullptr),
                        static_cast<typename B::value_type*>(nullptr))),

@@ -35,8 +35,10 @@ struct block_dims {
 template <class B>
 struct block_acts {
   using T = typename B::value_type;
+  using S = typename B::stat_type;
   std::int64_t n = 0;
-  typename B::template buffer<T> x_in, xn1, rstd1, q, k, v, o, lse, x1, xn2, rstd2, g, u, h;
+  typename B::template buffer<T> x_in, xn1, q, k, v, o, x1, xn2, g, u, h;
+  typename B::template buffer<S> rstd1, lse, rstd2;  // statistics: fp32 even where activations are bf16
 
   void resize(std::int64_t tokens, const block_dims& D) {
     n = tokens;
@@ -59,16 +61,17 @@ struct block_acts {
   /// Bytes held (for the memory report).
   std::size_t bytes() const noexcept {
     std::size_t n_el = 0;
-    for (const auto* v_ : {&x_in, &xn1, &rstd1, &q, &k, &v, &o, &lse, &x1, &xn2, &rstd2, &g, &u, &h})
-      n_el += v_->size();
-    return n_el * sizeof(T);
+    for (const auto* v_ : {&x_in, &xn1, &q, &k, &v, &o, &x1, &xn2, &g, &u, &h}) n_el += v_->size();
+    std::size_t n_stat = 0;
+    for (const auto* v_ : {&rstd1, &lse, &rstd2}) n_stat += v_->size();
+    return n_el * sizeof(T) + n_stat * sizeof(S);
   }
 };
 
 /// Scratch of the backward, reused across layers and chunks.
 template <class B>
 struct block_scratch {
-  typename B::template buffer<typename B::value_type> tmp, dx1, dxn, dh, dg, du, d_o, dq, dk, dv;
+  typename B::template buffer<typename B::value_type> dx1, dxn, dh, dg, du, d_o, dq, dk, dv;
 };
 
 /// Forward of layer `p` (B's compute weights) over acts.n tokens: x [n][H] is the input and

@@ -41,6 +41,7 @@ template <class B, class Eviction = oomb::lru_eviction>
 class paged_attention {
   static_assert(is_trainer_backend_v<B>, "paged_attention needs a trainer backend");
   using T = typename B::value_type;
+  using S = typename B::stat_type;
   using E = typename B::kv_type;
   using G = typename B::grad_type;
   using far_resource = typename B::residency_backend::far_resource;
@@ -131,11 +132,11 @@ class paged_attention {
   }
 
   /// Forward attention of layer l for chunk c over its windows: o [n][hq*d], lse [hq][n].
-  void forward(std::int32_t l, std::int32_t c, std::int64_t p0, std::int64_t n, const T* q, T* o, T* lse) {
+  void forward(std::int32_t l, std::int32_t c, std::int64_t p0, std::int64_t n, const T* q, T* o, S* lse) {
     const auto windows = plan_windows(l, c);
     const auto chunk = chunk_of(l, c, p0, n, q);
     be_->fill(n * hq_ * d_, T(0), o);
-    be_->fill(n * hq_, -std::numeric_limits<T>::infinity(), lse);
+    be_->fill(n * hq_, -std::numeric_limits<S>::infinity(), lse);
     kv_->prefetch(far_ids(l, windows[0].needed));
     for (std::size_t wi = 0; wi < windows.size(); ++wi) {
       const window& w = windows[wi];
@@ -150,7 +151,7 @@ class paged_attention {
   /// Backward attention of layer l for chunk c: dq, dk, dv (the chunk's own keys) as the
   /// backend's attention_backward adds them; past pages' gradients go into their gradient pages,
   /// and the chunk's own dK/dV gets what chunks > c added to its gradient pages.
-  void backward(std::int32_t l, std::int32_t c, std::int64_t p0, std::int64_t n, const T* q, const T* o, const T* lse,
+  void backward(std::int32_t l, std::int32_t c, std::int64_t p0, std::int64_t n, const T* q, const T* o, const S* lse,
                 const T* d_o, T* dq, T* dk, T* dv) {
     const auto windows = plan_windows(l, c);
     const auto chunk = chunk_of(l, c, p0, n, q);
