@@ -151,7 +151,7 @@ inline tile_selection_plan plan_tile_selection(const tile_selection_config& conf
   const std::int64_t keys = std::int64_t(max_tiles) * p.max_scored;
   OOMB_EXPECTS(keys < (std::int64_t(1) << 31), "plan_tile_selection: ", max_tiles, " tiles of ", p.max_scored,
                " scored pages exceed 2^31 keys");
-  if (keys > 0 && config.pages.budget > 0)
+  if (keys > 0 && config.pages.budget > 0)  // a size query: nothing runs on the stream it names
     OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(
                         nullptr, p.sort_bytes, static_cast<const std::uint64_t*>(nullptr),
                         static_cast<std::uint64_t*>(nullptr), static_cast<int>(keys), max_tiles,
