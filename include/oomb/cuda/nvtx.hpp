@@ -20,21 +20,25 @@ inline nvtxDomainHandle_t nvtx_domain() noexcept {
   return domain;
 }
 
-/// An NVTX range open for this object's lifetime (host time, as NVTX ranges are): `name` must
-/// outlive it (string literals).
+/// Opens a range named `name` (which must outlive it: string literals) in the "oomb" domain.
+inline void nvtx_push(const char* name) noexcept {
+  nvtxEventAttributes_t a{};
+  a.version = NVTX_VERSION;
+  a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+  a.messageType = NVTX_MESSAGE_TYPE_ASCII;
+  a.message.ascii = name;
+  nvtxDomainRangePushEx(nvtx_domain(), &a);
+}
+/// Closes the innermost range nvtx_push() opened.
+inline void nvtx_pop() noexcept { nvtxDomainRangePop(nvtx_domain()); }
+
+/// An NVTX range open for this object's lifetime (host time, as NVTX ranges are).
 class nvtx_range {
  public:
-  explicit nvtx_range(const char* name) noexcept {
-    nvtxEventAttributes_t a{};
-    a.version = NVTX_VERSION;
-    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
-    a.messageType = NVTX_MESSAGE_TYPE_ASCII;
-    a.message.ascii = name;
-    nvtxDomainRangePushEx(nvtx_domain(), &a);
-  }
+  explicit nvtx_range(const char* name) noexcept { nvtx_push(name); }
   nvtx_range(const nvtx_range&) = delete;
   nvtx_range& operator=(const nvtx_range&) = delete;
-  ~nvtx_range() { nvtxDomainRangePop(nvtx_domain()); }
+  ~nvtx_range() { nvtx_pop(); }
 };
 
 }  // namespace detail

@@ -77,15 +77,8 @@ class cuda_backend {
   }
 
   /// NVTX ranges (in the "oomb" domain, as the transfers' own) around the scheduler's batches.
-  void range_begin(const char* name) noexcept {
-    nvtxEventAttributes_t a{};
-    a.version = NVTX_VERSION;
-    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
-    a.messageType = NVTX_MESSAGE_TYPE_ASCII;
-    a.message.ascii = name;
-    nvtxDomainRangePushEx(detail::nvtx_domain(), &a);
-  }
-  void range_end() noexcept { nvtxDomainRangePop(detail::nvtx_domain()); }
+  void range_begin(const char* name) noexcept { detail::nvtx_push(name); }
+  void range_end() noexcept { detail::nvtx_pop(); }
 
   /// One batch of page copies between the tiers, by the path options() choose. The transfer
   /// objects (validation scratch, kernel staging) are kept per direction and rebuilt only when the
