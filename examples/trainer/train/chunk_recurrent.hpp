@@ -57,7 +57,6 @@ class chunk_recurrent {
 
   const chunk_options& options() const noexcept { return opt_; }
   const chunk_step_stats& last_stats() const noexcept { return stats_; }
-  B& backend() noexcept { return be_; }
 
   /// Runs stages 1 and 2 over `seq`, returns its loss (mean over counted targets) and ADDS its
   /// gradient into `grads`. `progress` (may be empty) is called after every chunk of each stage.
