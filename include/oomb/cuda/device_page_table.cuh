@@ -22,9 +22,10 @@
 // index buffers). Kernels that read the table must run on that stream or be ordered after it by
 // an event, and a sync must not overtake readers still running on another stream (make `stream`
 // wait for them). Views stay valid across syncs except after a relayout (relayouts() counts
-// them): take views after sync. A staging slot is reused once the event of its kernel has
-// completed (asked without blocking); with every slot in flight the ring grows instead, so sync
-// never blocks the host. Not internally synchronised.
+// them): take views after sync. The staging slots are a staging_ring (staging_ring.hpp): a slot is
+// reused once the event of its kernel has completed (asked without blocking); with every slot in
+// flight the ring grows instead, so sync never blocks the host. A slot's pinned buffer grows when
+// a sync needs more than it holds (it is free then). Not internally synchronised.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,6 +40,7 @@
 #include "oomb/cuda/error.hpp"
 #include "oomb/cuda/event.hpp"
 #include "oomb/cuda/kernel_linkage.cuh"
+#include "oomb/cuda/staging_ring.hpp"
 #include "oomb/cuda/stream_view.hpp"
 #include "oomb/paging/page_table.hpp"
 #include "oomb/paging/views.hpp"
@@ -88,8 +90,7 @@ class device_page_table {
   /// Capacities: `max_seqs` sequences and `max_pages` pages per layer (all sequences together).
   device_page_table(std::int32_t layers, std::int32_t page_size, std::int32_t max_seqs, std::int32_t max_pages,
                     int staging_slots = 4)
-      : layers_(layers), page_size_(page_size), max_seqs_(max_seqs), max_pages_(max_pages),
-        slots_(static_cast<std::size_t>(std::max(staging_slots, 0))) {
+      : layers_(layers), page_size_(page_size), max_seqs_(max_seqs), max_pages_(max_pages) {
     OOMB_EXPECTS(layers > 0, "device_page_table: layers must be positive, got ", layers);
     OOMB_EXPECTS(page_size >= 16 && (page_size & (page_size - 1)) == 0,
                  "device_page_table: page_size must be a power of two >= 16, got ", page_size);
@@ -104,14 +105,11 @@ class device_page_table {
                           words * sizeof(std::int32_t), " bytes");
     base_.reset(static_cast<std::int32_t*>(p));
     OOMB_CUDA_CHECK(cudaMemset(p, 0, header_words() * sizeof(std::int32_t)), "device_page_table: clearing");
+    ring_.grow(static_cast<std::size_t>(staging_slots), empty_slot);  // pinned on first use
   }
   device_page_table(const device_page_table&) = delete;
   device_page_table& operator=(const device_page_table&) = delete;
-  /// Waits for its own staging to be consumed (an edge, not the hot path).
-  ~device_page_table() {
-    for (slot& s : slots_)
-      if (s.done) (void)cudaEventSynchronize(s.done.get());
-  }
+  // Destruction waits for its own staging to be consumed (staging_ring's destructor, an edge).
 
   /// Brings the device copy up to `table` (see the file comment). Throws invalid_argument (nothing
   /// enqueued) for a table of other geometry, one that does not record changes, or one that
@@ -170,10 +168,10 @@ class device_page_table {
 
     // --- enqueue: staging slot (writes, then old and new indptr for a relayout), kernels, event.
     const std::size_t extra = relayout ? indptr_.size() + new_indptr_.size() : 0;
-    const std::size_t slot_index = next_slot(writes_.size() + (extra + 1) / 2 + 1);
-    slot& st = slots_[slot_index];
+    const std::size_t slot_index = take_slot(writes_.size() + (extra + 1) / 2 + 1);
+    slot& st = ring_[slot_index];
     if (synced_)  // after the previous sync, on whichever stream it ran: never a host wait
-      OOMB_CUDA_CHECK(cudaStreamWaitEvent(stream.get(), slots_[last_slot_].done.get(), 0),
+      OOMB_CUDA_CHECK(cudaStreamWaitEvent(stream.get(), ring_.event(last_slot_).get(), 0),
                       "device_page_table: ordering a sync after the previous one");
     std::copy(writes_.begin(), writes_.end(), st.host.get());
     auto* tail = reinterpret_cast<std::int32_t*>(st.host.get() + writes_.size());
@@ -193,7 +191,7 @@ class device_page_table {
       detail::table_scatter_kernel<><<<blocks, 256, 0, stream.get()>>>(base_.get(), st.host.get(), n);
       OOMB_CUDA_CHECK_LAUNCH("device_page_table: scatter of ", n, " writes");
     }
-    OOMB_CUDA_CHECK(cudaEventRecord(st.done.get(), stream.get()), "device_page_table: recording");
+    ring_.record(slot_index, stream);
 
     // --- nothing below can fail
     current_ = target;
@@ -227,55 +225,38 @@ class device_page_table {
   std::size_t relayouts() const noexcept { return relayouts_; }
 
  private:
-  struct free_host {
-    void operator()(detail::table_write* p) const noexcept { (void)cudaFreeHost(p); }
-  };
   struct free_device {
     void operator()(std::int32_t* p) const noexcept { (void)cudaFree(p); }
   };
+  // Mapped pinned writes, read directly by the scatter kernel; grown when a sync needs more.
   struct slot {
-    std::unique_ptr<detail::table_write, free_host> host;
+    pinned_staging<detail::table_write> host;
     std::size_t capacity = 0;
-    cuda_event done;
   };
+  static slot empty_slot() { return slot{}; }
 
   std::uint64_t header_words() const noexcept { return 2 * std::uint64_t(max_seqs_) + 1; }
   std::uint64_t indices_offset(int buffer) const noexcept {
     return header_words() + std::uint64_t(buffer) * std::uint64_t(layers_) * std::uint64_t(max_pages_);
   }
 
-  // The index of a ring slot whose last kernel has completed (asked without blocking), holding
-  // at least `entries` writes; with every slot in flight, a new slot. Never the previous sync's
-  // slot while that sync may still be running.
-  std::size_t next_slot(std::size_t entries) {
-    std::size_t index = slots_.size();
-    for (std::size_t k = 0; k < slots_.size() && index == slots_.size(); ++k) {
-      const std::size_t i = (next_ + k) % slots_.size();
-      if (!slots_[i].done) slots_[i].done = cuda_event::create();
-      if (slots_[i].done.ready()) index = i;
-    }
-    if (index == slots_.size()) {  // all in flight: grow the ring
-      slot fresh;
-      fresh.done = cuda_event::create();
-      slots_.push_back(std::move(fresh));
-    }
-    slot& s = slots_[index];
-    if (s.capacity < entries) {
+  // A free ring slot (the ring grows by one when all are in flight; never the previous sync's slot
+  // while that sync may still run) holding at least `entries` writes.
+  std::size_t take_slot(std::size_t entries) {
+    const std::size_t index = ring_.take(1, empty_slot).front();
+    slot& s = ring_[index];
+    if (s.capacity < entries) {  // the slot is free: its old buffer may go
       const std::size_t cap = std::max(entries, 2 * s.capacity + 1024);
-      void* p = nullptr;
-      OOMB_CUDA_CHECK_ALLOC(cudaHostAlloc(&p, cap * sizeof(detail::table_write), cudaHostAllocMapped | cudaHostAllocPortable),
-                            "device_page_table: pinning ", cap * sizeof(detail::table_write), " bytes of staging");
-      s.host.reset(static_cast<detail::table_write*>(p));
+      s.host = make_pinned_staging<detail::table_write>(cap, cudaHostAllocMapped | cudaHostAllocPortable,
+                                                        "device_page_table");
       s.capacity = cap;
     }
-    next_ = (index + 1) % slots_.size();
     return index;
   }
 
   std::int32_t layers_, page_size_, max_seqs_, max_pages_;
   std::unique_ptr<std::int32_t, free_device> base_;
-  std::vector<slot> slots_;
-  std::size_t next_ = 0;
+  staging_ring<slot> ring_;
   std::size_t last_slot_ = 0;  // the slot of the last sync, whose event orders the next one
   int current_ = 0;
   bool synced_ = false;

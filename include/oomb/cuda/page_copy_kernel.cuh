@@ -14,8 +14,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
-#include <utility>
 #include <vector>
 
 #include "oomb/core/error.hpp"
@@ -23,6 +21,8 @@
 #include "oomb/cuda/event.hpp"
 #include "oomb/cuda/kernel_linkage.cuh"
 #include "oomb/cuda/nvtx.hpp"
+#include "oomb/cuda/staging_ring.hpp"
+#include "oomb/cuda/stream_view.hpp"
 #include "oomb/offload/stream.hpp"
 
 OOMB_NAMESPACE_BEGIN
@@ -112,19 +112,20 @@ inline void launch_page_copy_kernel(const page_copy_desc* desc, std::size_t coun
 
 /// Runs kernel batches from lists of copies: expands each copy (a multiple of the page size, e.g.
 /// a merged run) into per-page descriptors, writes them to a pinned staging slot, uploads them to
-/// the slot's device twin on the same stream (one small copy) and launches the kernel. A slot is
-/// written again only once the event recorded behind its last kernel has completed (asked
-/// without blocking); when every slot is still in flight the ring grows instead of waiting, so
-/// enqueue never blocks the host and ordering stays with streams and events. `slots` are taken
-/// up front (pages_per_launch * 16 bytes of pinned and of device memory each); slots() says how
-/// many there are now. Batches above `pages_per_launch` pages take several launches.
+/// the slot's device twin on the same stream (one small copy) and launches the kernel. The slots
+/// are a staging_ring (staging_ring.hpp): a slot is written again only once the event recorded
+/// behind its last kernel has completed (asked without blocking); when every slot is still in
+/// flight the ring grows instead of waiting, so enqueue never blocks the host and ordering stays
+/// with streams and events. `slots` are taken up front (pages_per_launch * 16 bytes of pinned and
+/// of device memory each); slots() says how many there are now. Batches above
+/// `pages_per_launch` pages take several launches.
 /// Not internally synchronised: one per thread, or a lock.
 class page_copy_engine {
  public:
   explicit page_copy_engine(std::size_t pages_per_launch = 8192, int slots = 8) : per_launch_(pages_per_launch) {
     OOMB_EXPECTS(pages_per_launch > 0, "page_copy_engine: pages_per_launch must be positive");
     OOMB_EXPECTS(slots > 0, "page_copy_engine: slots must be positive, got ", slots);
-    add_slots(static_cast<std::size_t>(slots));
+    ring_.grow(static_cast<std::size_t>(slots), [this] { return make_slot(); });
   }
 
   /// Enqueues the copies of `ops` (each a positive multiple of `page_bytes`, 16-byte aligned on both
@@ -150,11 +151,11 @@ class page_copy_engine {
     if (pages == 0) return;
     detail::check_page_copy_launch(std::min(pages, per_launch_), page_bytes, blocks);  // the largest launch
     const std::size_t launches = (pages + per_launch_ - 1) / per_launch_;
-    take_free_slots(launches);
+    const std::vector<std::size_t>& taken = ring_.take(launches, [this] { return make_slot(); });
 
     std::size_t op = 0, page_in_op = 0;
-    for (const std::size_t index : taken_) {
-      slot& s = slots_[index];
+    for (const std::size_t index : taken) {
+      slot& s = ring_[index];
       const std::size_t n = std::min(pages, per_launch_);
       for (std::size_t k = 0; k < n; ++k) {
         while (page_in_op * page_bytes == ops[op].bytes) ++op, page_in_op = 0;
@@ -166,76 +167,33 @@ class page_copy_engine {
                                       cudaMemcpyHostToDevice, stream),
                       "page_copy_engine: uploading ", n, " descriptors");
       launch_page_copy_kernel(s.device.get(), n, page_bytes, blocks, stream);
-      OOMB_CUDA_CHECK(cudaEventRecord(s.done.get(), stream), "page_copy_engine: recording a slot's event");
+      ring_.record(index, cuda_stream_view(stream));
       pages -= n;
     }
   }
 
   page_copy_engine(page_copy_engine&&) noexcept = default;
   page_copy_engine& operator=(page_copy_engine&&) = delete;  // would free staging in flight
-  /// Waits for its own launches (their staging is about to be freed): an edge, not the hot path.
-  ~page_copy_engine() {
-    for (slot& s : slots_)
-      if (s.done) (void)cudaEventSynchronize(s.done.get());
-  }
+  // Destruction waits for its own launches (staging_ring's destructor): their staging is freed.
 
   std::size_t pages_per_launch() const noexcept { return per_launch_; }
   /// Staging slots now: those asked at construction, plus any the ring grew by.
-  std::size_t slots() const noexcept { return slots_.size(); }
+  std::size_t slots() const noexcept { return ring_.size(); }
 
  private:
-  struct free_host {
-    void operator()(page_copy_desc* p) const noexcept { (void)cudaFreeHost(p); }
-  };
-  struct free_device {
-    void operator()(page_copy_desc* p) const noexcept { (void)cudaFree(p); }
-  };
   struct slot {
-    std::unique_ptr<page_copy_desc, free_host> host;
-    std::unique_ptr<page_copy_desc, free_device> device;
-    cuda_event done;  // recorded behind the slot's last kernel; a fresh event reads complete
+    pinned_staging<page_copy_desc> host;
+    device_staging<page_copy_desc> device;
   };
 
-  // Appends `n` slots (all or none: a failed allocation leaves the ring as it was).
-  void add_slots(std::size_t n) {
-    const std::size_t bytes = per_launch_ * sizeof(page_copy_desc);
-    std::vector<slot> fresh(n);
-    for (slot& s : fresh) {
-      void* h = nullptr;
-      OOMB_CUDA_CHECK_ALLOC(cudaHostAlloc(&h, bytes, cudaHostAllocPortable),
-                            "page_copy_engine: pinning ", bytes, " bytes of descriptor staging");
-      s.host.reset(static_cast<page_copy_desc*>(h));
-      void* d = nullptr;
-      OOMB_CUDA_CHECK_ALLOC(cudaMalloc(&d, bytes), "page_copy_engine: allocating ", bytes,
-                            " bytes of device descriptors");
-      s.device.reset(static_cast<page_copy_desc*>(d));
-      s.done = cuda_event::create();
-    }
-    slots_.reserve(slots_.size() + n);
-    for (slot& s : fresh) slots_.push_back(std::move(s));
-  }
-
-  // Fills taken_ with `n` distinct slots whose last kernel has completed, in ring order from
-  // next_, growing the ring by what is missing. Never waits.
-  void take_free_slots(std::size_t n) {
-    taken_.clear();
-    taken_.reserve(n);
-    for (std::size_t k = 0; k < slots_.size() && taken_.size() < n; ++k) {
-      const std::size_t i = (next_ + k) % slots_.size();
-      if (slots_[i].done.ready()) taken_.push_back(i);
-    }
-    if (taken_.size() < n) {
-      const std::size_t first_new = slots_.size();
-      add_slots(n - taken_.size());
-      for (std::size_t i = first_new; i < slots_.size(); ++i) taken_.push_back(i);
-    }
-    next_ = (taken_.back() + 1) % slots_.size();
+  // A slot of pages_per_launch descriptors, pinned (copied, not mapped) and on the device.
+  slot make_slot() const {
+    return slot{make_pinned_staging<page_copy_desc>(per_launch_, cudaHostAllocPortable, "page_copy_engine"),
+                make_device_staging<page_copy_desc>(per_launch_, "page_copy_engine")};
   }
 
   std::size_t per_launch_;
-  std::vector<slot> slots_;
-  std::vector<std::size_t> taken_;
-  std::size_t next_ = 0;
+  staging_ring<slot> ring_;
 };
 
 OOMB_NAMESPACE_END

@@ -23,7 +23,9 @@
 // Outgrown buffers are kept until destruction, when regions still in use by them may be in
 // flight, and because freeing device memory mid-step can synchronise the device: what the ring
 // holds is at most twice its capacity. A ring sized for the tables of the uploads in flight at
-// once never grows.
+// once never grows. The regions are not staging_ring slots (staging_ring.hpp, whose buffers this
+// ring uses): variable spans carved in order from one buffer pair pack small tables without a
+// slot's size each, and reclaiming them in order needs no search.
 //
 // Exceptions: upload() and release() validate everything first and give the strong guarantee (a
 // throwing call leaves the ring as it was: nothing enqueued, no region taken, the previous
@@ -41,7 +43,6 @@
 #include <cstring>
 #include <deque>
 #include <limits>
-#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -49,6 +50,7 @@
 #include "oomb/core/error.hpp"
 #include "oomb/cuda/error.hpp"
 #include "oomb/cuda/event.hpp"
+#include "oomb/cuda/staging_ring.hpp"
 #include "oomb/cuda/stream_view.hpp"
 
 OOMB_NAMESPACE_BEGIN
@@ -166,15 +168,9 @@ class upload_ring {
   std::size_t regions_held() const noexcept { return regions_.size(); }
 
  private:
-  struct free_host {
-    void operator()(unsigned char* p) const noexcept { (void)cudaFreeHost(p); }
-  };
-  struct free_device {
-    void operator()(unsigned char* p) const noexcept { (void)cudaFree(p); }
-  };
   struct buffer {
-    std::unique_ptr<unsigned char, free_host> host;
-    std::unique_ptr<unsigned char, free_device> device;
+    pinned_staging<unsigned char> host;
+    device_staging<unsigned char> device;
     std::size_t capacity = 0;
   };
   struct region {
@@ -188,16 +184,8 @@ class upload_ring {
   }
 
   static buffer make_buffer(std::size_t capacity) {
-    buffer b;
-    void* h = nullptr;
-    OOMB_CUDA_CHECK_ALLOC(cudaHostAlloc(&h, capacity, cudaHostAllocPortable), "upload_ring: pinning ", capacity,
-                          " bytes of staging");
-    b.host.reset(static_cast<unsigned char*>(h));
-    void* d = nullptr;
-    OOMB_CUDA_CHECK_ALLOC(cudaMalloc(&d, capacity), "upload_ring: allocating ", capacity, " device bytes");
-    b.device.reset(static_cast<unsigned char*>(d));
-    b.capacity = capacity;
-    return b;
+    return buffer{make_pinned_staging<unsigned char>(capacity, cudaHostAllocPortable, "upload_ring"),
+                  make_device_staging<unsigned char>(capacity, "upload_ring"), capacity};
   }
 
   std::size_t grown_capacity(std::size_t span) const {
