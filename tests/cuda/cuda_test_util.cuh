@@ -76,6 +76,21 @@ __global__ void bump_pages_kernel(std::byte* base, std::size_t page_bytes, const
 
 /// Spins for about `ns` nanoseconds: makes a stream slow, so a reader that skipped an event wait
 /// reads before the copy lands.
+// out[0] += sum_i table[i] * (i + 1) (integer adds: order-free, so exact on both sides).
+template <int = 0>
+__global__ void weighted_sum_kernel(const std::int32_t* table, int n, unsigned long long* out) {
+  unsigned long long s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<unsigned long long>(std::uint32_t(table[i])) * (i + 1);
+  atomicAdd(out, s);
+}
+
+/// Its host twin.
+inline unsigned long long host_weighted_sum(const std::vector<std::int32_t>& t) {
+  unsigned long long s = 0;
+  for (std::size_t i = 0; i < t.size(); ++i) s += static_cast<unsigned long long>(std::uint32_t(t[i])) * (i + 1);
+  return s;
+}
+
 template <int = 0>
 __global__ void delay_kernel(std::uint64_t ns) {
   std::uint64_t t0;

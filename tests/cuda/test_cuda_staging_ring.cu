@@ -40,14 +40,6 @@ struct slot_maker {
   }
 };
 
-// out[0] = sum_i table[i] * (i + 1) (integer adds: order-free, so exact on both sides).
-template <int = 0>
-__global__ void weighted_sum_kernel(const std::int32_t* table, int n, unsigned long long* out) {
-  unsigned long long s = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<unsigned long long>(std::uint32_t(table[i])) * (i + 1);
-  atomicAdd(out, s);
-}
-
 }  // namespace
 
 TEST_CASE("staging_ring: a busy slot is not handed out; the ring grows by what is missing, then reuses") {

@@ -17,20 +17,6 @@ using namespace oomb_cuda_test;
 
 namespace {
 
-// out[0] += sum_i table[i] * (i + 1) (integer adds: order-free, so exact on both sides).
-template <int = 0>
-__global__ void weighted_sum_kernel(const std::int32_t* table, int n, unsigned long long* out) {
-  unsigned long long s = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<unsigned long long>(std::uint32_t(table[i])) * (i + 1);
-  atomicAdd(out, s);
-}
-
-unsigned long long host_weighted_sum(const std::vector<std::int32_t>& t) {
-  unsigned long long s = 0;
-  for (std::size_t i = 0; i < t.size(); ++i) s += static_cast<unsigned long long>(std::uint32_t(t[i])) * (i + 1);
-  return s;
-}
-
 // Table k: seeded random values, so a reader that saw another table's region (or a half-written
 // one) gets another sum.
 std::vector<std::int32_t> table(int k, int n) {
