@@ -9,10 +9,10 @@
 // B is default-constructible and not copyable: one per trainer, holding its streams, memory
 // resources and scratch.
 // precision
-//   value_type                  activations (x, dx, block_acts and block_scratch buffers), scalars
-//                               (eps, scale)
+//   value_type                  activations (x, dx, block_acts and block_scratch buffers)
 //   stat_type                   the statistics among the activations: rstd of the norms, the
-//                               attention's lse (fp32 where activations are bf16)
+//                               attention's lse (fp32 where activations are bf16), and the scalars
+//                               eps and scale (a bf16 scale = 1/targets would be off by up to 0.4%)
 //   kv_type, grad_type          element of a K/V page and of a gradient page
 // buffers and parameters
 //   buffer<X>                   owning array in compute memory: data(), size(), resize(n) (keeps

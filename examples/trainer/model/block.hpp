@@ -82,11 +82,11 @@ struct block_scratch {
 template <class B, class W, class Attention>
 void block_forward(B& be, const block_dims& D, const layer_params<W>& p, const typename B::rope_type& rope,
                    typename B::value_type* x, block_acts<B>& a, Attention&& attention, bool finish = true) {
-  using T = typename B::value_type;
+  using S = typename B::stat_type;
   const std::int64_t n = a.n;
   const W* none = nullptr;
   be.copy(n * D.H, x, a.x_in.data());
-  be.rmsnorm_forward(n, D.H, x, p.input_norm, T(D.eps), a.xn1.data(), a.rstd1.data());
+  be.rmsnorm_forward(n, D.H, x, p.input_norm, S(D.eps), a.xn1.data(), a.rstd1.data());
   be.linear_forward(n, D.H, D.qdim(), a.xn1.data(), p.q_w, p.q_b, a.q.data());
   be.linear_forward(n, D.H, D.kvdim(), a.xn1.data(), p.k_w, p.k_b, a.k.data());
   be.linear_forward(n, D.H, D.kvdim(), a.xn1.data(), p.v_w, p.v_b, a.v.data());
@@ -97,7 +97,7 @@ void block_forward(B& be, const block_dims& D, const layer_params<W>& p, const t
   // x1 = x + o W_o^T (x still holds the input)
   be.linear_forward(n, D.qdim(), D.H, a.o.data(), p.o_w, none, a.x1.data());
   be.add(n * D.H, x, a.x1.data());
-  be.rmsnorm_forward(n, D.H, a.x1.data(), p.post_norm, T(D.eps), a.xn2.data(), a.rstd2.data());
+  be.rmsnorm_forward(n, D.H, a.x1.data(), p.post_norm, S(D.eps), a.xn2.data(), a.rstd2.data());
   be.linear_forward(n, D.H, D.I, a.xn2.data(), p.gate_w, none, a.g.data());
   be.linear_forward(n, D.H, D.I, a.xn2.data(), p.up_w, none, a.u.data());
   be.swiglu_forward(n * D.I, a.g.data(), a.u.data(), a.h.data());

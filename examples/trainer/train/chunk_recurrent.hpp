@@ -105,7 +105,8 @@ class chunk_recurrent {
     stats_.stage1_seconds = std::chrono::duration<double>(t1 - t0).count();
 
     // ---- stage 2: reverse, recompute, backward ----
-    const T scale = T(1) / T(counted);
+    using S = typename B::stat_type;  // scalars in fp32 even where activations are bf16
+    const S scale = S(1) / S(counted);
     be_.take_loss();  // drops what a step that threw may have left
     for (std::int32_t c = chunks; c-- > 0;) {
       const std::int64_t p0 = std::int64_t(c) * opt_.chunk;

@@ -155,7 +155,8 @@ class paged_attention {
                 const T* d_o, T* dq, T* dk, T* dv) {
     const auto windows = plan_windows(l, c);
     const auto chunk = chunk_of(l, c, p0, n, q);
-    const auto [own_first, own_end] = cache_->chunk_pages(seq_, c);
+    const auto own = cache_->chunk_pages(seq_, c);  // not a structured binding: the lambda below
+    const std::int32_t own_first = own.first, own_end = own.second;  // captures it (C++20 only)
     be_->attention_backward_begin(chunk, o, d_o);
     auto prefetch = [&](const window& w) {
       const auto nid = far_ids(l, w.needed);

@@ -35,6 +35,7 @@ __global__ void embedding_forward_kernel(std::int32_t H, std::int32_t vocab, con
 }
 
 /// Sort keys (an out-of-range token gets key `vocab`, sorted last and skipped) and positions.
+template <int = 0>  // a template: every translation unit may include this header
 __global__ void embedding_keys_kernel(std::int64_t n, std::int32_t vocab, const std::int32_t* __restrict__ tokens,
                                       std::uint32_t* __restrict__ keys, std::uint32_t* __restrict__ positions) {
   for (std::int64_t t = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; t < n; t += std::int64_t(gridDim.x) * blockDim.x) {
@@ -131,7 +132,7 @@ void embedding_backward(std::int64_t n, std::int32_t H, std::int32_t vocab, cons
   OOMB_EXPECTS(tokens != nullptr && dout != nullptr && dtable != nullptr, "embedding_backward: null pointer");
   detail::check_workspace("embedding_backward", workspace, workspace_bytes, embedding_backward_workspace_bytes(n, vocab));
   const detail::embedding_workspace w = detail::carve_embedding(workspace, n, vocab);
-  detail::embedding_keys_kernel<<<detail::grid_for(n, 256), 256, 0, stream.get()>>>(n, vocab, tokens, w.keys_in, w.pos_in);
+  detail::embedding_keys_kernel<><<<detail::grid_for(n, 256), 256, 0, stream.get()>>>(n, vocab, tokens, w.keys_in, w.pos_in);
   OOMB_OPS_CHECK_LAUNCH("embedding_backward (keys)");
   std::size_t sort_bytes = w.sort_bytes;
   OOMB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(w.sort_temp, sort_bytes, w.keys_in, w.keys_out, w.pos_in, w.pos_out, n, 0,

@@ -64,6 +64,7 @@ __device__ __forceinline__ max_sum merge(max_sum a, max_sum b) {
 
 /// Block per row of a tile: merges the tile's (max, sum) into the row's running pair (the first
 /// tile starts it) and records the target's logit when the target is in the tile.
+template <int = 0>  // a template: every translation unit may include this header
 __global__ void __launch_bounds__(ce_threads) ce_tile_stats_kernel(std::int32_t vn, std::int32_t v0, bool first,
                                                                    const float* __restrict__ logits,
                                                                    const std::int32_t* __restrict__ targets,
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(ce_threads) ce_tile_stats_kernel(std::int32_t 
 }
 
 /// lse and loss of each row of a token tile; a target outside [-1, V) is reported and gets NaN.
+template <int = 0>  // a template: every translation unit may include this header
 __global__ void ce_finish_kernel(std::int64_t tn, std::int64_t t0, std::int32_t V, const std::int32_t* __restrict__ targets,
                                  const float* __restrict__ run_m, const float* __restrict__ run_s,
                                  const float* __restrict__ target_logit, float* __restrict__ lse, float* __restrict__ loss,
@@ -116,6 +118,7 @@ __global__ void ce_finish_kernel(std::int64_t tn, std::int64_t t0, std::int32_t 
 
 /// dlogits [tn][vn] = scale * (exp(logit - lse) - onehot(target)) as bf16; rows without a valid
 /// target get zeros. Rows along grid y, columns along x (no division per element).
+template <int = 0>  // a template: every translation unit may include this header
 __global__ void ce_tile_grad_kernel(std::int64_t tn, std::int32_t vn, std::int32_t v0, std::int32_t V, float scale,
                                     const float* __restrict__ logits, const std::int32_t* __restrict__ targets,
                                     const float* __restrict__ lse, bf16* __restrict__ dlogits) {
@@ -208,11 +211,11 @@ inline void lm_head_cross_entropy(gemm_context& ctx, const lm_head_ce_plan& plan
     for (std::int32_t v0 = 0; v0 < a.V; v0 += vt) {
       const std::int32_t vn = a.V - v0 < vt ? a.V - v0 : vt;
       logits_tile(t0, tn, v0, vn);
-      detail::ce_tile_stats_kernel<<<unsigned(tn), detail::ce_threads, 0, stream.get()>>>(
+      detail::ce_tile_stats_kernel<><<<unsigned(tn), detail::ce_threads, 0, stream.get()>>>(
           vn, v0, v0 == 0, w.logits, tg, w.run_m, w.run_s, w.target_logit);
       OOMB_OPS_CHECK_LAUNCH("lm_head_ce (row statistics)");
     }
-    detail::ce_finish_kernel<<<unsigned((tn + 255) / 256), 256, 0, stream.get()>>>(
+    detail::ce_finish_kernel<><<<unsigned((tn + 255) / 256), 256, 0, stream.get()>>>(
         tn, t0, a.V, tg, w.run_m, w.run_s, w.target_logit, a.lse + t0, a.loss + t0, a.bad_position);
     OOMB_OPS_CHECK_LAUNCH("lm_head_ce (loss)");
     if (!backward) continue;
@@ -220,7 +223,7 @@ inline void lm_head_cross_entropy(gemm_context& ctx, const lm_head_ce_plan& plan
       const std::int32_t vn = a.V - v0 < vt ? a.V - v0 : vt;
       if (!one_vocab_tile) logits_tile(t0, tn, v0, vn);
       const dim3 grid(detail::grid_for(vn, 256, 64), unsigned(tn < 65535 ? tn : 65535));
-      detail::ce_tile_grad_kernel<<<grid, 256, 0, stream.get()>>>(
+      detail::ce_tile_grad_kernel<><<<grid, 256, 0, stream.get()>>>(
           tn, vn, v0, a.V, a.scale, w.logits, tg, a.lse + t0, w.dlogits);
       OOMB_OPS_CHECK_LAUNCH("lm_head_ce (dlogits)");
       if (a.dx != nullptr)

@@ -1,0 +1,499 @@
+// oomb trainer — the CUDA backend: the trainer's ops on one GPU (first version: dense attention,
+// pages read in place from device memory).
+// SPDX-License-Identifier: Apache-2.0
+//
+// The ops of examples/trainer/cuda/ (cuBLASLt GEMMs, the layer kernels, the fused LM head +
+// cross-entropy, the paged attention kernels, the page kernels) behind the seam of
+// trainer_backend.hpp, every one enqueued on the backend's compute stream in call order; the host
+// waits only in take_loss(), once per step. Precision: bf16 compute weights, activations and K/V
+// pages; fp32 statistics (norm rstd, attention lse), scalars, gradient pages and parameter
+// gradients; fp32 accumulation in every GEMM and reduction. Activation gradients are value_type
+// (bf16) as the seam has them: the kernels that add in fp32 (RMSNorm's dx, the attention's dq, dk,
+// dv, the own-page gradients, the window merge) work on an fp32 copy that is rounded back once
+// per call.
+//
+// Host tables (tokens, targets, window page lists, the id -> gradient page map, the RoPE cos/sin)
+// reach the device through an upload_ring on the compute stream: each is released after its last
+// reader is enqueued, so no table a kernel may still read is overwritten, and the host never waits.
+// Bad data on the device (a token or target outside the vocabulary, a page id outside the pool)
+// cannot throw where it is found; take_loss() reads the kernels' reports and throws.
+//
+// Not supported yet (refused with oomb::invalid_argument naming what is): offload (near_memory()
+// throws when the trainer asks for near slots) and page-sparse attention (the selector's
+// constructor throws). Scratch grows on first use (the first step) and is kept.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <oomb/core/bf16.hpp>
+#include <oomb/core/error.hpp>
+#include <oomb/core/id_span.hpp>
+#include <oomb/cuda/device_resource.hpp>
+#include <oomb/cuda/error.hpp>
+#include <oomb/cuda/residency.cuh>
+#include <oomb/cuda/stream.hpp>
+#include <oomb/cuda/stream_view.hpp>
+#include <oomb/cuda/upload_ring.hpp>
+#include <oomb/paging/views.hpp>
+#include <oomb/sparse/sparse_page_table.hpp>
+#include <oomb/sparse/tile_selector.hpp>
+
+#include "trainer/backend/device_buffer.cuh"
+#include "trainer/backend/device_params.cuh"
+#include "trainer/backend/trainer_backend.hpp"
+#include "trainer/cpu/rope.hpp"
+#include "trainer/cuda/attention/attention.cuh"
+#include "trainer/cuda/ops/elementwise.cuh"
+#include "trainer/cuda/ops/embedding.cuh"
+#include "trainer/cuda/ops/gemm.cuh"
+#include "trainer/cuda/ops/linear.cuh"
+#include "trainer/cuda/ops/lm_head_cross_entropy.cuh"
+#include "trainer/cuda/ops/rmsnorm.cuh"
+#include "trainer/cuda/ops/rope.cuh"
+#include "trainer/cuda/ops/swiglu.cuh"
+#include "trainer/cuda/paging/own_page_grads.cuh"
+#include "trainer/cuda/paging/write_kv_pages.cuh"
+
+namespace oomb_trainer {
+
+namespace gpu::detail {
+
+template <class X>
+__global__ void fill_kernel(std::int64_t n, X value, X* dst) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
+    dst[i] = value;
+}
+
+/// *sum += v[0] + ... + v[n-1], one block, in double, in a fixed order (the same bits every run).
+template <int Threads>
+__global__ void add_sum_kernel(std::int64_t n, const float* v, double* sum) {
+  __shared__ double part[Threads];
+  double s = 0;
+  for (std::int64_t i = threadIdx.x; i < n; i += Threads) s += double(v[i]);
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = Threads / 2; w > 0; w /= 2) {
+    if (int(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *sum += part[0];
+}
+
+}  // namespace gpu::detail
+
+/// Page-sparse selection is not on the GPU path yet: constructing one (what the trainer does when
+/// the options ask for sparse attention) throws. The members exist for the seam's types only.
+template <class T>
+class cuda_unsupported_selector {
+ public:
+  template <class Backend>
+  cuda_unsupported_selector(Backend&, std::int32_t, std::int32_t, std::int32_t, std::int32_t, std::int32_t,
+                            const oomb::tile_selection_config&) {
+    OOMB_FAIL(oomb::invalid_argument,
+              "cuda_backend: page-sparse attention is not supported yet; the CUDA backend runs dense attention "
+              "over pages read in place (no --sparse, no --offload)");
+  }
+  void summarize(oomb::id_span, std::int64_t, const T*) {}
+  void select(const T*, std::int64_t, oomb::id_span, std::int32_t, oomb::sparse_page_table&) {}
+  void forget(std::int32_t) noexcept {}
+};
+
+/// The CUDA trainer backend (see trainer_backend.hpp for what each member guarantees, and the top
+/// of this file for what this one does). Uses the device current at construction.
+class cuda_backend {
+  using bf16 = oomb::bf16;
+
+ public:
+  using value_type = bf16;
+  using stat_type = float;
+  using kv_type = bf16;
+  using grad_type = float;
+  template <class X>
+  using buffer = gpu::device_buffer<X>;
+  using params_type = gpu::device_params<bf16>;
+  using grads_type = gpu::device_params<float>;
+  /// Pages live in device memory on both tiers (in place: the far pool is what the kernels read).
+  using residency_backend = oomb::cuda_backend<oomb::device_resource, oomb::cuda_stream, oomb::device_resource>;
+  using selector_type = cuda_unsupported_selector<bf16>;
+
+  /// fp32 cos/sin of a run of positions on the device (computed on the host in double, as the CPU
+  /// does), held in the upload ring until the object dies: every op that reads it is enqueued by then.
+  class rope_type {
+   public:
+    rope_type(oomb::upload_ring& ring, oomb::cuda_stream_view stream, std::int64_t first, std::int64_t count,
+              std::int32_t d, double theta)
+        : ring_(&ring), stream_(stream) {
+      const cpu::rope_table<float> host(first, count, d, theta);
+      std::vector<float> both(host.cos);
+      both.insert(both.end(), host.sin.begin(), host.sin.end());
+      table_ = ring.upload(both.data(), both.size(), stream);
+      view_.cos = table_.data;
+      view_.sin = table_.data + host.cos.size();
+      view_.n = count;
+      view_.half = d / 2;
+    }
+    rope_type(const rope_type&) = delete;
+    rope_type& operator=(const rope_type&) = delete;
+    ~rope_type() {
+      try {
+        ring_->release(table_, stream_);
+      } catch (...) {  // a failed event record: the next checked call on the stream reports the fault
+      }
+    }
+    const gpu::ops::rope_table_view& view() const noexcept { return view_; }
+
+   private:
+    oomb::upload_ring* ring_;
+    oomb::cuda_stream_view stream_;
+    oomb::upload_ring::uploaded<float> table_;
+    gpu::ops::rope_table_view view_;
+  };
+
+  cuda_backend()
+      : copy_in_(oomb::cuda_stream::greatest_priority()), copy_out_(oomb::cuda_stream::greatest_priority()),
+        ring_(std::size_t(1) << 20), bad_(3), loss_(1) {
+    OOMB_CUDA_CHECK(cudaMemsetAsync(loss_.data(), 0, sizeof(double), compute_.get()), "cuda_backend: loss");
+    reset_reports();
+  }
+  cuda_backend(const cuda_backend&) = delete;
+  cuda_backend& operator=(const cuda_backend&) = delete;
+  ~cuda_backend() { (void)cudaStreamSynchronize(compute_.get()); }  // scratch is freed after its last reader
+
+  // ---- residency ----
+  oomb::device_resource& far_memory() noexcept { return far_; }
+  oomb::device_resource& near_memory() {
+    OOMB_FAIL(oomb::invalid_argument,
+              "cuda_backend: offload is not supported yet; the CUDA backend reads every page in place from device "
+              "memory (run without --offload)");
+  }
+  oomb::cuda_stream& copy_in() noexcept { return copy_in_; }
+  oomb::cuda_stream& copy_out() noexcept { return copy_out_; }
+  oomb::cuda_stream_view compute() const { return compute_.view(); }
+
+  // ---- dense ops ----
+  void embedding_forward(std::int64_t n, std::int32_t H, std::int32_t vocab, const std::int32_t* tokens, const bf16* table,
+                         bf16* x) {
+    vocab_ = vocab;
+    const auto t = ring_.upload(tokens, static_cast<std::size_t>(n), compute());
+    gpu::ops::embedding_forward(n, H, vocab, t.data, table, x, bad_.data() + bad_token, compute());
+    ring_.release(t, compute());
+  }
+  /// The vocabulary is the last embedding_forward's (the seam does not pass it here).
+  void embedding_backward(std::int64_t n, std::int32_t H, const std::int32_t* tokens, const bf16* dx, float* dtable) {
+    OOMB_EXPECTS(vocab_ > 0, "cuda_backend::embedding_backward before any embedding_forward");
+    const auto t = ring_.upload(tokens, static_cast<std::size_t>(n), compute());
+    const std::size_t bytes = gpu::ops::embedding_backward_workspace_bytes(n, vocab_);
+    gpu::ops::embedding_backward(n, H, vocab_, t.data, dx, dtable, workspace(bytes), bytes, compute());
+    ring_.release(t, compute());
+  }
+  rope_type rope(std::int64_t first, std::int64_t count, std::int32_t d, double theta) {
+    return rope_type(ring_, compute(), first, count, d, theta);
+  }
+  void rope_forward(std::int64_t n, std::int32_t heads, std::int32_t d, bf16* x, const rope_type& r) {
+    gpu::ops::rope_forward(n, heads, d, x, r.view(), compute());
+  }
+  void rope_backward(std::int64_t n, std::int32_t heads, std::int32_t d, bf16* dx, const rope_type& r) {
+    gpu::ops::rope_backward(n, heads, d, dx, r.view(), compute());
+  }
+  void rmsnorm_forward(std::int64_t n, std::int32_t H, const bf16* x, const bf16* w, float eps, bf16* y, float* rstd) {
+    gpu::ops::rmsnorm_forward(n, H, x, w, eps, y, rstd, compute());
+  }
+  void rmsnorm_backward(std::int64_t n, std::int32_t H, const bf16* x, const bf16* w, const float* rstd, const bf16* dy,
+                        bf16* dx, float* dw) {
+    float* dx32 = widen(f32_[0], n * H, dx);
+    const std::size_t bytes = gpu::ops::rmsnorm_backward_workspace_bytes(n, H);
+    gpu::ops::rmsnorm_backward(n, H, x, w, rstd, dy, dx32, dw, workspace(bytes), bytes, compute());
+    gpu::ops::convert(n * H, static_cast<const float*>(dx32), dx, compute());
+  }
+  void linear_forward(std::int64_t n, std::int32_t in, std::int32_t out, const bf16* x, const bf16* W, const bf16* b,
+                      bf16* y) {
+    gpu::ops::linear_forward(gemm_, n, in, out, x, W, b, y, compute());
+  }
+  void linear_backward(std::int64_t n, std::int32_t in, std::int32_t out, const bf16* x, const bf16* W, const bf16* dy,
+                       bf16* dx, float* dW, float* db) {
+    if (dx != nullptr) gpu::ops::linear_backward_input(gemm_, n, in, out, dy, W, dx, /*accumulate=*/true, compute());
+    if (dW != nullptr) gpu::ops::linear_backward_weight(gemm_, n, in, out, x, dy, dW, compute());
+    if (db != nullptr) gpu::ops::bias_backward(n, out, dy, db, compute());
+  }
+  void swiglu_forward(std::int64_t n, const bf16* g, const bf16* u, bf16* h) {
+    gpu::ops::swiglu_forward(n, g, u, h, compute());
+  }
+  void swiglu_backward(std::int64_t n, const bf16* g, const bf16* u, const bf16* dh, bf16* dg, bf16* du) {
+    gpu::ops::swiglu_backward(n, g, u, dh, dg, du, compute());
+  }
+  template <class X>
+  void copy(std::int64_t n, const X* src, X* dst) {
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(X), cudaMemcpyDeviceToDevice,
+                                    compute_.get()),
+                    "cuda_backend::copy of ", n, " elements");
+  }
+  void add(std::int64_t n, const bf16* src, bf16* dst) { gpu::ops::add_into(n, src, dst, compute()); }
+  template <class X>
+  void fill(std::int64_t n, X value, X* dst) {
+    if (n <= 0) return;
+    gpu::detail::fill_kernel<<<gpu::ops::detail::grid_for(n, 256), 256, 0, compute_.get()>>>(n, value, dst);
+    OOMB_OPS_CHECK_LAUNCH("cuda_backend::fill");
+  }
+  void head_loss_and_grad(const params_type& p, grads_type* grads, std::int64_t n, const bf16* x,
+                          const std::int32_t* targets, float scale, bf16* dx) {
+    const auto& c = p.config();
+    const std::int32_t H = c.hidden_size, V = c.vocab_size;
+    const auto eps = static_cast<float>(c.rms_norm_eps);
+    xf_.resize(static_cast<std::size_t>(n * H));
+    rstd_.resize(static_cast<std::size_t>(n));
+    rows_.resize(static_cast<std::size_t>(2 * n));
+    gpu::ops::rmsnorm_forward(n, H, x, p.final_norm(), eps, xf_.data(), rstd_.data(), compute());
+    const auto t = ring_.upload(targets, static_cast<std::size_t>(n), compute());
+    gpu::ops::lm_head_ce_args a;
+    a.n = n;
+    a.H = H;
+    a.V = V;
+    a.x = xf_.data();
+    a.W = p.lm_head();
+    a.targets = t.data;
+    a.loss = rows_.data();
+    a.lse = rows_.data() + n;
+    a.bad_position = bad_.data() + bad_target;
+    a.scale = scale;
+    if (grads != nullptr) {
+      f32_[1].resize(static_cast<std::size_t>(n * H));
+      a.dx = f32_[1].data();
+      a.dW = grads->lm_head();
+    }
+    const auto plan = gpu::ops::plan_lm_head_ce(n, V, head_budget);
+    const std::size_t bytes = gpu::ops::lm_head_ce_workspace_bytes(plan);
+    gpu::ops::lm_head_cross_entropy(gemm_, plan, a, workspace(bytes), bytes, compute());
+    ring_.release(t, compute());
+    gpu::detail::add_sum_kernel<256><<<1, 256, 0, compute_.get()>>>(n, rows_.data(), loss_.data());
+    OOMB_OPS_CHECK_LAUNCH("cuda_backend: the loss sum");
+    if (grads == nullptr) return;
+    float* dx32 = zeroed(f32_[0], n * H);
+    const std::size_t nbytes = gpu::ops::rmsnorm_backward_workspace_bytes(n, H);
+    gpu::ops::rmsnorm_backward(n, H, x, p.final_norm(), rstd_.data(), static_cast<const float*>(a.dx), dx32,
+                               grads->final_norm(), workspace(nbytes), nbytes, compute());
+    gpu::ops::convert(n * H, static_cast<const float*>(dx32), dx, compute());
+  }
+  /// The loss added since the last take; waits for the compute stream, and throws if a kernel
+  /// reported a token, target or page it could not use.
+  double take_loss() {
+    double loss = 0;
+    std::int32_t bad[3] = {-1, -1, -1};
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(&loss, loss_.data(), sizeof(double), cudaMemcpyDeviceToHost, compute_.get()),
+                    "cuda_backend: reading the loss");
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(bad, bad_.data(), sizeof(bad), cudaMemcpyDeviceToHost, compute_.get()),
+                    "cuda_backend: reading the reports");
+    OOMB_CUDA_CHECK(cudaMemsetAsync(loss_.data(), 0, sizeof(double), compute_.get()), "cuda_backend: loss");
+    OOMB_CUDA_CHECK(cudaStreamSynchronize(compute_.get()), "cuda_backend: the step");
+    if (bad[0] >= 0 || bad[1] >= 0 || bad[2] >= 0) {
+      reset_reports();
+      OOMB_FAIL(oomb::invalid_argument, "cuda_backend: ",
+                bad[0] >= 0 ? "a token outside the vocabulary (chunk row " : bad[1] >= 0 ? "a target outside the vocabulary (chunk row "
+                                                                                         : "a page id outside its pool (chunk page ",
+                bad[0] >= 0 ? bad[0] : bad[1] >= 0 ? bad[1] : bad[2], ")");
+    }
+    return loss;
+  }
+
+  // ---- page ops ----
+  void write_pages(const oomb::page_pool_view<bf16>& pool, oomb::id_span where, std::int64_t n, const bf16* k,
+                   const bf16* v) {
+    const auto pages = page_list(where, n, pool.page_size, "write_pages");
+    gpu::paging::write_kv_pages(n, pool.kv_heads, pool.head_dim, k, v, pages.data, any_page, pool,
+                                bad_.data() + bad_page, compute());
+    ring_.release(pages, compute());
+  }
+  void add_from_pages(const oomb::page_pool_view<const float>& pool, oomb::id_span where, std::int64_t n, bf16* dk,
+                      bf16* dv) {
+    const std::int32_t P = pool.page_size;
+    const std::int64_t count = check_rows(where, n, P, "add_from_pages");
+    // The kernel maps page i of the chunk through grad_id[i]: the list is 0 .. count-1, the map `where`.
+    host_ints_.resize(static_cast<std::size_t>(2 * count));
+    for (std::int64_t i = 0; i < count; ++i) {
+      host_ints_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+      host_ints_[static_cast<std::size_t>(count + i)] = where[static_cast<std::size_t>(i)];
+    }
+    const auto t = ring_.upload(host_ints_.data(), host_ints_.size(), compute());
+    oomb::grad_mirror_view<float> mirror;
+    mirror.pool = mutable_view(pool);
+    mirror.grad_id = t.data + count;
+    mirror.num_kv_ids = static_cast<std::int32_t>(count);
+    const std::int64_t rows = n * pool.kv_heads * pool.head_dim;
+    float* dk32 = widen(f32_[0], rows, dk);
+    float* dv32 = widen(f32_[1], rows, dv);
+    gpu::paging::add_own_page_grads(n, pool.kv_heads, pool.head_dim, t.data, mirror, dk32, dv32, bad_.data() + bad_page,
+                                    compute());
+    ring_.release(t, compute());
+    gpu::ops::convert(rows, static_cast<const float*>(dk32), dk, compute());
+    gpu::ops::convert(rows, static_cast<const float*>(dv32), dv, compute());
+  }
+  void zero_page(const oomb::page_pool_view<float>& pool, std::int32_t id) {
+    OOMB_CUDA_CHECK(cudaMemsetAsync(pool.k(id, 0, 0), 0, static_cast<std::size_t>(pool.pair_stride) * sizeof(float),
+                                    compute_.get()),
+                    "cuda_backend::zero_page ", id);
+  }
+
+  // ---- attention over one window ----
+  void attention_forward(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv, const window_table& w,
+                         bf16* o_acc, float* lse_acc) {
+    const auto t = upload_window(c, w, false);
+    const auto a = args(c, kv, w, t.data);
+    const std::int64_t od = std::int64_t(c.sq) * c.hq * c.d;
+    o_w_.resize(static_cast<std::size_t>(od));
+    lse_w_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
+    gpu::attention_forward(a, o_w_.data(), lse_w_.data(), compute_.get());
+    ring_.release(t, compute());
+    float* o32 = widen(f32_[0], od, o_acc);
+    gpu::attention_merge(c.sq, c.hq, c.d, o32, lse_acc, o_w_.data(), lse_w_.data(), compute_.get());
+    gpu::ops::convert(od, static_cast<const float*>(o32), o_acc, compute());
+  }
+  void attention_backward_begin(const attention_chunk<bf16>& c, const bf16* o, const bf16* d_o) {
+    delta_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
+    gpu::attention_backward_delta(c.sq, c.hq, c.d, o, d_o, delta_.data(), compute_.get());
+  }
+  void attention_backward(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
+                          const window_table& w, const oomb::page_pool_view<float>& grads, const bf16*, const float* lse,
+                          const bf16* d_o, bf16* dq, bf16* dk, bf16* dv) {
+    OOMB_EXPECTS(w.grad_ids != nullptr, "cuda_backend::attention_backward: the window has no grad_ids");
+    const auto t = upload_window(c, w, true);
+    const auto a = args(c, kv, w, t.data);
+    oomb::grad_mirror_view<float> dpast;
+    dpast.pool = grads;
+    dpast.grad_id = t.data + window_ids + w.pages;
+    dpast.num_kv_ids = w.id_space;
+    const std::int64_t qd = std::int64_t(c.sq) * c.hq * c.d, kvd = std::int64_t(c.sq) * c.hkv * c.d;
+    float* dq32 = widen(f32_[0], qd, dq);
+    float* dk32 = widen(f32_[1], kvd, dk);
+    float* dv32 = widen(f32_[2], kvd, dv);
+    gpu::attention_backward(a, lse, delta_.data(), d_o, dq32, dk32, dv32, dpast, compute_.get());
+    ring_.release(t, compute());
+    gpu::ops::convert(qd, static_cast<const float*>(dq32), dq, compute());
+    gpu::ops::convert(kvd, static_cast<const float*>(dk32), dk, compute());
+    gpu::ops::convert(kvd, static_cast<const float*>(dv32), dv, compute());
+  }
+
+ private:
+  // Slots of bad_: where each kind of kernel reports what it could not use (-1: nothing).
+  static constexpr int bad_token = 0, bad_target = 1, bad_page = 2;
+  // The page kernels' bound on ids: the seam's pool views do not carry the pool's size, and every
+  // id comes from the trainer's own pools (checked on the host there).
+  static constexpr std::int32_t any_page = std::numeric_limits<std::int32_t>::max();
+  // Workspace the fused head may take for its logits tiles.
+  static constexpr std::size_t head_budget = std::size_t(256) << 20;
+  // Where a window's page ids start in its uploaded table.
+  static constexpr std::size_t window_ids = 4;
+
+  void reset_reports() {
+    OOMB_CUDA_CHECK(cudaMemsetAsync(bad_.data(), 0xff, 3 * sizeof(std::int32_t), compute_.get()),
+                    "cuda_backend: resetting the reports");
+  }
+
+  void* workspace(std::size_t bytes) {
+    work_.resize(bytes);
+    return work_.data();
+  }
+  float* zeroed(gpu::device_buffer<float>& b, std::int64_t n) {
+    b.resize(static_cast<std::size_t>(n));
+    OOMB_CUDA_CHECK(cudaMemsetAsync(b.data(), 0, static_cast<std::size_t>(n) * sizeof(float), compute_.get()),
+                    "cuda_backend: zeroing scratch");
+    return b.data();
+  }
+  /// b = src in fp32 (the kernels that add in fp32 work on it; the caller rounds it back).
+  float* widen(gpu::device_buffer<float>& b, std::int64_t n, const bf16* src) {
+    b.resize(static_cast<std::size_t>(n));
+    gpu::ops::convert(n, src, b.data(), compute());
+    return b.data();
+  }
+
+  static std::int64_t check_rows(oomb::id_span where, std::int64_t n, std::int32_t P, const char* what) {
+    const std::int64_t count = (n + P - 1) / P;
+    OOMB_EXPECTS(n > 0 && count <= static_cast<std::int64_t>(where.size()), "cuda_backend::", what, ": ", n,
+                 " rows need ", count, " pages, given ", where.size());
+    return count;
+  }
+  oomb::upload_ring::uploaded<std::int32_t> page_list(oomb::id_span where, std::int64_t n, std::int32_t P,
+                                                      const char* what) {
+    const std::int64_t count = check_rows(where, n, P, what);
+    return ring_.upload(where.data(), static_cast<std::size_t>(count), compute());
+  }
+
+  static oomb::page_pool_view<float> mutable_view(const oomb::page_pool_view<const float>& v) {
+    oomb::page_pool_view<float> m;
+    m.base = const_cast<float*>(v.base);  // the kernel only reads the gradient pages
+    m.pair_stride = v.pair_stride;
+    m.v_offset = v.v_offset;
+    m.stride_token = v.stride_token;
+    m.stride_head = v.stride_head;
+    m.page_size = v.page_size;
+    m.kv_heads = v.kv_heads;
+    m.head_dim = v.head_dim;
+    return m;
+  }
+
+  /// One upload per window: [indptr 0, pages, last_page_len, (pad), ids ...] (the ids 16-byte
+  /// aligned) and, for the backward, the K/V id -> gradient page map of id_space entries (-1: none).
+  oomb::upload_ring::uploaded<std::int32_t> upload_window(const attention_chunk<bf16>& c, const window_table& w,
+                                                          bool grad_map) {
+    OOMB_EXPECTS(c.selection == nullptr,
+                 "cuda_backend: page-sparse attention is not supported yet (dense attention only)");
+    OOMB_EXPECTS(w.pages > 0 && w.ids != nullptr, "cuda_backend: a window of ", w.pages, " pages needs ids");
+    const std::size_t head = window_ids + static_cast<std::size_t>(w.pages);
+    host_ints_.assign(head + (grad_map ? static_cast<std::size_t>(w.id_space) : 0), -1);
+    host_ints_[0] = 0;
+    host_ints_[1] = w.pages;
+    host_ints_[2] = w.last_page_len;
+    for (std::int32_t i = 0; i < w.pages; ++i) {
+      host_ints_[window_ids + static_cast<std::size_t>(i)] = w.ids[i];
+      if (grad_map && w.grad_ids[i] >= 0) {
+        OOMB_EXPECTS(w.ids[i] >= 0 && w.ids[i] < w.id_space, "cuda_backend: page id ", w.ids[i], " outside the id space ",
+                     w.id_space);
+        host_ints_[head + static_cast<std::size_t>(w.ids[i])] = w.grad_ids[i];
+      }
+    }
+    return ring_.upload(host_ints_.data(), host_ints_.size(), compute());
+  }
+
+  static gpu::attention_args args(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
+                                  const window_table& w, const std::int32_t* table) {
+    gpu::attention_args a;
+    a.q = c.q;
+    a.q_start = c.q_start;
+    a.sq = c.sq;
+    a.hq = c.hq;
+    a.hkv = c.hkv;
+    a.d = c.d;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    a.kv.pool = kv;
+    a.kv.table.indptr = table;
+    a.kv.table.last_page_len = table + 2;
+    a.kv.table.indices = table + window_ids;
+    a.kv.table.num_seqs = 1;
+    a.kv.table.page_size = kv.page_size;
+    a.first_page = w.first_page;
+    a.window_pages = w.pages;
+    return a;
+  }
+
+  oomb::cuda_stream compute_, copy_in_, copy_out_;
+  oomb::device_resource far_;
+  gpu::ops::gemm_context gemm_;
+  oomb::upload_ring ring_;
+  gpu::device_buffer<std::int32_t> bad_;  // [3] device reports: bad token, target, page (-1: none)
+  gpu::device_buffer<double> loss_;       // the loss added since the last take
+  std::int32_t vocab_ = 0;                // of the last embedding_forward
+  std::vector<std::int32_t> host_ints_;   // the table being uploaded
+  // Scratch, grown on first use: fp32 copies of activation gradients and accumulators, the
+  // window's partial attention output, the attention delta, the head's normed rows, rstd and
+  // per-row loss/lse, and the ops' workspace.
+  gpu::device_buffer<float> f32_[3], o_w_, lse_w_, delta_, rstd_, rows_;
+  gpu::device_buffer<bf16> xf_;
+  gpu::device_buffer<unsigned char> work_;
+};
+
+static_assert(is_trainer_backend_v<cuda_backend>);
+
+}  // namespace oomb_trainer
