@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Draws the figures in docs/img/ from the raw JSON lines committed beside the benchmarks.
+
+    python3 tools/plot_results.py            # needs matplotlib (pip install matplotlib)
+
+attention_h200.png  bench/attention/results/<prefix>-{bench,sdpa}.jsonl: our paged forward and
+                    backward against cuDNN (torch SDPA) at each shape and past, medians with the
+                    min-max spread of the same call
+lm_head_h200.png    bench/trainer_ops/results/lm_head_*_tiling_curve.jsonl: time against
+                    workspace for the fused LM head + cross-entropy plans, materialised logits and
+                    PyTorch
+"""
+import argparse
+import json
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def attention(prefix, out):
+    ours = [r for r in rows(ROOT / f"bench/attention/results/{prefix}-bench.jsonl")
+            if "bwd_public_paged" in r["tflops_median_min_max"]]
+    sdpa = {(r["heads"], r["past"]): r for r in rows(ROOT / f"bench/attention/results/{prefix}-sdpa.jsonl")
+            if r["backend"] == "cuDNN"}
+    shapes = sorted({r["heads"] for r in ours}, reverse=True)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4), sharey=True)
+    for ax, shape in zip(axes, shapes):
+        mine = sorted((r for r in ours if r["heads"] == shape), key=lambda r: r["past"])
+        labels = [f"{r['past'] // 1024}K" for r in mine]
+        series = [
+            ("ours fwd", [r["tflops_median_min_max"]["fwd_paged"] for r in mine]),
+            ("cuDNN fwd", [sdpa[(shape, r["past"])]["tflops_median_min_max"]["fwd"] for r in mine]),
+            ("ours bwd", [r["tflops_median_min_max"]["bwd_public_paged"] for r in mine]),
+            ("cuDNN bwd", [sdpa[(shape, r["past"])]["tflops_median_min_max"]["bwd"] for r in mine]),
+        ]
+        width = 0.2
+        for k, (name, vals) in enumerate(series):
+            xs = [i + (k - 1.5) * width for i in range(len(labels))]
+            med = [v[0] for v in vals]
+            err = [[v[0] - v[1] for v in vals], [v[2] - v[0] for v in vals]]
+            ax.bar(xs, med, width, yerr=err, capsize=2, label=name)
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_title(f"{shape}, 4,096-token chunk vs past")
+        ax.set_xlabel("past keys")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("TFLOP/s (median of 5, min-max bars)")
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"Paged attention on one H200 against cuDNN in the same call ({prefix})")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def lm_head(out):
+    src = sorted((ROOT / "bench/trainer_ops/results").glob("lm_head_*_tiling_curve.jsonl"))[-1]
+    data = rows(src)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for model, marker in (("Qwen2.5-0.5B", "o"), ("Qwen2.5-7B", "s")):
+        ours = sorted((r for r in data if r["model"] == model and "workspace_bytes" in r),
+                      key=lambda r: r["workspace_bytes"])
+        ax.plot([r["workspace_bytes"] / 2**30 for r in ours], [r["median_ms"] for r in ours],
+                marker=marker, label=f"oomb {model} (fused plans, then materialised)")
+        torch = [r for r in data if r["model"] == model and r["variant"].startswith("torch")]
+        for r in torch:
+            ax.scatter([r["peak_above_inputs_bytes"] / 2**30], [r["median_ms"]], marker="x", s=60,
+                       color="black")
+            ax.annotate(f"PyTorch {model}", (r["peak_above_inputs_bytes"] / 2**30, r["median_ms"]),
+                        textcoords="offset points", xytext=(-60, 6), fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("workspace / peak memory above inputs (GiB)")
+    ax.set_ylabel("forward + backward, median ms")
+    ax.set_title("LM head + cross-entropy, 4,096 tokens, vocab 151,936, H200")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--attention-prefix", default="2026-12-01-final")
+    args = p.parse_args()
+    img = ROOT / "docs/img"
+    img.mkdir(exist_ok=True)
+    attention(args.attention_prefix, img / "attention_h200.png")
+    lm_head(img / "lm_head_h200.png")
+    print("wrote", img / "attention_h200.png", img / "lm_head_h200.png")
+
+
+if __name__ == "__main__":
+    main()
