@@ -162,6 +162,10 @@ class chunk_recurrent {
     return m;
   }
 
+  /// Sparse: the past pages each query tile attended in the last step, [chunk][layer] (the
+  /// selection_mask of full_sequence.hpp's reference); empty when dense.
+  const std::vector<oomb::sparse_page_table>& selections() const noexcept { return attn_.selections(); }
+
   /// Residency counters (offload only; zeros otherwise): K/V and gradient pages.
   oomb::residency_stats kv_residency() const { return attn_.kv().stats(); }
   oomb::residency_stats grad_residency() const { return attn_.grads().stats(); }

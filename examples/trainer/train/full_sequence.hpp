@@ -3,12 +3,17 @@
 //
 // Plain backprop over the whole sequence with every activation kept (memory O(N) per layer): what
 // a framework does without oomb, and the reference of the gradient-equivalence tests. It runs on
-// the CPU backend only: the oracle stays on the host.
+// the CPU backend only: the oracle stays on the host. Given a selection_mask (the page selections a
+// sparse chunk-recurrent step made), its attention sees only what the page-sparse path attends:
+// the reference for partial selections.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include <oomb/sparse/sparse_page_table.hpp>
 
 #include "trainer/backend/cpu_backend.hpp"
 #include "trainer/cpu/causal_attention.hpp"
@@ -18,11 +23,52 @@
 
 namespace oomb_trainer {
 
+/// The keys each query sees under page-sparse attention: query i of chunk c = i / chunk (tile
+/// t = (i - c * chunk) / tile) sees the keys of its own chunk causally and, before the chunk, the
+/// keys of the logical pages tile t of tables[c * layers + l] lists in layer l
+/// (chunk_recurrent::selections() after a sparse step, with that step's chunk, page and tile).
+struct selection_mask {
+  std::int32_t chunk = 0, page = 0, tile = 0, layers = 0;
+  std::vector<oomb::sparse_page_table> tables;  ///< [chunk][layer]
+
+  /// Throws invalid_argument unless the tables fit a sequence of n tokens of a model of `model_layers` layers.
+  void validate(std::int64_t n, std::int32_t model_layers) const {
+    OOMB_EXPECTS(layers == model_layers, "selection_mask: made for ", layers, " layers, the model has ", model_layers);
+    OOMB_EXPECTS(chunk > 0 && page > 0 && tile > 0 && chunk % page == 0, "selection_mask: chunk ", chunk, ", page ", page,
+                 ", tile ", tile, " must be positive, chunk a multiple of page");
+    const std::int64_t chunks = (n + chunk - 1) / chunk;
+    OOMB_EXPECTS(std::int64_t(tables.size()) == chunks * layers, "selection_mask: ", tables.size(), " tables for ", chunks,
+                 " chunks of ", layers, " layers");
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::int64_t rows = std::min<std::int64_t>(chunk, n - c * chunk);
+      for (std::int32_t l = 0; l < layers; ++l) {
+        const auto& t = tables[static_cast<std::size_t>(c * layers + l)];
+        OOMB_EXPECTS(t.num_tiles() == (rows + tile - 1) / tile, "selection_mask: chunk ", c, " layer ", l, " has ",
+                     t.num_tiles(), " tiles, its ", rows, " queries need ", (rows + tile - 1) / tile);
+        const std::int32_t last = t.num_entries() == 0 ? -1 : *std::max_element(t.indices().begin(), t.indices().end());
+        OOMB_EXPECTS(last < c * chunk / page, "selection_mask: chunk ", c, " layer ", l, " selects page ", last,
+                     ", not before the chunk");
+      }
+    }
+  }
+
+  /// Whether query i sees key j <= i in layer l.
+  bool visible(std::int32_t l, std::int64_t i, std::int64_t j) const {
+    const std::int64_t c = i / chunk;
+    if (j >= c * chunk) return true;
+    const auto [begin, end] = tables[static_cast<std::size_t>(c * layers + l)].tile(static_cast<std::int32_t>((i - c * chunk) / tile));
+    return std::binary_search(begin, end, static_cast<std::int32_t>(j / page));
+  }
+};
+
 /// Returns the sequence's loss (mean over counted targets) and ADDS its gradient into `grads`.
+/// With `mask`, attention sees only the keys it marks visible.
 template <class T>
-double full_sequence_loss_and_grad(const qwen2_params<T>& p, qwen2_params<T>& grads, const sequence& seq) {
+double full_sequence_loss_and_grad(const qwen2_params<T>& p, qwen2_params<T>& grads, const sequence& seq,
+                                   const selection_mask* mask = nullptr) {
   seq.validate();
   const auto& c = p.config();
+  if (mask) mask->validate(seq.size(), c.num_hidden_layers);
   using backend = cpu_backend<T>;
   backend be;
   const block_dims D(c);
@@ -32,6 +78,9 @@ double full_sequence_loss_and_grad(const qwen2_params<T>& p, qwen2_params<T>& gr
   const T scale = T(1) / T(counted);
   const auto rope = be.rope(0, N, D.d, c.rope_theta);
   const T attn_scale = T(1) / std::sqrt(T(D.d));
+  auto visible_in = [&](std::int32_t l) {
+    return [mask, l](std::int64_t i, std::int64_t j) { return mask->visible(l, i, j); };
+  };
 
   std::vector<T> x(static_cast<std::size_t>(N * D.H));
   be.embedding_forward(N, D.H, c.vocab_size, seq.tokens.data(), p.embed(), x.data());
@@ -40,8 +89,12 @@ double full_sequence_loss_and_grad(const qwen2_params<T>& p, qwen2_params<T>& gr
     auto& a = acts[static_cast<std::size_t>(l)];
     a.resize(N, D);
     block_forward(be, D, p.layer(l), rope, x.data(), a, [&](block_acts<backend>& b) {
-      cpu::causal_attention_forward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(), b.v.data(),
-                                    b.o.data(), b.lse.data());
+      if (mask)
+        cpu::masked_causal_attention_forward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(), b.v.data(),
+                                             b.o.data(), b.lse.data(), visible_in(l));
+      else
+        cpu::causal_attention_forward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(), b.v.data(),
+                                      b.o.data(), b.lse.data());
     });
   }
   std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
@@ -52,8 +105,13 @@ double full_sequence_loss_and_grad(const qwen2_params<T>& p, qwen2_params<T>& gr
   for (std::int32_t l = c.num_hidden_layers; l-- > 0;) {
     block_backward(be, D, p.layer(l), grads.layer(l), rope, acts[static_cast<std::size_t>(l)], dx.data(), bs,
                    [&](block_acts<backend>& b, const T* d_o, T* dq, T* dk, T* dv) {
-                     cpu::causal_attention_backward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(),
-                                                    b.v.data(), b.o.data(), b.lse.data(), d_o, dq, dk, dv);
+                     if (mask)
+                       cpu::masked_causal_attention_backward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(),
+                                                             b.v.data(), b.o.data(), b.lse.data(), d_o, dq, dk, dv,
+                                                             visible_in(l));
+                     else
+                       cpu::causal_attention_backward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(),
+                                                      b.v.data(), b.o.data(), b.lse.data(), d_o, dq, dk, dv);
                    });
   }
   be.embedding_backward(N, D.H, seq.tokens.data(), dx.data(), grads.embed());

@@ -225,6 +225,8 @@ class paged_attention {
   const page_tier<B, G>& grads() const noexcept { return *grad_; }
   const oomb::paged_kv_cache<E, far_resource>& cache() const noexcept { return *cache_; }
   const oomb::grad_mirror<G, far_resource>& mirror() const noexcept { return *mirror_; }
+  /// Sparse: the selections of the last step, [chunk][layer] (empty when dense).
+  const std::vector<oomb::sparse_page_table>& selections() const noexcept { return selections_; }
   /// Sums over tiles since construction: selected past pages, and past pages.
   std::int64_t pages_selected() const noexcept { return pages_selected_; }
   std::int64_t pages_candidate() const noexcept { return pages_candidate_; }
