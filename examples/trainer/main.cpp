@@ -1,4 +1,4 @@
-// oomb-train: chunk-recurrent training of a Qwen2 model on the CPU (see --help).
+// oomb-train: chunk-recurrent training of a Qwen2 model on the CPU or a GPU (see --help).
 // SPDX-License-Identifier: Apache-2.0
 #include <cstdio>
 #include <exception>
@@ -9,6 +9,23 @@
 
 #include "trainer/train/options.hpp"
 #include "trainer/train/run.hpp"
+
+#ifdef OOMB_TRAINER_CUDA
+oomb_trainer::device_loss_maker oomb_train_cuda_device();  // cuda_device.cu
+#endif
+
+namespace {
+
+/// What --device cuda runs on in this build (none without CUDA: training_run says so).
+oomb_trainer::device_loss_maker device_of_this_build() {
+#ifdef OOMB_TRAINER_CUDA
+  return oomb_train_cuda_device();
+#else
+  return {};
+#endif
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   oomb_trainer::train_options options;
@@ -26,7 +43,7 @@ int main(int argc, char** argv) {
     oomb_trainer::training_run run(options, [](const std::string& line) {
       fmt::print("{}\n", line);
       std::fflush(stdout);
-    });
+    }, device_of_this_build());
     run.run();
   } catch (const std::exception& e) {
     fmt::print(stderr, "oomb-train: error: {}\n", e.what());

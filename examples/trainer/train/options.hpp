@@ -34,6 +34,7 @@ struct train_options {
   std::int64_t stop_after = 0;  ///< stop (and save) after this many steps of this run; 0: run to --steps
   std::int32_t kv_keys = 8, kv_values = 6, kv_queries = 8;  ///< --synthetic kv-recall's shape
   bool full_backprop = false;
+  std::string device = "cpu";  ///< where loss and gradients are computed: "cpu" or "cuda"
   bool quiet = false;
   bool help = false;
 
@@ -41,13 +42,13 @@ struct train_options {
 };
 
 inline const char* help_text() {
-  return R"(oomb-train — chunk-recurrent training of a Qwen2 model on the CPU, with oomb's paged KV cache,
+  return R"(oomb-train — chunk-recurrent training of a Qwen2 model on the CPU (or a GPU: --device), with oomb's paged KV cache,
 gradient mirror, offload (far tier: host pool, near tier: fixed slots) and page-sparse attention.
 
 usage: oomb-train --config model.json (--data tokens.bin | --synthetic NAME) --seq-len N --chunk C
                   --page P [--sparse-budget B --sink S --local L] [--offload --near-pages K]
                   --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
-                  [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop]
+                  [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop] [--device cpu|cuda]
 
 model and data
   --config FILE         HF config.json of a Qwen2 model (configs/tiny.json, configs/qwen2.5-0.5b.json, ...)
@@ -76,6 +77,11 @@ sequence and memory
                         (default: twice a chunk's pages; at least a chunk's pages)
   --window-pages W      pages per attention window (default: K/2 with --offload, all without)
   --full-backprop       plain full-sequence backprop instead (the baseline; no oomb)
+
+device
+  --device D            cpu (default) or cuda: where loss and gradients are computed. cuda needs a
+                        CUDA build and a GPU, dense attention in place (no --offload, --sparse-budget
+                        or --full-backprop) and head_dim 64 or 128; the optimizer step runs on the host
 
 optimisation
   --steps S             optimizer steps in all (the schedule's length; a resumed run continues to S)
@@ -159,6 +165,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--kv-values") o.kv_values = i32(2);
     else if (f == "--kv-queries") o.kv_queries = i32(1);
     else if (f == "--full-backprop") o.full_backprop = true;
+    else if (f == "--device") o.device = value();
     else if (f == "--quiet") o.quiet = true;
     else OOMB_FAIL(oomb::invalid_argument, "unknown option '", f, "' (see --help)");
   }
@@ -174,6 +181,9 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(o.lr >= 0, "--lr must be >= 0, got ", o.lr);
   OOMB_EXPECTS(o.warmup <= o.steps, "--warmup ", o.warmup, " is longer than --steps ", o.steps);
   OOMB_EXPECTS(!o.full_backprop || (!o.sparse && !o.offload), "--full-backprop runs neither sparse attention nor offload");
+  OOMB_EXPECTS(o.device == "cpu" || o.device == "cuda", "--device: unknown device '", o.device, "' (known: cpu, cuda)");
+  OOMB_EXPECTS(o.device == "cpu" || (!o.offload && !o.sparse && !o.full_backprop), "--device cuda runs chunk-recurrent ",
+               "dense attention over pages in place only (not yet: --offload, --sparse-budget, --full-backprop)");
   if (o.offload && o.near_pages == 0 && o.chunk > 0 && o.page > 0) o.near_pages = 2 * (o.chunk / o.page);
   return o;
 }

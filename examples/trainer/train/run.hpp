@@ -55,14 +55,37 @@ inline std::string human_bytes(double b) {
   return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
 }
 
+/// One sequence's loss and gradient computed on a device other than the host: the weights and
+/// the gradient cross as host float models, so clipping, AdamW and checkpoints stay the host's.
+class device_loss {
+ public:
+  virtual ~device_loss() = default;
+  /// Loss of `seq` (mean over counted targets); `grads` = its gradient (overwritten, not added).
+  virtual double loss_and_grad(const qwen2_params<float>& p, qwen2_params<float>& grads, const sequence& seq,
+                               const std::function<void(const chunk_progress&)>& progress) = 0;
+  virtual chunk_step_stats last_stats() const = 0;
+  virtual tier_memory memory() const = 0;
+};
+
+/// How a build reaches a device (train/cuda_loss.cuh's cuda_device_loss() for --device cuda).
+struct device_loss_maker {
+  std::string name;  ///< the --device value it serves
+  /// Throws, naming what is missing, unless the device can run `c` (called before any allocation).
+  std::function<void(const model_config& c)> require;
+  std::function<std::unique_ptr<device_loss>(const model_config&, const chunk_options&, std::int64_t max_tokens)> make;
+};
+
 /// A training run of a float model (see options.hpp for what each option means).
 class training_run {
   using T = float;
 
  public:
-  /// `print` receives the human-readable lines (one per step, plus progress when enabled).
-  explicit training_run(train_options o, std::function<void(const std::string&)> print = {})
-      : o_(std::move(o)), print_(std::move(print)), cfg_(load_model_config(o_.config)), params_(cfg_), grads_(cfg_),
+  /// `print` receives the human-readable lines (one per step, plus progress when enabled);
+  /// `device` runs loss and gradients when --device is not cpu (empty: this build has none).
+  explicit training_run(train_options o, std::function<void(const std::string&)> print = {},
+                        device_loss_maker device = {})
+      : o_(std::move(o)), print_(std::move(print)), device_maker_(std::move(device)),
+        cfg_(checked_config(o_, device_maker_)), params_(cfg_), grads_(cfg_),
         optimizer_(params_.named(), adam_options(o_)),
         schedule_(o_.lr, o_.effective_min_lr(), o_.warmup, o_.steps) {
     namespace fs = std::filesystem;
@@ -101,7 +124,10 @@ class training_run {
       co.sink = o_.sink;
       co.local = o_.local;
       co.tile = o_.tile;
-      chunked_ = std::make_unique<chunk_recurrent<cpu_backend<T>, oomb::belady_eviction>>(cfg_, co, o_.seq_len);
+      if (o_.device == "cpu")
+        chunked_ = std::make_unique<chunk_recurrent<cpu_backend<T>, oomb::belady_eviction>>(cfg_, co, o_.seq_len);
+      else
+        device_ = device_maker_.make(cfg_, co, o_.seq_len);
     }
     fs::create_directories(o_.out);
     log_.open(fs::path(o_.out) / "log.jsonl", std::ios::app);
@@ -138,6 +164,11 @@ class training_run {
       r.loss = chunked_->loss_and_grad(params_, grads_, seq, [&](const chunk_progress& p) { progress(p); });
       r.chunked = chunked_->last_stats();
       r.memory = chunked_->memory();
+    } else if (device_) {
+      last_progress_ = t0;
+      r.loss = device_->loss_and_grad(params_, grads_, seq, [&](const chunk_progress& p) { progress(p); });
+      r.chunked = device_->last_stats();
+      r.memory = device_->memory();
     } else {
       r.loss = full_sequence_loss_and_grad(params_, grads_, seq);
     }
@@ -169,13 +200,13 @@ class training_run {
       grad_high = std::max(grad_high, r.chunked.grad_pages_high_water);
       ++taken;
     }
-    if (print_ && chunked_) print_(memory_summary(kv_high, grad_high));
+    if (print_ && !o_.full_backprop) print_(memory_summary(kv_high, grad_high));
     save();
   }
 
   /// Memory per tier after a run: what the README's demo prints last.
   std::string memory_summary(std::int32_t kv_high, std::int32_t grad_high) const {
-    const tier_memory m = chunked_->memory();
+    const tier_memory m = chunked_ ? chunked_->memory() : device_->memory();
     std::string near = o_.offload ? fmt::format("{} K/V + {} gradient slots = {} (fixed)", m.near_kv_slots, m.near_grad_slots,
                                                 human_bytes(double(m.near_bytes)))
                                   : std::string("none (attention reads the far tier in place)");
@@ -203,14 +234,25 @@ class training_run {
                                         : fmt::format("chunk-recurrent, chunk {} tokens, page {} tokens", o_.chunk, o_.page);
     if (o_.sparse) mode += fmt::format(", sparse (budget {} + sink {} + local {} pages per {}-query tile)", o_.budget, o_.sink, o_.local, o_.tile);
     if (o_.offload) mode += fmt::format(", offload (near tier {} + {} slots)", o_.near_pages, o_.near_pages);
+    const std::string device = o_.device == "cpu" ? "cpu" : o_.device + " (loss and gradients; clip and AdamW on the host)";
     return fmt::format("oomb-train: {} layers, hidden {}, {} heads / {} KV heads, vocab {}, {} parameters\n"
-                       "  {} tokens per step, {}\n  data: {}; steps {} from {}",
+                       "  device: {}\n  {} tokens per step, {}\n  data: {}; steps {} from {}",
                        c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size,
-                       parameter_count(params_.layout()), o_.seq_len, mode,
+                       parameter_count(params_.layout()), device, o_.seq_len, mode,
                        o_.synthetic.empty() ? o_.data : "synthetic " + o_.synthetic, o_.steps, step_);
   }
 
  private:
+  /// The model's config, once the device asked for is known to run it (before anything is allocated).
+  static model_config checked_config(const train_options& o, const device_loss_maker& device) {
+    model_config c = load_model_config(o.config);
+    if (o.device == "cpu") return c;
+    OOMB_EXPECTS(device.name == o.device && device.require && device.make, "--device ", o.device,
+                 ": this oomb-train was built without CUDA (configure with -DOOMB_ENABLE_CUDA=ON); use --device cpu");
+    device.require(c);
+    return c;
+  }
+
   static adamw_options adam_options(const train_options& o) {
     adamw_options a;
     a.weight_decay = o.weight_decay;
@@ -235,7 +277,7 @@ class training_run {
     if (print_) {
       std::string line = fmt::format("step {:>5}/{} | {} {:.4f} | {:>8.0f} tok/s | {:.2f} s", r.step + 1, o_.steps, loss_name,
                                      r.loss, r.tokens_per_second, r.seconds);
-      if (chunked_) {
+      if (!o_.full_backprop) {
         line += fmt::format(" | near {} pages ({}) | far {} pages ({})", near, human_bytes(double(m.near_bytes)), far,
                             human_bytes(double(s.kv_pages_high_water) * double(m.kv_pair_bytes) +
                                         double(s.grad_pages_high_water) * double(m.grad_pair_bytes)));
@@ -252,7 +294,7 @@ class training_run {
                         {"tokens", r.tokens},
                         {"seconds", r.seconds},
                         {"tokens_per_second", r.tokens_per_second}};
-    if (chunked_) {
+    if (!o_.full_backprop) {
       j["stage1_seconds"] = s.stage1_seconds;
       j["stage2_seconds"] = s.stage2_seconds;
       j["near_pages"] = near;
@@ -274,6 +316,7 @@ class training_run {
 
   train_options o_;
   std::function<void(const std::string&)> print_;
+  device_loss_maker device_maker_;
   model_config cfg_;
   qwen2_params<T> params_, grads_;
   adamw<T> optimizer_;
@@ -283,6 +326,7 @@ class training_run {
   std::optional<kv_recall> task_;
   std::optional<token_windows> tokens_;
   std::unique_ptr<chunk_recurrent<cpu_backend<T>, oomb::belady_eviction>> chunked_;
+  std::unique_ptr<device_loss> device_;
   std::ofstream log_;
   bool dumped_ = false;
   std::chrono::steady_clock::time_point last_progress_{};

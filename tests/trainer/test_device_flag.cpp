@@ -1,0 +1,119 @@
+// oomb-train's --device: parsed and checked before anything is allocated, the banner names the
+// device, and training_run's device path (device_loss) runs the same loop as the CPU one.
+// SPDX-License-Identifier: Apache-2.0
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "trainer/backend/cpu_backend.hpp"
+#include "trainer/train/chunk_recurrent.hpp"
+#include "trainer/train/options.hpp"
+#include "trainer/train/run.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> minimal{"--config", "c.json", "--synthetic", "kv-recall", "--seq-len", "64",
+                                       "--chunk", "16", "--steps", "3", "--out", "o"};
+
+std::vector<std::string> with(std::vector<std::string> extra) {
+  auto a = minimal;
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+fs::path fresh_dir(const std::string& tag) {
+  std::random_device rd;
+  return fs::temp_directory_path() / ("oomb-device-flag-" + tag + "-" + std::to_string(rd()));
+}
+
+oomb_trainer::train_options tiny_run(const fs::path& out, const std::string& device) {
+  auto o = oomb_trainer::parse_train_options(
+      {"--config", std::string(OOMB_TRAINER_SOURCE_DIR) + "/configs/tiny.json", "--synthetic", "kv-recall", "--seq-len",
+       "64", "--chunk", "16", "--steps", "3", "--out", out.string(), "--quiet", "--device", device});
+  return o;
+}
+
+/// A "device" that is the CPU backend behind device_loss: the plumbing alone, checkable anywhere.
+class host_device_loss final : public oomb_trainer::device_loss {
+ public:
+  host_device_loss(const oomb_trainer::model_config& c, const oomb_trainer::chunk_options& o, std::int64_t n)
+      : trainer_(c, o, n) {}
+  double loss_and_grad(const oomb_trainer::qwen2_params<float>& p, oomb_trainer::qwen2_params<float>& g,
+                       const oomb_trainer::sequence& seq,
+                       const std::function<void(const oomb_trainer::chunk_progress&)>& progress) override {
+    g.zero();
+    return trainer_.loss_and_grad(p, g, seq, progress);
+  }
+  oomb_trainer::chunk_step_stats last_stats() const override { return trainer_.last_stats(); }
+  oomb_trainer::tier_memory memory() const override { return trainer_.memory(); }
+
+ private:
+  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>, oomb::belady_eviction> trainer_;
+};
+
+}  // namespace
+
+TEST_CASE("--device: cpu by default, cuda accepted by the parser, anything else and cuda's unsupported modes named") {
+  using oomb_trainer::parse_train_options;
+  CHECK(parse_train_options(minimal).device == "cpu");
+  CHECK(parse_train_options(with({"--device", "cuda"})).device == "cuda");
+  CHECK_THROWS_WITH_AS(parse_train_options(with({"--device", "tpu"})), doctest::Contains("unknown device 'tpu' (known: cpu, cuda)"),
+                       oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(with({"--device"})), doctest::Contains("--device needs a value"),
+                       oomb::invalid_argument);
+  for (const auto& extra : std::vector<std::vector<std::string>>{{"--offload"}, {"--sparse-budget", "2"}, {"--full-backprop"}}) {
+    auto args = with({"--device", "cuda"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    CHECK_THROWS_WITH_AS(parse_train_options(args), doctest::Contains("not yet: --offload, --sparse-budget, --full-backprop"),
+                         oomb::invalid_argument);
+  }
+  CHECK(parse_train_options(with({"--offload"})).device == "cpu");  // the CPU keeps every mode
+}
+
+TEST_CASE("--device cuda without a device of this build is refused before anything is allocated or written") {
+  const fs::path out = fresh_dir("none");
+  CHECK_THROWS_WITH_AS(oomb_trainer::training_run(tiny_run(out, "cuda")), doctest::Contains("built without CUDA"),
+                       oomb::invalid_argument);
+  // A device whose check fails (no GPU, an unsupported head_dim): its message, and nothing written.
+  oomb_trainer::device_loss_maker absent;
+  absent.name = "cuda";
+  absent.require = [](const oomb_trainer::model_config& c) {
+    OOMB_EXPECTS(c.head_dim == 64, "test device: head_dim ", c.head_dim, " is not supported");
+  };
+  absent.make = [](const oomb_trainer::model_config&, const oomb_trainer::chunk_options&,
+                   std::int64_t) -> std::unique_ptr<oomb_trainer::device_loss> { return nullptr; };
+  CHECK_THROWS_WITH_AS(oomb_trainer::training_run(tiny_run(out, "cuda"), {}, absent),
+                       doctest::Contains("head_dim 16 is not supported"), oomb::invalid_argument);
+  CHECK_FALSE(fs::exists(out));
+}
+
+TEST_CASE("--device: the device path runs the same loop (same losses as the CPU run) and the banner names it") {
+  const fs::path a = fresh_dir("cpu"), b = fresh_dir("dev");
+  oomb_trainer::device_loss_maker host;
+  host.name = "cuda";
+  host.require = [](const oomb_trainer::model_config&) {};
+  host.make = [](const oomb_trainer::model_config& c, const oomb_trainer::chunk_options& o, std::int64_t n)
+      -> std::unique_ptr<oomb_trainer::device_loss> { return std::make_unique<host_device_loss>(c, o, n); };
+  oomb_trainer::training_run cpu(tiny_run(a, "cpu"));
+  oomb_trainer::training_run dev(tiny_run(b, "cuda"), {}, host);
+  CHECK(cpu.banner().find("device: cpu\n") != std::string::npos);
+  CHECK(dev.banner().find("device: cuda (loss and gradients; clip and AdamW on the host)") != std::string::npos);
+  while (!cpu.done()) {
+    const auto x = cpu.step();
+    const auto y = dev.step();
+    CHECK(x.loss == y.loss);  // the same float computation behind either path
+    CHECK(x.grad_norm == y.grad_norm);
+    CHECK(y.chunked.kv_pages_high_water == x.chunked.kv_pages_high_water);
+  }
+  dev.save();
+  CHECK(fs::exists(b / "checkpoint" / "model.safetensors"));
+  std::error_code ec;
+  fs::remove_all(a, ec);
+  fs::remove_all(b, ec);
+}
