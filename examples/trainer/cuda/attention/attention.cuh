@@ -411,7 +411,7 @@ inline void attention_merge(std::int32_t sq, std::int32_t hq, std::int32_t d, fl
   OOMB_EXPECTS(sq > 0 && hq > 0 && d > 0, "attention_merge: sizes must be positive, got sq ", sq, ", hq ", hq, ", d ", d);
   OOMB_EXPECTS(o_acc && lse_acc && o && lse, "attention_merge: null pointer");
   const std::int64_t threads = std::int64_t(sq) * hq * 32;
-  detail::attention_merge_kernel<<<(threads + 255) / 256, 256, 0, stream>>>(sq, hq, d, o_acc, lse_acc, o, lse);
+  detail::attention_merge_kernel<><<<(threads + 255) / 256, 256, 0, stream>>>(sq, hq, d, o_acc, lse_acc, o, lse);
   detail::check_launch("attention_merge");
 }
 

@@ -436,6 +436,7 @@ __global__ void attention_delta_kernel(std::int32_t sq, std::int32_t hq, std::in
 }
 
 /// Folds one window's (o, lse) into the accumulator (o_acc, lse_acc) by log-sum-exp; one warp a row.
+template <int = 0>  // a template: every translation unit may include this header
 __global__ void attention_merge_kernel(std::int32_t sq, std::int32_t hq, std::int32_t d, float* __restrict__ o_acc,
                                        float* __restrict__ lse_acc, const float* __restrict__ o,
                                        const float* __restrict__ lse) {
