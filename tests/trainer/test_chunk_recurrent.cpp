@@ -38,20 +38,6 @@ run_out run_chunked(const qwen2_params<double>& p, const oomb_trainer::sequence&
   return r;
 }
 
-/// Worst norm-wise relative error over the parameter tensors.
-double worst_tensor_error(const qwen2_params<double>& p, const std::vector<double>& a, const std::vector<double>& b,
-                          std::string* which) {
-  double worst = 0;
-  for (const auto& e : p.layout().entries()) {
-    const double err = trainer_test::rel_err(a.data() + e.offset, b.data() + e.offset, e.numel);
-    if (err > worst) {
-      worst = err;
-      if (which) *which = e.name;
-    }
-  }
-  return worst;
-}
-
 }  // namespace
 
 TEST_CASE("chunk-recurrent: gradients equal full-sequence backprop; offload is bit-exact; sparse-all is dense") {
@@ -85,7 +71,7 @@ TEST_CASE("chunk-recurrent: gradients equal full-sequence backprop; offload is b
           opt.window_pages = 2;  // several windows per layer
           const run_out plain = run_chunked(p, seq, opt);
           std::string which;
-          const double err = worst_tensor_error(p, plain.grads, full, &which);
+          const double err = trainer_test::worst_tensor_error(p, plain.grads, full, &which);
           CAPTURE(which);
           CHECK(err <= 1e-10);
           CHECK(std::abs(plain.loss - loss_full) <= 1e-12 * std::abs(loss_full));
@@ -130,7 +116,7 @@ TEST_CASE("chunk-recurrent: one window per layer, token-major pages, and offload
   opt.page = 16;
   opt.layout = oomb::kv_layout::token_major;
   const run_out one = run_chunked(p, seq, opt);
-  CHECK(worst_tensor_error(p, one.grads, full, nullptr) <= 1e-10);
+  CHECK(trainer_test::worst_tensor_error(p, one.grads, full, nullptr) <= 1e-10);
 
   // A real sparse selection (1 sink + 1 local + 1 scored page of up to 9 past pages), with and
   // without offload: identical bits, and a gradient error against dense that is reported.
@@ -146,7 +132,7 @@ TEST_CASE("chunk-recurrent: one window per layer, token-major pages, and offload
   spo.near_pages = 4;
   const run_out sparse_off = run_chunked(p, seq, spo);
   CHECK(trainer_test::same_bits(sparse_off.grads, sparse.grads));
-  const double err = worst_tensor_error(p, sparse.grads, full, nullptr);
+  const double err = trainer_test::worst_tensor_error(p, sparse.grads, full, nullptr);
   CHECK(err > 1e-6);  // a real approximation, not dense in disguise
   MESSAGE("sparse (budget 1, sink 1, local 1, 3 of up to 9 past pages) vs dense: worst tensor gradient error ", err,
           ", loss ", sparse.loss, " vs ", one.loss);
@@ -257,7 +243,7 @@ TEST_CASE("chunk-recurrent: bf16 K/V pages and fp32 gradient pages: offload and 
   // K and V rounded to bf16 (2^-9 = 2e-3 relative per element) and past pages' dK/dV summed in
   // fp32 (1e-7): the gradients move by a few units of bf16 rounding against double (7.7e-3
   // measured; the bound is 10 units), not by 1e-10 (the rounding happened) and not by 1.
-  const double err = worst_tensor_error(p, plain, full, nullptr);
+  const double err = trainer_test::worst_tensor_error(p, plain, full, nullptr);
   CHECK(err > 1e-6);
   CHECK(err < 2e-2);
   CHECK(std::abs(loss - loss_full) < 1e-2 * std::abs(loss_full));

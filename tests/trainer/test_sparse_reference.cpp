@@ -59,20 +59,6 @@ reference run_full(const qwen2_params<double>& p, const oomb_trainer::sequence& 
   return r;
 }
 
-/// Worst norm-wise relative error over the parameter tensors.
-double worst_tensor_error(const qwen2_params<double>& p, const std::vector<double>& a, const std::vector<double>& b,
-                          std::string* which) {
-  double worst = 0;
-  for (const auto& e : p.layout().entries()) {
-    const double err = trainer_test::rel_err(a.data() + e.offset, b.data() + e.offset, e.numel);
-    if (err > worst) {
-      worst = err;
-      if (which) *which = e.name;
-    }
-  }
-  return worst;
-}
-
 /// The mask with one selected page of one tile swapped for a past page the tile did not select
 /// (the last tile of the last chunk, layer 0, that has both).
 selection_mask swap_one_page(const selection_mask& m) {
@@ -144,7 +130,7 @@ TEST_CASE("sparse reference: chunk-recurrent sparse gradients equal the full seq
         CHECK(sparse.mask.tables.back().num_entries() == 3);
         const reference masked = run_full(p, seq, &sparse.mask);
         std::string which;
-        const double err = worst_tensor_error(p, sparse.grads, masked.grads, &which);
+        const double err = trainer_test::worst_tensor_error(p, sparse.grads, masked.grads, &which);
         CAPTURE(which);
         CHECK(err <= 1e-10);
         CHECK(std::abs(sparse.loss - masked.loss) <= 1e-12 * std::abs(masked.loss));
@@ -158,17 +144,17 @@ TEST_CASE("sparse reference: chunk-recurrent sparse gradients equal the full seq
         CHECK(streamed.stats.bytes_to_near > 0);
         CHECK(streamed.loss == sparse.loss);
         CHECK(trainer_test::same_bits(streamed.grads, sparse.grads));
-        CHECK(worst_tensor_error(p, streamed.grads, masked.grads, nullptr) <= 1e-10);
+        CHECK(trainer_test::worst_tensor_error(p, streamed.grads, masked.grads, nullptr) <= 1e-10);
 
         // The equality is meaningful: the masked reference is far from dense ...
         const reference dense = run_full(p, seq, nullptr);
-        const double from_dense = worst_tensor_error(p, masked.grads, dense.grads, nullptr);
+        const double from_dense = trainer_test::worst_tensor_error(p, masked.grads, dense.grads, nullptr);
         CHECK(from_dense > 1e-3);
         closest_to_dense = std::min(closest_to_dense, from_dense);
         // ... and one page swapped in one tile of one layer moves it far beyond the tolerance.
         const selection_mask swapped = swap_one_page(sparse.mask);
         const reference other = run_full(p, seq, &swapped);
-        const double from_swap = worst_tensor_error(p, other.grads, sparse.grads, nullptr);
+        const double from_swap = trainer_test::worst_tensor_error(p, other.grads, sparse.grads, nullptr);
         CHECK(from_swap > 1e-6);
         smallest_swap = std::min(smallest_swap, from_swap);
       }

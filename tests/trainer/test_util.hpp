@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace trainer_test {
@@ -34,6 +35,22 @@ double rel_err(const A* a, const B* b, std::size_t n) {
 template <class A, class B>
 double rel_err(const std::vector<A>& a, const std::vector<B>& b) {
   return a.size() != b.size() ? INFINITY : rel_err(a.data(), b.data(), a.size());
+}
+
+/// Worst norm-wise relative error over the parameter tensors of `params`' layout (a and b hold
+/// whole gradient vectors in that layout); `which` names the tensor.
+template <class Params>
+double worst_tensor_error(const Params& params, const std::vector<double>& a, const std::vector<double>& b,
+                          std::string* which) {
+  double worst = 0;
+  for (const auto& e : params.layout().entries()) {
+    const double err = rel_err(a.data() + e.offset, b.data() + e.offset, e.numel);
+    if (err > worst) {
+      worst = err;
+      if (which) *which = e.name;
+    }
+  }
+  return worst;
 }
 
 template <class T>
