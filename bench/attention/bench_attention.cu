@@ -104,22 +104,39 @@ double time_fwd(const device_problem& dp, int split, int reps) {
   return median_ms(1, reps, [&] { gpu::detail::launch_forward<Cfg>(a, o.p, lse.p, nullptr, split); });
 }
 
+/// What a timed backward reads and writes: the forward's output and LSE, delta, and the
+/// gradients (zeroed), the past's gradient pages seen through `grads`.
+struct backward_buffers {
+  dev<oomb::bf16> o;
+  dev<float> lse, delta, dq, dk, dv, g;
+  oomb::grad_mirror_view<float> grads;
+  explicit backward_buffers(const device_problem& dp)
+      : o(dp.h.q.size()),
+        lse(std::size_t(dp.h.c.sq) * dp.h.c.hq),
+        delta(lse.n),
+        dq(dp.h.q.size()),
+        dk(std::size_t(dp.h.c.sq) * dp.h.c.hkv * dp.h.c.d),
+        dv(dk.n),
+        g(std::size_t(std::int64_t(dp.h.n_grad) * dp.h.shape.pair_elements())),
+        grads(dp.grads(g.p)) {
+    dq.fill_bytes(0);
+    dk.fill_bytes(0);
+    dv.fill_bytes(0);
+    g.fill_bytes(0);
+  }
+};
+
 /// Times one backward tile shape (delta included) with a forced query split and walk order (0: the
 /// launcher's choice).
 template <class Cfg>
 double time_bwd(const device_problem& dp, int split, int reps, int order = 0) {
   const auto a = dp.args();
   const auto& c = dp.h.c;
-  const std::size_t qn = dp.h.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
-  const std::size_t gn = std::size_t(std::int64_t(dp.h.n_grad) * dp.h.shape.pair_elements());
-  dev<oomb::bf16> o(qn);
-  dev<float> lse(ln), delta(ln), dq(qn), dk(kn), dv(kn), g(gn);
-  dq.fill_bytes(0);
-  dk.fill_bytes(0);
-  dv.fill_bytes(0);
-  g.fill_bytes(0);
+  backward_buffers buf(dp);
+  auto& o = buf.o;
+  auto &lse = buf.lse, &delta = buf.delta, &dq = buf.dq, &dk = buf.dk, &dv = buf.dv;
+  const auto& grads = buf.grads;
   gpu::attention_forward(a, o.p, lse.p, nullptr);
-  const auto grads = dp.grads(g.p);
   return median_ms(1, reps, [&] {
     gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
     gpu::detail::launch_backward<Cfg>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, split, order);
@@ -139,15 +156,10 @@ result time_one(const problem& p, int reps, bool alt) {
   device_problem dp(p);
   const auto a = dp.args();
   const auto& c = p.c;
-  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
-  const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * p.shape.pair_elements());
-  dev<oomb::bf16> o(qn);
-  dev<float> lse(ln), delta(ln), dq(qn), dk(kn), dv(kn), g(gn);
-  dq.fill_bytes(0);
-  dk.fill_bytes(0);
-  dv.fill_bytes(0);
-  g.fill_bytes(0);
-  const auto grads = dp.grads(g.p);
+  backward_buffers buf(dp);
+  auto& o = buf.o;
+  auto &lse = buf.lse, &delta = buf.delta, &dq = buf.dq, &dk = buf.dk, &dv = buf.dv, &g = buf.g;
+  const auto& grads = buf.grads;
   result r{};
   const gpu::forward_kernels chosen = gpu::get_forward_kernels();
   gpu::set_forward_kernels(gpu::forward_kernels::portable);
@@ -284,15 +296,10 @@ std::pair<timing, timing> time_sparse(const problem& p, int reps) {
   device_problem dp(p);
   const auto a = dp.args();
   const auto& c = p.c;
-  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
-  const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * p.shape.pair_elements());
-  dev<oomb::bf16> o(qn);
-  dev<float> lse(ln), delta(ln), dq(qn), dk(kn), dv(kn), g(gn);
-  dq.fill_bytes(0);
-  dk.fill_bytes(0);
-  dv.fill_bytes(0);
-  g.fill_bytes(0);
-  const auto grads = dp.grads(g.p);
+  backward_buffers buf(dp);
+  auto& o = buf.o;
+  auto &lse = buf.lse, &delta = buf.delta, &dq = buf.dq, &dk = buf.dk, &dv = buf.dv;
+  const auto& grads = buf.grads;
   const timing f = time_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
   const timing b = time_ms(1, reps, [&] {
     gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
