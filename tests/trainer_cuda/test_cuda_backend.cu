@@ -1,7 +1,9 @@
 // The CUDA trainer backend (examples/trainer/backend/cuda_backend.cuh) against the CPU backend:
 // chunk_recurrent<cuda_backend> and chunk_recurrent<cpu_backend<double>> on the same weights (the
 // bf16 values, exactly) and tokens give the same loss and parameter gradients within what bf16
-// explains, and the backend refuses what it does not support yet (offload, sparse).
+// explains — with the pages in place in device memory (cuda_backend) and streamed from pinned
+// homes through device slots (cuda_offload_backend) — and the backend refuses what it does not
+// support (offload with device homes, pinned homes in place, sparse).
 // SPDX-License-Identifier: Apache-2.0
 //
 // Tolerances (norm-wise relative, ||gpu - cpu|| / ||cpu|| per tensor): the GPU rounds every
@@ -31,6 +33,7 @@ using oomb_trainer::chunk_options;
 using oomb_trainer::chunk_recurrent;
 using oomb_trainer::cpu_backend;
 using oomb_trainer::cuda_backend;
+using oomb_trainer::cuda_offload_backend;
 using oomb_trainer::model_config;
 using oomb_trainer::qwen2_params;
 
@@ -51,6 +54,7 @@ qwen2_params<double> bf16_weights(const model_config& c, std::uint64_t seed) {
   return p;
 }
 
+template <class Backend = cuda_backend>
 void compare(const model_config& cfg, const chunk_options& opt, std::int64_t tokens, bool masked, std::uint64_t seed) {
   const qwen2_params<double> host = bf16_weights(cfg, seed);
   const oomb_trainer::sequence seq = trainer_test::random_sequence(tokens, cfg.vocab_size, seed + 1, masked);
@@ -62,8 +66,12 @@ void compare(const model_config& cfg, const chunk_options& opt, std::int64_t tok
   oomb_trainer::gpu::device_params<oomb::bf16> weights(cfg);
   oomb_trainer::gpu::copy_to_device(host, weights);
   oomb_trainer::gpu::device_params<float> grads(cfg);
-  chunk_recurrent<cuda_backend> gpu(cfg, opt, tokens);
+  chunk_recurrent<Backend> gpu(cfg, opt, tokens);
   const double gpu_loss = gpu.loss_and_grad(weights, grads, seq);
+  if (opt.offload) {  // pages really moved, both ways
+    CHECK(gpu.last_stats().bytes_to_near > 0);
+    CHECK(gpu.last_stats().bytes_to_far > 0);
+  }
   qwen2_params<double> gpu_grads(cfg);
   oomb_trainer::gpu::copy_to_host(grads, gpu_grads);
 
@@ -78,6 +86,11 @@ void compare(const model_config& cfg, const chunk_options& opt, std::int64_t tok
     ops_test::expect_close(want[i].name.c_str(), err, grad_tolerance);
   }
   MESSAGE("largest gradient error " << worst);
+}
+
+template <class Backend>
+void build(const model_config& cfg, const chunk_options& opt) {
+  chunk_recurrent<Backend> trainer(cfg, opt, 64);
 }
 
 }  // namespace
@@ -106,17 +119,40 @@ TEST_CASE("cuda backend: one window per layer (window_pages 0), token-major page
   compare(config(4, 2, /*tied=*/false), opt, /*tokens=*/150, /*masked=*/false, 37);
 }
 
-TEST_CASE("cuda backend: offload and sparse attention are refused, naming what is supported") {
+TEST_CASE("cuda backend, offload: pinned homes streamed through 4 device slots, GQA group 2, tied, a partial last chunk") {
+  chunk_options opt;
+  opt.chunk = 32;
+  opt.page = 16;
+  opt.offload = true;
+  opt.near_pages = 4;  // two-page windows: one computing while the next streams in
+  compare<cuda_offload_backend>(config(4, 2, /*tied=*/true), opt, /*tokens=*/80, /*masked=*/false, 11);
+}
+
+TEST_CASE("cuda backend, offload: GQA group 7, untied, more slots than a window, token-major pages, a loss mask") {
+  chunk_options opt;
+  opt.chunk = 32;
+  opt.page = 16;
+  opt.layout = oomb::kv_layout::token_major;
+  opt.offload = true;
+  opt.near_pages = 7;
+  opt.window_pages = 3;
+  compare<cuda_offload_backend>(config(7, 1, /*tied=*/false), opt, /*tokens=*/150, /*masked=*/true, 23);
+}
+
+TEST_CASE("cuda backend: offload with device homes, pinned homes in place and sparse attention are refused") {
   const model_config cfg = config(4, 2, true);
   chunk_options opt;
   opt.chunk = 32;
   opt.page = 16;
   opt.offload = true;
   opt.near_pages = 4;
-  auto build = [&] { chunk_recurrent<cuda_backend> trainer(cfg, opt, 64); };
-  CHECK_THROWS_WITH_AS(build(), doctest::Contains("offload is not supported"), oomb::invalid_argument);
+  using in_place = oomb_trainer::basic_cuda_backend<oomb::device_resource>;
+  using pinned = oomb_trainer::basic_cuda_backend<oomb::pinned_resource>;
+  CHECK_THROWS_WITH_AS(build<in_place>(cfg, opt), doctest::Contains("use cuda_offload_backend"), oomb::invalid_argument);
   opt.offload = false;
+  CHECK_THROWS_WITH_AS(build<pinned>(cfg, opt), doctest::Contains("needs offload"), oomb::invalid_argument);
   opt.sparse = true;
   opt.budget = 2;
-  CHECK_THROWS_WITH_AS(build(), doctest::Contains("page-sparse attention is not supported"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(build<in_place>(cfg, opt), doctest::Contains("page-sparse attention is not supported"),
+                       oomb::invalid_argument);
 }

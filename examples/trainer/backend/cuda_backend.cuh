@@ -1,5 +1,6 @@
-// oomb trainer — the CUDA backend: the trainer's ops on one GPU (first version: dense attention,
-// pages read in place from device memory).
+// oomb trainer — the CUDA backend: the trainer's ops on one GPU, with the pages in place in device
+// memory (cuda_backend) or at home in pinned host memory, streamed through device slots
+// (cuda_offload_backend).
 // SPDX-License-Identifier: Apache-2.0
 //
 // The ops of examples/trainer/cuda/ (cuBLASLt GEMMs, the layer kernels, the fused LM head +
@@ -18,9 +19,17 @@
 // Bad data on the device (a token or target outside the vocabulary, a page id outside the pool)
 // cannot throw where it is found; take_loss() reads the kernels' reports and throws.
 //
-// Not supported yet (refused with oomb::invalid_argument naming what is): offload (near_memory()
-// throws when the trainer asks for near slots) and page-sparse attention (the selector's
-// constructor throws). Scratch grows on first use (the first step) and is kept.
+// Where the pages live is the one template parameter, the far tier's resource:
+//  - cuda_backend (oomb::device_resource): every K/V and gradient page in device memory, read in
+//    place; the far pools are contiguous. Refuses offload (near_memory() throws: streaming device
+//    memory through device slots buys nothing).
+//  - cuda_offload_backend (oomb::pinned_resource): homes in pinned host memory, written once right
+//    after their projection; the kernels address a fixed set of device slots (near_memory()) that
+//    the residency scheduler fills on the copy-in stream and writes back on the copy-out stream,
+//    both ordered against the compute stream by events, never by a host wait. Needs offload:
+//    page_tier refuses to read pinned pages in place.
+// Not supported yet: page-sparse attention (the selector's constructor throws). Scratch grows on
+// first use (the first step) and is kept.
 #pragma once
 
 #include <cmath>
@@ -35,6 +44,7 @@
 #include <oomb/core/id_span.hpp>
 #include <oomb/cuda/device_resource.hpp>
 #include <oomb/cuda/error.hpp>
+#include <oomb/cuda/pinned_resource.hpp>
 #include <oomb/cuda/residency.cuh>
 #include <oomb/cuda/stream.hpp>
 #include <oomb/cuda/stream_view.hpp>
@@ -104,9 +114,12 @@ class cuda_unsupported_selector {
 };
 
 /// The CUDA trainer backend (see trainer_backend.hpp for what each member guarantees, and the top
-/// of this file for what this one does). Uses the device current at construction.
-class cuda_backend {
+/// of this file for what this one does); Far: the resource of the pages' homes (device memory:
+/// in place; pinned host memory: streamed). Uses the device current at construction.
+template <class Far>
+class basic_cuda_backend {
   using bf16 = oomb::bf16;
+  static constexpr bool streamed = Far::kind != oomb::memory_kind::device;
 
  public:
   using value_type = bf16;
@@ -117,8 +130,8 @@ class cuda_backend {
   using buffer = gpu::device_buffer<X>;
   using params_type = gpu::device_params<bf16>;
   using grads_type = gpu::device_params<float>;
-  /// Pages live in device memory on both tiers (in place: the far pool is what the kernels read).
-  using residency_backend = oomb::cuda_backend<oomb::device_resource, oomb::cuda_stream, oomb::device_resource>;
+  /// Near slots in device memory; homes in Far.
+  using residency_backend = oomb::cuda_backend<oomb::device_resource, oomb::cuda_stream, Far>;
   using selector_type = cuda_unsupported_selector<bf16>;
 
   /// fp32 cos/sin of a run of positions on the device (computed on the host in double, as the CPU
@@ -154,22 +167,22 @@ class cuda_backend {
     gpu::ops::rope_table_view view_;
   };
 
-  cuda_backend()
+  basic_cuda_backend()
       : copy_in_(oomb::cuda_stream::greatest_priority()), copy_out_(oomb::cuda_stream::greatest_priority()),
         ring_(std::size_t(1) << 20), bad_(3), loss_(1) {
     OOMB_CUDA_CHECK(cudaMemsetAsync(loss_.data(), 0, sizeof(double), compute_.get()), "cuda_backend: loss");
     reset_reports();
   }
-  cuda_backend(const cuda_backend&) = delete;
-  cuda_backend& operator=(const cuda_backend&) = delete;
-  ~cuda_backend() { (void)cudaStreamSynchronize(compute_.get()); }  // scratch is freed after its last reader
+  basic_cuda_backend(const basic_cuda_backend&) = delete;
+  basic_cuda_backend& operator=(const basic_cuda_backend&) = delete;
+  ~basic_cuda_backend() { (void)cudaStreamSynchronize(compute_.get()); }  // scratch is freed after its last reader
 
   // ---- residency ----
-  oomb::device_resource& far_memory() noexcept { return far_; }
+  Far& far_memory() noexcept { return far_; }
   oomb::device_resource& near_memory() {
-    OOMB_FAIL(oomb::invalid_argument,
-              "cuda_backend: offload is not supported yet; the CUDA backend reads every page in place from device "
-              "memory (run without --offload)");
+    OOMB_EXPECTS(streamed, "cuda_backend: offload with the pages' homes in device memory streams nothing; use "
+                           "cuda_offload_backend (homes in pinned host memory) for offload");
+    return near_;
   }
   oomb::cuda_stream& copy_in() noexcept { return copy_in_; }
   oomb::cuda_stream& copy_out() noexcept { return copy_out_; }
@@ -479,7 +492,8 @@ class cuda_backend {
   }
 
   oomb::cuda_stream compute_, copy_in_, copy_out_;
-  oomb::device_resource far_;
+  Far far_;
+  oomb::device_resource near_;
   gpu::ops::gemm_context gemm_;
   oomb::upload_ring ring_;
   gpu::device_buffer<std::int32_t> bad_;  // [3] device reports: bad token, target, page (-1: none)
@@ -494,6 +508,12 @@ class cuda_backend {
   gpu::device_buffer<unsigned char> work_;
 };
 
+/// Every page in device memory, read in place.
+using cuda_backend = basic_cuda_backend<oomb::device_resource>;
+/// Homes in pinned host memory, streamed through device slots (chunk_options::offload).
+using cuda_offload_backend = basic_cuda_backend<oomb::pinned_resource>;
+
 static_assert(is_trainer_backend_v<cuda_backend>);
+static_assert(is_trainer_backend_v<cuda_offload_backend>);
 
 }  // namespace oomb_trainer

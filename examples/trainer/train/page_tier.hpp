@@ -17,7 +17,9 @@
 #include <type_traits>
 #include <vector>
 
+#include <oomb/core/error.hpp>
 #include <oomb/core/id_span.hpp>
+#include <oomb/core/memory_kind.hpp>
 #include <oomb/memory/block_pool.hpp>
 #include <oomb/offload/belady_eviction.hpp>
 #include <oomb/offload/residency_scheduler.hpp>
@@ -41,6 +43,11 @@ class page_tier {
   /// many near slots from the backend's near memory, on its copy streams.
   page_tier(B& backend, far_pool_type& far, const oomb::page_shape& shape, std::int32_t near_slots)
       : backend_(&backend), far_(&far), shape_(shape) {
+    // In place the kernels address the far pool: it must be the memory they compute in (pinned
+    // homes read in place by a GPU would cross PCIe on every access).
+    OOMB_EXPECTS(near_slots > 0 || residency::far_resource::kind == residency::near_resource::kind,
+                 "page_tier: this backend keeps the pages' homes in ", oomb::to_string(residency::far_resource::kind),
+                 " memory, which its kernels do not read in place: it needs offload (near slots)");
     if (near_slots > 0)
       scheduler_ = std::make_unique<scheduler>(far, backend.near_memory(), near_slots, backend.copy_in(), backend.copy_out());
   }
