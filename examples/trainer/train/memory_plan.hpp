@@ -1,0 +1,477 @@
+// oomb trainer — the memory a run needs, computed before anything large is allocated: GPU bytes
+// (weights, gradients, optimizer, one chunk of activations, scratch, pages, rings, tables) and host
+// bytes (page homes, optimizer state, staging, tables), checked against the limits, with the
+// largest sequence that would fit when it does not.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Every size is that of what the trainer allocates, from the same dims: the activations through
+// block_acts itself (over buffers that only count), the pages as paged_attention lays out its pools
+// (in place: one contiguous range of every page for K/V and as many gradient pages; with offload:
+// homes that grow by slabs, near slots of fixed count), the backends' scratch as their members
+// grow to for one chunk. tests/trainer/test_memory_plan.cpp checks the K/V and gradient pages, the
+// pools' reserved bytes, the near slots and the activations against what the CPU trainer measures.
+//
+// Gradient pages at their peak (dense attention): stage 2 runs chunks c = n-1 .. 0; the backward of
+// chunk c gives a gradient page to every page of chunks < c in every layer, and chunk c's own
+// gradient pages are released when it is done. So while the last chunk runs, the pages of all
+// chunks before it have gradient pages (L · (n-1) · C/P of them), and from then on the count only
+// falls. Page-sparse attention touches at most as many: the plan is dense, an upper bound.
+#pragma once
+
+#include <algorithm>
+#include <cctype>
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+#include <oomb/core/bf16.hpp>
+#include <oomb/core/error.hpp>
+#include <oomb/offload/residency_table.hpp>
+
+#include "trainer/io/config.hpp"
+#include "trainer/model/block.hpp"
+#include "trainer/model/params.hpp"
+#include "trainer/train/chunk_options.hpp"
+
+namespace oomb_trainer {
+
+/// Host memory a run may take, and where that number came from (for the plan's output).
+struct host_limit {
+  std::uint64_t bytes = 0;
+  std::string source;
+};
+
+/// The default host limit: MemAvailable from `meminfo` (the kernel's estimate of what it can hand
+/// out without swapping: free memory plus the page cache and slabs it can reclaim). Never MemTotal:
+/// these VMs report less than they have until it is used, and MemTotal counts memory others hold.
+/// Fallbacks: MemFree + Buffers + Cached (kernels before 3.14), then sysconf's available pages,
+/// then 0 bytes with a source that asks for --host-memory.
+inline host_limit host_memory_default(const std::string& meminfo = "/proc/meminfo") {
+  std::ifstream in(meminfo);
+  std::uint64_t available = 0, mem_free = 0, buffers = 0, cached = 0, total = 0;
+  bool have_available = false, have_free = false;
+  std::string key, unit;
+  std::uint64_t kib = 0;
+  while (in >> key >> kib) {
+    std::getline(in, unit);  // " kB" (every size field of meminfo is in KiB)
+    const std::uint64_t b = kib * 1024;
+    if (key == "MemAvailable:") {
+      available = b;
+      have_available = true;
+    } else if (key == "MemFree:") {
+      mem_free = b;
+      have_free = true;
+    } else if (key == "Buffers:") {
+      buffers = b;
+    } else if (key == "Cached:") {
+      cached = b;
+    } else if (key == "MemTotal:") {
+      total = b;
+    }
+  }
+  const std::string total_note =
+      total > 0 ? fmt::format("; MemTotal {:.1f} GiB is not used", double(total) / double(1ull << 30)) : "";
+  if (have_available)
+    return {available, fmt::format("MemAvailable in {}{}; --host-memory to set it", meminfo, total_note)};
+  if (have_free)
+    return {mem_free + buffers + cached,
+            fmt::format("MemFree + Buffers + Cached in {} (no MemAvailable){}; --host-memory to set it", meminfo, total_note)};
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0)
+    return {std::uint64_t(pages) * std::uint64_t(page),
+            fmt::format("available pages from sysconf ({} unreadable); --host-memory to set it", meminfo)};
+  return {0, fmt::format("unknown ({} unreadable, sysconf silent): pass --host-memory", meminfo)};
+}
+
+/// "137438953472", "128G", "128GiB", "512M", "64k" (binary units, case-insensitive) -> bytes.
+/// Throws oomb::invalid_argument naming the text.
+inline std::uint64_t parse_bytes(const std::string& text) {
+  std::size_t used = 0;
+  unsigned long long n = 0;
+  OOMB_EXPECTS(!text.empty() && std::isdigit(static_cast<unsigned char>(text[0])), "'", text,
+               "' is not a byte count (e.g. 128G, 512MiB, 1073741824)");
+  try {
+    n = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    OOMB_FAIL(oomb::invalid_argument, "'", text, "' is not a byte count (e.g. 128G, 512MiB, 1073741824)");
+  }
+  std::string unit = text.substr(used);
+  for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  int shift = -1;
+  if (unit.empty() || unit == "b") shift = 0;
+  else if (unit == "k" || unit == "kib") shift = 10;
+  else if (unit == "m" || unit == "mib") shift = 20;
+  else if (unit == "g" || unit == "gib") shift = 30;
+  else if (unit == "t" || unit == "tib") shift = 40;
+  OOMB_EXPECTS(shift >= 0, "'", text, "' is not a byte count (e.g. 128G, 512MiB, 1073741824)");
+  OOMB_EXPECTS(n <= (std::numeric_limits<std::uint64_t>::max() >> shift), "'", text, "' is too large");
+  return std::uint64_t(n) << shift;
+}
+
+/// Where the optimizer state (fp32 master weights and AdamW's two moments) lives with --device cuda.
+enum class optimizer_placement {
+  automatic,  ///< on the GPU when everything fits there, else in pinned host memory
+  gpu,
+  host,       ///< pinned host memory, updated layer by layer
+};
+
+/// What the plan is for and the limits it is checked against.
+struct plan_target {
+  std::string device = "cpu";  ///< "cpu" (everything in host memory) or "cuda"
+  optimizer_placement optimizer = optimizer_placement::automatic;  ///< cuda only
+  std::uint64_t gpu_bytes = 0;  ///< device memory the run may take (cuda; e.g. cudaMemGetInfo's free)
+  host_limit host;              ///< host memory the run may take (pinned with cuda)
+};
+
+/// The parts of a plan, each on the GPU or the host.
+enum class plan_part {
+  weights,            ///< the parameters the kernels read (bf16 on the GPU, float on the CPU)
+  gradients,          ///< parameter gradients (fp32)
+  optimizer,          ///< AdamW state: fp32 master + 2 moments (GPU), 2 moments (CPU: the weights are fp32)
+  optimizer_staging,  ///< pinned buffers of the layer-by-layer host update
+  activations,        ///< block_acts of one chunk, every layer
+  chunk_buffers,      ///< the chunk's hidden state and its gradient (x, dx)
+  layer_scratch,      ///< block_scratch: one layer's backward
+  backend_scratch,    ///< the backend's own buffers for one chunk
+  head_workspace,     ///< the LM head's logits tiles
+  gemm_workspace,     ///< cuBLASLt
+  upload_ring,        ///< host tables on their way to the device (pinned, with a device twin)
+  kv_pages,           ///< K/V pages of the whole sequence: in place, or their homes with offload
+  grad_pages,         ///< gradient pages at the stage-2 peak (in place: reserved for every page)
+  kv_near,            ///< offload: the K/V near slots
+  grad_near,          ///< offload: the gradient near slots
+  page_tables,        ///< host bookkeeping per page: ids, gradient map, pool and residency records
+  sequence,           ///< the sequence's tokens
+};
+
+/// One line of the plan.
+struct plan_item {
+  plan_part part;
+  std::uint64_t bytes = 0;
+  std::string what;  ///< human-readable: what it is and how it is sized
+};
+
+/// The plan of one run: what goes where, the totals against the limits.
+struct memory_plan {
+  std::int64_t tokens = 0;
+  std::string device;
+  chunk_options options;
+  bool optimizer_on_gpu = false;  ///< cuda only
+  std::string optimizer_why;      ///< why it is where it is (cuda)
+  std::int64_t kv_pages = 0;      ///< K/V page pairs of the sequence, all layers (the stage-1 high water)
+  std::int64_t grad_pages = 0;    ///< gradient page pairs in use at the stage-2 peak, all layers
+  std::vector<plan_item> gpu, host;
+  std::uint64_t gpu_limit = 0;
+  host_limit host_allowed;
+  double gpu_growth_per_10k = 0, host_growth_per_10k = 0;  ///< bytes per 10,000 more tokens
+
+  static std::uint64_t total(const std::vector<plan_item>& items) {
+    std::uint64_t s = 0;
+    for (const auto& i : items) s += i.bytes;
+    return s;
+  }
+  static std::uint64_t bytes_of(const std::vector<plan_item>& items, plan_part p) {
+    for (const auto& i : items)
+      if (i.part == p) return i.bytes;
+    return 0;
+  }
+  std::uint64_t gpu_total() const { return total(gpu); }
+  std::uint64_t host_total() const { return total(host); }
+  std::uint64_t on_gpu(plan_part p) const { return bytes_of(gpu, p); }
+  std::uint64_t on_host(plan_part p) const { return bytes_of(host, p); }
+  bool gpu_fits() const { return gpu_total() <= gpu_limit; }
+  bool host_fits() const { return host_total() <= host_allowed.bytes; }
+  bool fits() const { return gpu_fits() && host_fits(); }
+
+  /// The plan, one line per item, totals against the limits and where the host limit came from.
+  std::string describe() const;
+};
+
+namespace detail {
+
+inline std::string plan_bytes(double b) {
+  constexpr double mib = double(1 << 20), gib = double(1u << 30);
+  return b >= gib ? fmt::format("{:.2f} GiB", b / gib) : fmt::format("{:.1f} MiB", b / mib);
+}
+
+/// The element types of a trainer backend without its memory: block_acts<plan_sizes<T, S>> sizes
+/// its buffers exactly as the trainer's own block_acts<B> does, and bytes() adds them up.
+template <class T, class S>
+struct plan_sizes {
+  using value_type = T;
+  using stat_type = S;
+  template <class X>
+  class buffer {
+   public:
+    void resize(std::size_t n) noexcept { n_ = n; }
+    std::size_t size() const noexcept { return n_; }
+    X* data() noexcept { return nullptr; }
+
+   private:
+    std::size_t n_ = 0;
+  };
+};
+
+template <class T, class S>
+std::uint64_t activation_bytes(const model_config& c, std::int64_t chunk) {
+  block_acts<plan_sizes<T, S>> a;
+  a.resize(chunk, block_dims(c));
+  return std::uint64_t(c.num_hidden_layers) * a.bytes();
+}
+
+/// Pages of a pool that grows by slabs (paged_attention's growing pools: homes with offload)
+/// holding `peak` pages at most: whole slabs, the last one cut at the capacity.
+inline std::int64_t slab_reserved(std::int64_t peak, std::int64_t slab, std::int64_t capacity) {
+  return std::min(capacity, (peak + slab - 1) / slab * slab);
+}
+
+constexpr std::size_t cuda_head_budget = std::size_t(256) << 20;    // cuda_backend::head_budget
+constexpr std::size_t cuda_gemm_workspace = std::size_t(32) << 20;  // gemm_context's default
+constexpr std::size_t cuda_upload_ring = std::size_t(1) << 20;      // cuda_backend's ring at start
+
+struct plan_inputs {
+  const model_config& c;
+  const chunk_options& o;
+  std::int64_t tokens;
+  bool cuda;
+  bool optimizer_on_gpu;
+};
+
+/// The items of the plan (see the file comment for how each is sized).
+inline void plan_items(const plan_inputs& in, memory_plan& p) {
+  const model_config& c = in.c;
+  const chunk_options& o = in.o;
+  const bool cuda = in.cuda;
+  const block_dims D(c);
+  const std::int64_t L = c.num_hidden_layers, n = o.chunk, P = o.page;
+  const std::int64_t H = D.H, I = D.I, qd = D.qdim(), kvd = D.kvdim(), hq = D.hq;
+  const param_layout layout(c);
+  const auto elements = std::uint64_t(layout.total());  // with the alignment padding, as allocated
+  const std::uint64_t params = parameter_count(layout);
+  // Element sizes: the CPU trainer runs chunk_recurrent<cpu_backend<float>> (float everywhere);
+  // cuda_backend: bf16 activations and K/V pages, fp32 statistics and gradient pages.
+  const std::uint64_t t = cuda ? sizeof(oomb::bf16) : sizeof(float), e = t, g = sizeof(float), f = sizeof(float);
+
+  const std::int64_t pages_per_layer = (in.tokens + P - 1) / P;
+  const std::int64_t capacity = pages_per_layer * L;
+  const std::int64_t chunks = (in.tokens + n - 1) / n;
+  p.kv_pages = capacity;
+  p.grad_pages = L * (chunks - 1) * (n / P);
+  const std::uint64_t kv_pair = 2 * std::uint64_t(P) * std::uint64_t(kvd) * e;
+  const std::uint64_t grad_pair = 2 * std::uint64_t(P) * std::uint64_t(kvd) * g;
+  // paged_attention: with offload the far pools grow by slabs of four chunks' pages (all layers).
+  const std::int64_t slab = std::max<std::int64_t>(1, std::min<std::int64_t>(capacity, 4 * (n / P) * L));
+  const std::int64_t kv_reserved = o.offload ? slab_reserved(capacity, slab, capacity) : capacity;
+  const std::int64_t grad_reserved = o.offload ? slab_reserved(p.grad_pages, slab, capacity) : capacity;
+
+  auto& dev = cuda ? p.gpu : p.host;  // where compute memory lives
+  auto& home = p.host;                // where the page homes and host-side state live
+  const std::string tt = cuda ? "bf16" : "fp32";
+
+  dev.push_back({plan_part::weights, elements * t, fmt::format("weights ({}, {:.1f}M parameters)", tt, double(params) / 1e6)});
+  dev.push_back({plan_part::gradients, elements * f, "parameter gradients (fp32)"});
+  if (!cuda)
+    dev.push_back({plan_part::optimizer, 2 * params * f, "AdamW moments (2 x fp32; the fp32 weights are the master)"});
+  else if (in.optimizer_on_gpu)
+    dev.push_back({plan_part::optimizer, 3 * elements * f, "optimizer: fp32 master weights + 2 AdamW moments"});
+  else {
+    home.push_back({plan_part::optimizer, 3 * elements * f, "optimizer: fp32 master weights + 2 AdamW moments (pinned)"});
+    // Updated layer by layer: one group's fp32 gradients down and bf16 weights up, double-buffered.
+    std::uint64_t group = 0;
+    for (const auto& en : layout.entries())
+      if (en.name.rfind("model.layers.", 0) != 0) group = std::max<std::uint64_t>(group, en.numel);
+    std::uint64_t per_layer = 0;
+    for (int k = 0; k < param_layout::per_layer; ++k) per_layer += layout.entries()[layout.layer_entry(0, k)].numel;
+    group = std::max(group, per_layer);
+    home.push_back({plan_part::optimizer_staging, 2 * group * (f + sizeof(oomb::bf16)),
+                    "optimizer staging: 2 x the largest group (a layer, the embedding or the head), fp32 down + bf16 up"});
+  }
+
+  dev.push_back({plan_part::activations, cuda ? activation_bytes<oomb::bf16, float>(c, n) : activation_bytes<float, float>(c, n),
+                 fmt::format("activations of one chunk ({} tokens), {} layers", n, L)});
+  dev.push_back({plan_part::chunk_buffers, 2 * std::uint64_t(n * H) * t, "chunk hidden state and its gradient (x, dx)"});
+  // block_backward's buffers: dx1, dxn [n][H]; dh, dg, du [n][I]; d_o, dq [n][qd]; dk, dv [n][kvd].
+  dev.push_back({plan_part::layer_scratch, std::uint64_t(n * (2 * H + 3 * I + 2 * qd + 2 * kvd)) * t,
+                 "one layer's backward scratch"});
+  if (cuda) {
+    // cuda_backend: f32_[0] (RMSNorm dx, o and dq in fp32), f32_[1] (the head's dx, dk), f32_[2]
+    // (dv), o_w_ [n][qd], lse_w_ and delta_ [n][hq], rstd_ [n], rows_ [2n] in fp32; xf_ [n][H] bf16.
+    const std::int64_t fp32 = n * std::max(H, qd) + n * std::max(H, kvd) + n * kvd + n * qd + 2 * n * hq + 3 * n;
+    dev.push_back({plan_part::backend_scratch, std::uint64_t(fp32) * f + std::uint64_t(n * H) * t,
+                   "backend scratch: fp32 copies of dx/o/dq/dk/dv, window output, lse, delta, head rows"});
+    dev.push_back({plan_part::head_workspace, cuda_head_budget, "fused LM head workspace (its budget)"});
+    dev.push_back({plan_part::gemm_workspace, cuda_gemm_workspace, "cuBLASLt workspace"});
+    // The backward's window table (ids + the K/V id -> gradient page map over the id space: every
+    // page in place, the near slots with offload) goes up through the ring, which grows to hold it.
+    const std::int64_t id_space = o.offload ? o.near_pages : capacity;
+    const std::int64_t window = std::min<std::int64_t>(pages_per_layer, o.effective_window());
+    const std::uint64_t ring = std::max<std::uint64_t>(cuda_upload_ring, 4 * std::uint64_t(4 + window + id_space));
+    const std::string ring_what = fmt::format("upload ring: 1 MiB, or the backward's window table ({} ids) if larger", window + id_space);
+    dev.push_back({plan_part::upload_ring, ring, ring_what + " (device twin)"});
+    home.push_back({plan_part::upload_ring, ring, ring_what + " (pinned)"});
+  } else {
+    // cpu_backend: the window's partial output o_w_ [n][qd] and lse_w_ [n][hq]; the K/V id ->
+    // gradient page map over the id space. head_forward_backward: xf, dxf [n][H], rstd [n], 2 rows of logits.
+    const std::int64_t id_space = o.offload ? o.near_pages : capacity;
+    dev.push_back({plan_part::backend_scratch, std::uint64_t(n * qd + n * hq) * t + 4 * std::uint64_t(id_space),
+                   "backend scratch: window output and lse, the gradient-page map"});
+    dev.push_back({plan_part::head_workspace, std::uint64_t(2 * n * H + n + 2 * std::int64_t(c.vocab_size)) * t,
+                   "LM head scratch (normed rows, their gradient, one row of logits and its gradient)"});
+  }
+
+  const std::string kvt = cuda ? "bf16" : "fp32";
+  if (!o.offload) {
+    dev.push_back({plan_part::kv_pages, std::uint64_t(kv_reserved) * kv_pair,
+                   fmt::format("K/V pages, whole sequence, in place ({} pairs of {} B, {})", capacity, kv_pair, kvt)});
+    dev.push_back({plan_part::grad_pages, std::uint64_t(grad_reserved) * grad_pair,
+                   fmt::format("gradient pages, in place: reserved for all {} pages, at most {} in use (fp32)", capacity,
+                               p.grad_pages)});
+  } else {
+    const std::string pinned = cuda ? ", pinned" : "";
+    home.push_back({plan_part::kv_pages, std::uint64_t(kv_reserved) * kv_pair,
+                    fmt::format("K/V homes, whole sequence ({} pairs of {} B, {}{})", capacity, kv_pair, kvt, pinned)});
+    home.push_back({plan_part::grad_pages, std::uint64_t(grad_reserved) * grad_pair,
+                    fmt::format("gradient homes at the stage-2 peak ({} pairs in use, slabs of {}; fp32{})", p.grad_pages,
+                                slab, pinned)});
+    dev.push_back({plan_part::kv_near, std::uint64_t(o.near_pages) * kv_pair, fmt::format("K/V near slots ({})", o.near_pages)});
+    dev.push_back({plan_part::grad_near, std::uint64_t(o.near_pages) * grad_pair,
+                   fmt::format("gradient near slots ({})", o.near_pages)});
+  }
+  // Host records per page: the page table's id (4 B) and the gradient map's entry (4 B) of every
+  // K/V page; per reserved id of both pools the free list, in-use flag and generation (9 B); with
+  // offload, per reserved far page of both tiers a residency record and a copy-event handle.
+  const std::uint64_t pool_id = sizeof(std::int32_t) + sizeof(std::uint8_t) + sizeof(std::uint32_t);
+  const std::uint64_t residency = o.offload ? sizeof(oomb::residency_table::page_entry) + sizeof(std::shared_ptr<const void>) : 0;
+  home.push_back({plan_part::page_tables,
+                  std::uint64_t(capacity) * 8 + std::uint64_t(kv_reserved + grad_reserved) * (pool_id + residency),
+                  "page tables and records (host: ids, gradient map, pool and residency records)"});
+  home.push_back({plan_part::sequence, std::uint64_t(in.tokens) * (sizeof(std::int32_t) + 1),
+                  "the sequence (int32 tokens and a loss mask)"});
+}
+
+inline void check_plan_inputs(const model_config& c, const chunk_options& o, std::int64_t tokens, const plan_target& target) {
+  o.validate();
+  OOMB_EXPECTS(target.device == "cpu" || target.device == "cuda", "memory plan: --device ", target.device,
+               " is not cpu or cuda");
+  OOMB_EXPECTS(tokens >= 2, "memory plan: a sequence of ", tokens, " tokens (at least 2)");
+  OOMB_EXPECTS(target.device != "cuda" || target.gpu_bytes > 0, "memory plan: --device cuda needs the GPU bytes available");
+  const std::int64_t ids = (tokens + o.page - 1) / o.page * c.num_hidden_layers;
+  OOMB_EXPECTS(ids < std::numeric_limits<std::int32_t>::max(), "memory plan: ", tokens, " tokens need ", ids,
+               " page ids, more than int32 holds");
+}
+
+inline memory_plan plan_at(const model_config& c, const chunk_options& o, std::int64_t tokens, const plan_target& target,
+                           bool optimizer_on_gpu) {
+  memory_plan p;
+  p.tokens = tokens;
+  p.device = target.device;
+  p.options = o;
+  p.optimizer_on_gpu = target.device == "cuda" && optimizer_on_gpu;
+  p.gpu_limit = target.device == "cuda" ? target.gpu_bytes : 0;
+  p.host_allowed = target.host;
+  plan_items({c, o, tokens, target.device == "cuda", p.optimizer_on_gpu}, p);
+  return p;
+}
+
+}  // namespace detail
+
+/// The memory a run of `tokens` tokens needs with `opt` on `target` (see the file comment). With
+/// optimizer_placement::automatic the optimizer goes to the GPU when all of the plan fits there.
+/// Throws oomb::invalid_argument for inputs no run could have (allocates nothing large).
+inline memory_plan plan_memory(const model_config& c, const chunk_options& opt, std::int64_t tokens, const plan_target& target) {
+  detail::check_plan_inputs(c, opt, tokens, target);
+  const bool cuda = target.device == "cuda";
+  bool on_gpu = target.optimizer != optimizer_placement::host;
+  std::string why = target.optimizer == optimizer_placement::automatic ? "" : "as asked";
+  memory_plan p = detail::plan_at(c, opt, tokens, target, on_gpu);
+  if (cuda && target.optimizer == optimizer_placement::automatic) {
+    if (p.gpu_fits()) {
+      why = "it fits beside the rest";
+    } else {
+      const std::uint64_t state = p.on_gpu(plan_part::optimizer), rest = p.gpu_total() - state;
+      why = fmt::format("{} of optimizer state do not fit beside the rest's {} in {}: pinned host memory, which the "
+                        "page homes cannot use",
+                        detail::plan_bytes(double(state)), detail::plan_bytes(double(rest)),
+                        detail::plan_bytes(double(target.gpu_bytes)));
+      on_gpu = false;
+      p = detail::plan_at(c, opt, tokens, target, on_gpu);
+    }
+  }
+  p.optimizer_why = cuda ? why : "";
+  // Growth: the slope over a stretch long enough that the host pools' slabs average out.
+  const std::int64_t stretch = std::max<std::int64_t>(10000, 64 * std::int64_t(opt.chunk));
+  const std::int64_t ids_left = (std::numeric_limits<std::int32_t>::max() - 1) / c.num_hidden_layers * opt.page;
+  const std::int64_t a = tokens + stretch <= ids_left ? tokens : std::max<std::int64_t>(2, tokens - stretch);
+  const memory_plan lo = detail::plan_at(c, opt, a, target, on_gpu), hi = detail::plan_at(c, opt, a + stretch, target, on_gpu);
+  p.gpu_growth_per_10k = (double(hi.gpu_total()) - double(lo.gpu_total())) * 1e4 / double(stretch);
+  p.host_growth_per_10k = (double(hi.host_total()) - double(lo.host_total())) * 1e4 / double(stretch);
+  return p;
+}
+
+/// The most tokens (a whole number of pages) whose plan fits `target`; 0 when not even one page
+/// does (the parts that do not grow with the context are too large).
+inline std::int64_t largest_fitting_tokens(const model_config& c, const chunk_options& opt, const plan_target& target) {
+  const std::int64_t P = opt.page;
+  const std::int64_t max_pages = (std::numeric_limits<std::int32_t>::max() - 1) / c.num_hidden_layers;  // int32 page ids
+  auto fits = [&](std::int64_t pages) { return plan_memory(c, opt, pages * P, target).fits(); };
+  if (!fits(1)) return 0;
+  if (fits(max_pages)) return max_pages * P;
+  std::int64_t lo = 1, hi = max_pages;  // fits(lo), !fits(hi): every part grows with the tokens
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo * P;
+}
+
+/// plan_memory, or oomb::invalid_argument naming what is needed against what is available on the
+/// GPU and on the host, and the largest sequence that would fit.
+inline memory_plan checked_memory_plan(const model_config& c, const chunk_options& opt, std::int64_t tokens,
+                                       const plan_target& target) {
+  memory_plan p = plan_memory(c, opt, tokens, target);
+  if (p.fits()) return p;
+  using detail::plan_bytes;
+  const std::int64_t largest = largest_fitting_tokens(c, opt, target);
+  const std::string gpu = p.device == "cuda" ? fmt::format("{} of GPU memory, {} available; ", plan_bytes(double(p.gpu_total())),
+                                                           plan_bytes(double(p.gpu_limit)))
+                                             : std::string();
+  const char* binds = !p.host_fits() && !p.gpu_fits() ? "GPU and host memory" : p.gpu_fits() ? "host memory" : "GPU memory";
+  const std::string fit = largest > 0 ? fmt::format("the largest sequence that fits is {} tokens", largest)
+                                      : std::string("no sequence fits: the parts that do not grow with the context are too large");
+  OOMB_FAIL(oomb::invalid_argument, "memory plan: ", tokens, " tokens need ", gpu, plan_bytes(double(p.host_total())),
+            " of host memory, ", plan_bytes(double(p.host_allowed.bytes)), " allowed (", p.host_allowed.source,
+            "): not enough ", binds, "; ", fit, " (--plan prints the plan)");
+}
+
+inline std::string memory_plan::describe() const {
+  using detail::plan_bytes;
+  std::string s = fmt::format("memory plan: {} tokens on {}, chunk {}, page {}, {}\n", tokens, device, options.chunk,
+                              options.page,
+                              options.offload ? fmt::format("offload ({} + {} near slots)", options.near_pages, options.near_pages)
+                                              : std::string("pages in place"));
+  auto block = [&](const char* place, const std::vector<plan_item>& items, std::uint64_t limit, const std::string& whence,
+                   double growth) {
+    s += fmt::format("{}:\n", place);
+    for (const auto& i : items) s += fmt::format("  {:>11}  {}\n", plan_bytes(double(i.bytes)), i.what);
+    const std::uint64_t sum = total(items);
+    s += fmt::format("  {:>11}  total, {} {}{}; grows {} per 10K tokens\n", plan_bytes(double(sum)), plan_bytes(double(limit)),
+                     whence, sum <= limit ? "" : " -- DOES NOT FIT", plan_bytes(growth));
+  };
+  if (device == "cuda") block("GPU", gpu, gpu_limit, "available", gpu_growth_per_10k);
+  block(device == "cuda" ? "host (pinned)" : "host", host, host_allowed.bytes,
+        fmt::format("allowed ({})", host_allowed.source), host_growth_per_10k);
+  if (device == "cuda")
+    s += fmt::format("optimizer state: {} ({})\n", optimizer_on_gpu ? "on the GPU" : "in pinned host memory", optimizer_why);
+  return s;
+}
+
+}  // namespace oomb_trainer
