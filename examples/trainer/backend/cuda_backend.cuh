@@ -59,6 +59,7 @@
 #include "trainer/cpu/rope.hpp"
 #include "trainer/cuda/attention/attention.cuh"
 #include "trainer/cuda/ops/elementwise.cuh"
+#include "trainer/backend/stall_clock.cuh"
 #include "trainer/cuda/ops/embedding.cuh"
 #include "trainer/cuda/ops/gemm.cuh"
 #include "trainer/cuda/ops/linear.cuh"
@@ -158,6 +159,7 @@ class basic_cuda_backend {
       } catch (...) {  // a failed event record: the next checked call on the stream reports the fault
       }
     }
+    stalls_.reset(compute());
     const gpu::ops::rope_table_view& view() const noexcept { return view_; }
 
    private:
@@ -299,6 +301,19 @@ class basic_cuda_backend {
     OOMB_CUDA_CHECK(cudaMemcpyAsync(&loss, loss_.data(), sizeof(double), cudaMemcpyDeviceToHost, compute_.get()),
                     "cuda_backend: reading the loss");
     OOMB_CUDA_CHECK(cudaMemcpyAsync(bad, bad_.data(), sizeof(bad), cudaMemcpyDeviceToHost, compute_.get()),
+  // ---- exposed transfer time (trainer_backend.hpp's optional probe) ----
+  void transfer_wait_begin() { stalls_.begin(compute()); }
+  void transfer_wait_end() { stalls_.end(compute()); }
+  /// The time the compute stream waited for transfers since the last take; waits for the stream.
+  double take_transfer_wait_seconds() {
+    std::uint64_t ns = 0;
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(&ns, stalls_.total_ns(), sizeof(ns), cudaMemcpyDeviceToHost, compute_.get()),
+                    "cuda_backend: reading the transfer waits");
+    stalls_.reset(compute());
+    OOMB_CUDA_CHECK(cudaStreamSynchronize(compute_.get()), "cuda_backend: the transfer waits");
+    return static_cast<double>(ns) * 1e-9;
+  }
+
                     "cuda_backend: reading the reports");
     OOMB_CUDA_CHECK(cudaMemsetAsync(loss_.data(), 0, sizeof(double), compute_.get()), "cuda_backend: loss");
     OOMB_CUDA_CHECK(cudaStreamSynchronize(compute_.get()), "cuda_backend: the step");
@@ -509,6 +524,7 @@ class basic_cuda_backend {
 };
 
 /// Every page in device memory, read in place.
+  gpu::stall_clock stalls_;               // compute-stream time spent waiting for transfers
 using cuda_backend = basic_cuda_backend<oomb::device_resource>;
 /// Homes in pinned host memory, streamed through device slots (chunk_options::offload).
 using cuda_offload_backend = basic_cuda_backend<oomb::pinned_resource>;

@@ -64,6 +64,11 @@
 //       table.grad_ids[i] of `grads` (every past page the window reads needs one)
 // A page op or an attention call may address slots the scheduler just acquired: the backend orders
 // it after the acquire's copies (stream order on a GPU; the CPU waits for its compute stream).
+// optional: exposed transfer time (has_transfer_wait_probe_v; the CUDA backends have it)
+//   transfer_wait_begin(), transfer_wait_end()  bracket the waits for copies an acquire enqueues on
+//                               the compute stream (page_tier calls them when streamed)
+//   take_transfer_wait_seconds() -> double: the time the compute stream stood still in them since
+//                               the last take (synchronises: called at a step's edges)
 #pragma once
 
 #include <cstdint>
@@ -148,5 +153,19 @@ struct is_trainer_backend<
 /// checked where the model calls them.
 template <class B>
 inline constexpr bool is_trainer_backend_v = detail::is_trainer_backend<B>::value;
+
+namespace detail {
+template <class B, class = void>
+struct has_transfer_wait_probe : std::false_type {};
+template <class B>
+struct has_transfer_wait_probe<B, std::void_t<decltype(std::declval<B&>().transfer_wait_begin()),
+                                              decltype(std::declval<B&>().transfer_wait_end()),
+                                              decltype(double(std::declval<B&>().take_transfer_wait_seconds()))>>
+    : std::true_type {};
+}  // namespace detail
+
+/// True when B measures how long its compute stream waits for transfers (see the file comment).
+template <class B>
+inline constexpr bool has_transfer_wait_probe_v = detail::has_transfer_wait_probe<B>::value;
 
 }  // namespace oomb_trainer

@@ -63,6 +63,9 @@ struct chunk_step_stats {
   std::int64_t tokens = 0;
   double stage1_seconds = 0, stage2_seconds = 0;
   std::uint64_t bytes_to_near = 0, bytes_to_far = 0;  ///< K/V and gradient pages, both directions
+  /// Time the compute stream waited for page transfers (backends with a transfer-wait probe,
+  /// streamed tiers only; 0 otherwise).
+  double exposed_transfer_seconds = 0;
   std::int32_t kv_pages_high_water = 0;    ///< far tier: K/V page pairs in use at most
   std::int32_t grad_pages_high_water = 0;  ///< far tier: gradient page pairs in use at most
   std::int64_t sparse_pages_selected = 0;  ///< sum over tiles of selected past pages

@@ -76,6 +76,7 @@ class chunk_recurrent {
     const auto moved0 = moved();
     const std::int64_t selected0 = attn_.pages_selected(), candidate0 = attn_.pages_candidate();
     attn_.begin_step(chunks);
+    if constexpr (has_transfer_wait_probe_v<B>) be_.take_transfer_wait_seconds();  // drops what came before
     T* x = x_.data();
     T* dx = dx_.data();
     std::vector<std::int32_t> targets(static_cast<std::size_t>(opt_.chunk));
@@ -142,6 +143,7 @@ class chunk_recurrent {
     stats_.sparse_pages_selected = attn_.pages_selected() - selected0;
     stats_.sparse_pages_candidate = attn_.pages_candidate() - candidate0;
     stats_.loss = be_.take_loss() / static_cast<double>(counted);
+    if constexpr (has_transfer_wait_probe_v<B>) stats_.exposed_transfer_seconds = be_.take_transfer_wait_seconds();
     return stats_.loss;
   }
 

@@ -69,7 +69,10 @@ class page_tier {
   /// backend's compute stream; pinned until release(ids).
   void acquire(oomb::id_span ids, oomb::access mode, std::vector<std::int32_t>& where) {
     where.assign(ids.begin(), ids.end());
-    if (scheduler_) scheduler_->acquire(backend_->compute(), ids, mode, where.data());
+    if (!scheduler_) return;
+    if constexpr (has_transfer_wait_probe_v<B>) backend_->transfer_wait_begin();
+    scheduler_->acquire(backend_->compute(), ids, mode, where.data());
+    if constexpr (has_transfer_wait_probe_v<B>) backend_->transfer_wait_end();
   }
   /// The work on `ids` is enqueued on the compute stream.
   void release(oomb::id_span ids) {
