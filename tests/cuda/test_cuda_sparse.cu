@@ -311,6 +311,55 @@ TEST_CASE("summarize_pages: GPU page summaries equal the host's page_summaries b
   }
 }
 
+TEST_CASE("summarize_key_rows: summaries from a chunk's key rows equal the host's page_summaries bit for bit") {
+  for (const std::int32_t head_dim : {64, 128}) {
+    CAPTURE(head_dim);
+    const std::int32_t kv_heads = head_dim == 128 ? 4 : 2, page = 16, num_ids = 20, pages = 7;
+    const std::int64_t rows = std::int64_t(pages) * page - 9;  // a partial last page
+    const std::int64_t kvd = std::int64_t(kv_heads) * head_dim;
+    std::mt19937_64 rng(99 + head_dim);
+    const std::vector<oomb::bf16> keys = random_bf16(std::size_t(rows * kvd), rng, 2.0f);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(num_ids));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(std::size_t(pages) + 1);  // one id past the last row: emptied
+    oomb::page_summaries host(kv_heads, head_dim, num_ids);
+    for (std::int32_t i = 0; i < pages; ++i) {
+      const std::int64_t n = std::min<std::int64_t>(page, rows - std::int64_t(i) * page);
+      host.update(ids[std::size_t(i)], 0,
+                  oomb::tensor_view<const oomb::bf16, 3>(keys.data() + std::int64_t(i) * page * kvd, {n, kv_heads, head_dim},
+                                                         {kvd, head_dim, 1}));
+    }
+    device_buffer<oomb::bf16> dkeys(keys.size());
+    upload(dkeys, keys);
+    device_buffer<std::int32_t> dids(ids.size());
+    upload(dids, ids);
+    const std::size_t bytes = oomb::device_page_summaries::bytes(num_ids, kv_heads, head_dim);
+    device_buffer<unsigned char> storage(bytes);
+    const auto dev = oomb::device_page_summaries::over(storage.ptr, num_ids, kv_heads, head_dim);
+    oomb::cuda_stream stream;
+    oomb::clear_page_summaries(dev, stream.view());
+    // The last id first gets a page of garbage, then is emptied by the launch (no rows for it).
+    oomb::summarize_key_rows(dkeys.ptr, page, page, dids.ptr + pages, 1, dev, stream.view());
+    oomb::summarize_key_rows(dkeys.ptr, rows, page, dids.ptr, std::int32_t(ids.size()), dev, stream.view());
+    stream.synchronize();
+    const std::size_t row = std::size_t(num_ids) * kvd;
+    const oomb::page_summary_view h = host.view();
+    REQUIRE(std::memcmp(download(dev.tokens, std::size_t(num_ids)).data(), h.tokens, std::size_t(num_ids) * 4) == 0);
+    REQUIRE(std::memcmp(download(dev.min, row).data(), h.min, row * 4) == 0);
+    REQUIRE(std::memcmp(download(dev.max, row).data(), h.max, row * 4) == 0);
+    REQUIRE(std::memcmp(download(dev.mean, row).data(), h.mean, row * 4) == 0);
+    // rows == 0 empties every listed page: what host.clear does.
+    oomb::summarize_key_rows<oomb::bf16>(nullptr, 0, page, dids.ptr, 3, dev, stream.view());
+    for (std::size_t i = 0; i < 3; ++i) host.clear(ids[i]);
+    stream.synchronize();
+    REQUIRE(std::memcmp(download(dev.tokens, std::size_t(num_ids)).data(), h.tokens, std::size_t(num_ids) * 4) == 0);
+    REQUIRE(std::memcmp(download(dev.min, row).data(), h.min, row * 4) == 0);
+    REQUIRE(std::memcmp(download(dev.max, row).data(), h.max, row * 4) == 0);
+    REQUIRE(std::memcmp(download(dev.mean, row).data(), h.mean, row * 4) == 0);
+  }
+}
+
 TEST_CASE("summaries: the bytes the 7B's summaries take, as docs/sparse.md states them") {
   // Qwen2.5-7B: 28 layers, 4 KV heads, head_dim 128; 10,000 tokens in 128-token pages.
   const std::size_t per_page = 28 * oomb::device_page_summaries::bytes_per_id(4, 128);

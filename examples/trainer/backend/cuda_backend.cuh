@@ -28,10 +28,13 @@
 //    the residency scheduler fills on the copy-in stream and writes back on the copy-out stream,
 //    both ordered against the compute stream by events, never by a host wait. Needs offload:
 //    page_tier refuses to read pinned pages in place.
-// Not supported yet: page-sparse attention (the selector's constructor throws). Scratch grows on
-// first use (the first step) and is kept.
+// Page-sparse attention (--sparse): selector_type is cuda_page_selector (backend/cuda_selector.cuh:
+// summaries and selection on the GPU, the table back on the host for stage 2); each window call
+// uploads the chunk-layer's selection with its window table and the kernels read only the
+// selected past pages. Scratch grows on first use (the first step) and is kept.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -53,13 +56,14 @@
 #include <oomb/sparse/sparse_page_table.hpp>
 #include <oomb/sparse/tile_selector.hpp>
 
+#include "trainer/backend/cuda_selector.cuh"
 #include "trainer/backend/device_buffer.cuh"
 #include "trainer/backend/device_params.cuh"
+#include "trainer/backend/stall_clock.cuh"
 #include "trainer/backend/trainer_backend.hpp"
 #include "trainer/cpu/rope.hpp"
 #include "trainer/cuda/attention/attention.cuh"
 #include "trainer/cuda/ops/elementwise.cuh"
-#include "trainer/backend/stall_clock.cuh"
 #include "trainer/cuda/ops/embedding.cuh"
 #include "trainer/cuda/ops/gemm.cuh"
 #include "trainer/cuda/ops/linear.cuh"
@@ -97,23 +101,6 @@ __global__ void add_sum_kernel(std::int64_t n, const float* v, double* sum) {
 
 }  // namespace gpu::detail
 
-/// Page-sparse selection is not on the GPU path yet: constructing one (what the trainer does when
-/// the options ask for sparse attention) throws. The members exist for the seam's types only.
-template <class T>
-class cuda_unsupported_selector {
- public:
-  template <class Backend>
-  cuda_unsupported_selector(Backend&, std::int32_t, std::int32_t, std::int32_t, std::int32_t, std::int32_t,
-                            const oomb::tile_selection_config&) {
-    OOMB_FAIL(oomb::invalid_argument,
-              "cuda_backend: page-sparse attention is not supported yet; the CUDA backend runs dense attention "
-              "over pages read in place (no --sparse, no --offload)");
-  }
-  void summarize(oomb::id_span, std::int64_t, const T*) {}
-  void select(const T*, std::int64_t, oomb::id_span, std::int32_t, oomb::sparse_page_table&) {}
-  void forget(std::int32_t) noexcept {}
-};
-
 /// The CUDA trainer backend (see trainer_backend.hpp for what each member guarantees, and the top
 /// of this file for what this one does); Far: the resource of the pages' homes (device memory:
 /// in place; pinned host memory: streamed). Uses the device current at construction.
@@ -133,7 +120,7 @@ class basic_cuda_backend {
   using grads_type = gpu::device_params<float>;
   /// Near slots in device memory; homes in Far.
   using residency_backend = oomb::cuda_backend<oomb::device_resource, oomb::cuda_stream, Far>;
-  using selector_type = cuda_unsupported_selector<bf16>;
+  using selector_type = cuda_page_selector<bf16>;
 
   /// fp32 cos/sin of a run of positions on the device (computed on the host in double, as the CPU
   /// does), held in the upload ring until the object dies: every op that reads it is enqueued by then.
@@ -159,7 +146,6 @@ class basic_cuda_backend {
       } catch (...) {  // a failed event record: the next checked call on the stream reports the fault
       }
     }
-    stalls_.reset(compute());
     const gpu::ops::rope_table_view& view() const noexcept { return view_; }
 
    private:
@@ -173,6 +159,7 @@ class basic_cuda_backend {
       : copy_in_(oomb::cuda_stream::greatest_priority()), copy_out_(oomb::cuda_stream::greatest_priority()),
         ring_(std::size_t(1) << 20), bad_(3), loss_(1) {
     OOMB_CUDA_CHECK(cudaMemsetAsync(loss_.data(), 0, sizeof(double), compute_.get()), "cuda_backend: loss");
+    stalls_.reset(compute());
     reset_reports();
   }
   basic_cuda_backend(const basic_cuda_backend&) = delete;
@@ -301,19 +288,6 @@ class basic_cuda_backend {
     OOMB_CUDA_CHECK(cudaMemcpyAsync(&loss, loss_.data(), sizeof(double), cudaMemcpyDeviceToHost, compute_.get()),
                     "cuda_backend: reading the loss");
     OOMB_CUDA_CHECK(cudaMemcpyAsync(bad, bad_.data(), sizeof(bad), cudaMemcpyDeviceToHost, compute_.get()),
-  // ---- exposed transfer time (trainer_backend.hpp's optional probe) ----
-  void transfer_wait_begin() { stalls_.begin(compute()); }
-  void transfer_wait_end() { stalls_.end(compute()); }
-  /// The time the compute stream waited for transfers since the last take; waits for the stream.
-  double take_transfer_wait_seconds() {
-    std::uint64_t ns = 0;
-    OOMB_CUDA_CHECK(cudaMemcpyAsync(&ns, stalls_.total_ns(), sizeof(ns), cudaMemcpyDeviceToHost, compute_.get()),
-                    "cuda_backend: reading the transfer waits");
-    stalls_.reset(compute());
-    OOMB_CUDA_CHECK(cudaStreamSynchronize(compute_.get()), "cuda_backend: the transfer waits");
-    return static_cast<double>(ns) * 1e-9;
-  }
-
                     "cuda_backend: reading the reports");
     OOMB_CUDA_CHECK(cudaMemsetAsync(loss_.data(), 0, sizeof(double), compute_.get()), "cuda_backend: loss");
     OOMB_CUDA_CHECK(cudaStreamSynchronize(compute_.get()), "cuda_backend: the step");
@@ -325,6 +299,19 @@ class basic_cuda_backend {
                 bad[0] >= 0 ? bad[0] : bad[1] >= 0 ? bad[1] : bad[2], ")");
     }
     return loss;
+  }
+
+  // ---- exposed transfer time (trainer_backend.hpp's optional probe) ----
+  void transfer_wait_begin() { stalls_.begin(compute()); }
+  void transfer_wait_end() { stalls_.end(compute()); }
+  /// The time the compute stream waited for transfers since the last take; waits for the stream.
+  double take_transfer_wait_seconds() {
+    std::uint64_t ns = 0;
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(&ns, stalls_.total_ns(), sizeof(ns), cudaMemcpyDeviceToHost, compute_.get()),
+                    "cuda_backend: reading the transfer waits");
+    stalls_.reset(compute());
+    OOMB_CUDA_CHECK(cudaStreamSynchronize(compute_.get()), "cuda_backend: the transfer waits");
+    return static_cast<double>(ns) * 1e-9;
   }
 
   // ---- page ops ----
@@ -369,7 +356,7 @@ class basic_cuda_backend {
   void attention_forward(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv, const window_table& w,
                          bf16* o_acc, float* lse_acc) {
     const auto t = upload_window(c, w, false);
-    const auto a = args(c, kv, w, t.data);
+    const auto a = args(c, kv, w, t.data, false);
     const std::int64_t od = std::int64_t(c.sq) * c.hq * c.d;
     o_w_.resize(static_cast<std::size_t>(od));
     lse_w_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
@@ -388,7 +375,7 @@ class basic_cuda_backend {
                           const bf16* d_o, bf16* dq, bf16* dk, bf16* dv) {
     OOMB_EXPECTS(w.grad_ids != nullptr, "cuda_backend::attention_backward: the window has no grad_ids");
     const auto t = upload_window(c, w, true);
-    const auto a = args(c, kv, w, t.data);
+    const auto a = args(c, kv, w, t.data, true);
     oomb::grad_mirror_view<float> dpast;
     dpast.pool = grads;
     dpast.grad_id = t.data + window_ids + w.pages;
@@ -462,15 +449,29 @@ class basic_cuda_backend {
     return m;
   }
 
+  /// Where a window's upload holds the chunk-layer's selection (after the ids and the map).
+  static std::size_t selection_at(const window_table& w, bool grad_map) {
+    return window_ids + static_cast<std::size_t>(w.pages) + (grad_map ? static_cast<std::size_t>(w.id_space) : 0);
+  }
+
   /// One upload per window: [indptr 0, pages, last_page_len, (pad), ids ...] (the ids 16-byte
-  /// aligned) and, for the backward, the K/V id -> gradient page map of id_space entries (-1: none).
+  /// aligned), for the backward the K/V id -> gradient page map of id_space entries (-1: none),
+  /// and, sparse, the selection's tile_indptr and tile_pages. (The selection is the same for every
+  /// window of a chunk and layer; staging it per window costs a few KiB of copy each.)
   oomb::upload_ring::uploaded<std::int32_t> upload_window(const attention_chunk<bf16>& c, const window_table& w,
                                                           bool grad_map) {
-    OOMB_EXPECTS(c.selection == nullptr,
-                 "cuda_backend: page-sparse attention is not supported yet (dense attention only)");
     OOMB_EXPECTS(w.pages > 0 && w.ids != nullptr, "cuda_backend: a window of ", w.pages, " pages needs ids");
     const std::size_t head = window_ids + static_cast<std::size_t>(w.pages);
-    host_ints_.assign(head + (grad_map ? static_cast<std::size_t>(w.id_space) : 0), -1);
+    const std::size_t at = selection_at(w, grad_map);
+    std::size_t size = at;
+    if (const oomb::sparse_page_table* sel = c.selection) {
+      check_gpu_sparse_tile(c.tile, c.hq, c.hkv);
+      const std::int64_t tiles = (std::int64_t(c.sq) + c.tile - 1) / c.tile;
+      OOMB_EXPECTS(sel->num_tiles() == tiles, "cuda_backend: the selection has ", sel->num_tiles(), " tiles, the chunk's ",
+                   c.sq, " queries make ", tiles, " tiles of ", c.tile);
+      size += sel->indptr().size() + sel->indices().size();
+    }
+    host_ints_.assign(size, -1);
     host_ints_[0] = 0;
     host_ints_[1] = w.pages;
     host_ints_[2] = w.last_page_len;
@@ -482,11 +483,16 @@ class basic_cuda_backend {
         host_ints_[head + static_cast<std::size_t>(w.ids[i])] = w.grad_ids[i];
       }
     }
+    if (const oomb::sparse_page_table* sel = c.selection) {
+      const auto tail = std::copy(sel->indptr().begin(), sel->indptr().end(), host_ints_.begin() + std::ptrdiff_t(at));
+      std::copy(sel->indices().begin(), sel->indices().end(), tail);
+    }
     return ring_.upload(host_ints_.data(), host_ints_.size(), compute());
   }
 
+  /// The kernels' arguments over a window's upload (`grad_map`: it holds the backward's map).
   static gpu::attention_args args(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
-                                  const window_table& w, const std::int32_t* table) {
+                                  const window_table& w, const std::int32_t* table, bool grad_map) {
     gpu::attention_args a;
     a.q = c.q;
     a.q_start = c.q_start;
@@ -503,6 +509,11 @@ class basic_cuda_backend {
     a.kv.table.page_size = kv.page_size;
     a.first_page = w.first_page;
     a.window_pages = w.pages;
+    if (c.selection != nullptr) {
+      a.tile_indptr = table + selection_at(w, grad_map);
+      a.tile_pages = a.tile_indptr + c.selection->indptr().size();
+      a.tile = c.tile;
+    }
     return a;
   }
 
@@ -513,6 +524,7 @@ class basic_cuda_backend {
   oomb::upload_ring ring_;
   gpu::device_buffer<std::int32_t> bad_;  // [3] device reports: bad token, target, page (-1: none)
   gpu::device_buffer<double> loss_;       // the loss added since the last take
+  gpu::stall_clock stalls_;               // compute-stream time spent waiting for transfers
   std::int32_t vocab_ = 0;                // of the last embedding_forward
   std::vector<std::int32_t> host_ints_;   // the table being uploaded
   // Scratch, grown on first use: fp32 copies of activation gradients and accumulators, the
@@ -524,7 +536,6 @@ class basic_cuda_backend {
 };
 
 /// Every page in device memory, read in place.
-  gpu::stall_clock stalls_;               // compute-stream time spent waiting for transfers
 using cuda_backend = basic_cuda_backend<oomb::device_resource>;
 /// Homes in pinned host memory, streamed through device slots (chunk_options::offload).
 using cuda_offload_backend = basic_cuda_backend<oomb::pinned_resource>;

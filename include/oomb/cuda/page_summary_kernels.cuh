@@ -1,4 +1,4 @@
-// oomb — page summaries computed on the GPU, from the K pages where they are written.
+// oomb — page summaries computed on the GPU, from the K pages or from the rows they are written from.
 // SPDX-License-Identifier: Apache-2.0
 //
 // The device twin of page_summaries (oomb/sparse/page_summaries.hpp): the same per-page, per-KV-head
@@ -111,23 +111,18 @@ inline constexpr int page_summary_threads = 128;
 
 OOMB_KERNEL_NAMESPACE_BEGIN
 
-/// Block i summarises page ids[i] over its first counts[i] tokens (clamped to [0, page_size]);
-/// thread x owns (kv head, channel) pairs x, x + blockDim.x, ..., so a warp reads contiguous
-/// channels of one token. counts == nullptr means whole pages.
-template <class E>
-OOMB_KERNEL void __launch_bounds__(page_summary_threads)
-    summarize_pages_kernel(page_pool_view<const E> pool, const std::int32_t* __restrict__ ids,
-                           const std::int32_t* __restrict__ counts, device_page_summaries out) {
-  const std::int32_t id = ids[blockIdx.x];
-  std::int32_t n = counts == nullptr ? pool.page_size : counts[blockIdx.x];
-  n = n < 0 ? 0 : n > pool.page_size ? pool.page_size : n;
+/// One block summarises page `id` over its first n tokens, whose keys key(t, h) points to (channel
+/// 0 of KV head h); thread x owns (kv head, channel) pairs x, x + blockDim.x, ..., so a warp reads
+/// contiguous channels of one token.
+template <class E, class Key>
+__device__ void summarize_one_page(Key key, std::int32_t n, std::int32_t id, const device_page_summaries& out) {
   const std::int32_t pairs = out.kv_heads * out.head_dim;
   for (std::int32_t p = threadIdx.x; p < pairs; p += blockDim.x) {
     const std::int32_t h = p / out.head_dim, c = p - h * out.head_dim;
     float mn = HUGE_VALF, mx = -HUGE_VALF;
     double sum = 0.0;
     for (std::int32_t t = 0; t < n; ++t) {  // token order: the host store's summation order
-      const float f = static_cast<float>(pool.k(id, t, h)[c]);
+      const float f = static_cast<float>(key(t, h)[c]);
       mn = f < mn ? f : mn;
       mx = f > mx ? f : mx;
       sum += static_cast<double>(f);
@@ -140,6 +135,33 @@ OOMB_KERNEL void __launch_bounds__(page_summary_threads)
     if (out.mean != nullptr) out.mean[at] = n == 0 ? 0.0f : static_cast<float>(sum / n);
   }
   if (threadIdx.x == 0) out.tokens[id] = n;
+}
+
+/// Block i summarises page ids[i] of the pool over its first counts[i] tokens (clamped to
+/// [0, page_size]); counts == nullptr means whole pages.
+template <class E>
+OOMB_KERNEL void __launch_bounds__(page_summary_threads)
+    summarize_pages_kernel(page_pool_view<const E> pool, const std::int32_t* __restrict__ ids,
+                           const std::int32_t* __restrict__ counts, device_page_summaries out) {
+  const std::int32_t id = ids[blockIdx.x];
+  std::int32_t n = counts == nullptr ? pool.page_size : counts[blockIdx.x];
+  n = n < 0 ? 0 : n > pool.page_size ? pool.page_size : n;
+  summarize_one_page<E>([&](std::int32_t t, std::int32_t h) { return pool.k(id, t, h); }, n, id, out);
+}
+
+/// Block i summarises page ids[i] as holding rows [i * page_size, min(rows, (i + 1) * page_size))
+/// of keys [rows][kv_heads][head_dim] (contiguous).
+template <class E>
+OOMB_KERNEL void __launch_bounds__(page_summary_threads)
+    summarize_key_rows_kernel(const E* __restrict__ keys, std::int64_t rows, std::int32_t page_size,
+                              const std::int32_t* __restrict__ ids, device_page_summaries out) {
+  const std::int64_t first = std::int64_t(blockIdx.x) * page_size;
+  const std::int64_t left = rows - first;
+  const std::int32_t n = left <= 0 ? 0 : left < page_size ? static_cast<std::int32_t>(left) : page_size;
+  const std::int64_t row = std::int64_t(out.kv_heads) * out.head_dim;
+  summarize_one_page<E>(
+      [&](std::int32_t t, std::int32_t h) { return keys + (first + t) * row + std::int64_t(h) * out.head_dim; }, n,
+      ids[blockIdx.x], out);
 }
 
 OOMB_KERNEL_NAMESPACE_END
@@ -167,6 +189,27 @@ void summarize_pages(const page_pool_view<const E>& pool, const std::int32_t* id
   detail::summarize_pages_kernel<E><<<static_cast<unsigned>(count), detail::page_summary_threads, 0, stream>>>(
       pool, ids, counts, out);
   OOMB_CUDA_CHECK_LAUNCH("summarize_pages: launching for ", count, " pages");
+}
+
+/// Enqueues on `stream` the summaries of `count` pages written from rows of keys: page ids[i]
+/// holds rows [i * page_size, min(rows, (i + 1) * page_size)) of `keys` ([rows][kv_heads][head_dim],
+/// contiguous, device memory, bf16 or float), summarised from its first token as summarize_pages
+/// does from the pool (the same bits, when the pool holds the same values); a page past the last
+/// row is emptied, so rows == 0 empties all `count` (keys may then be null). What a trainer calls
+/// where a chunk's keys are still in device memory and its pages may not be (offload). `ids`:
+/// device, `count` distinct entries in [0, out.num_ids). Allocates nothing, never synchronises.
+/// Throws invalid_argument for a bad size, cuda_error if the launch fails.
+template <class E>
+void summarize_key_rows(const E* keys, std::int64_t rows, std::int32_t page_size, const std::int32_t* ids,
+                        std::int32_t count, const device_page_summaries& out, cuda_stream_view stream) {
+  OOMB_EXPECTS(rows >= 0 && page_size > 0 && count >= 0, "summarize_key_rows: ", rows, " rows, page size ",
+               page_size, ", ", count, " pages");
+  if (count == 0) return;
+  OOMB_EXPECTS((keys != nullptr || rows == 0) && ids != nullptr && out.tokens != nullptr,
+               "summarize_key_rows: null keys, ids or summaries for ", count, " pages");
+  detail::summarize_key_rows_kernel<E><<<static_cast<unsigned>(count), detail::page_summary_threads, 0, stream>>>(
+      keys, rows, page_size, ids, out);
+  OOMB_CUDA_CHECK_LAUNCH("summarize_key_rows: launching for ", count, " pages");
 }
 
 namespace detail {
