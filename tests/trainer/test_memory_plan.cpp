@@ -128,7 +128,8 @@ TEST_CASE("memory plan: with offload nothing on the GPU grows with the context; 
   CHECK(a.gpu_total() == b.gpu_total());
   CHECK(a.gpu_growth_per_10k == 0.0);
   CHECK(b.host_total() > a.host_total());
-  CHECK(a.optimizer_on_gpu);
+  CHECK(a.optimizer_groups == cfg.num_hidden_layers + 2);
+  CHECK(a.optimizer_groups_on_gpu == a.optimizer_groups);
   CHECK(a.on_gpu(plan_part::optimizer) == 3 * a.on_gpu(plan_part::gradients));
   // bf16 K/V homes of every page, fp32 gradient homes of every page but the last chunk's.
   const std::uint64_t kv_pair = 2 * 16 * std::uint64_t(cfg.num_key_value_heads * cfg.head_dim) * 2;
@@ -151,7 +152,7 @@ TEST_CASE("memory plan: the optimizer goes to pinned host memory only when it do
   const auto seven = real_config("qwen2.5-7b.json");
   const auto off = offload_options(4096, 16);
   const memory_plan big = oomb_trainer::plan_memory(seven, off, 131072, cuda_target(139 * GiB, 512 * GiB));
-  CHECK_FALSE(big.optimizer_on_gpu);
+  CHECK(big.optimizer_groups_on_gpu == 0);
   CHECK(big.on_gpu(plan_part::optimizer) == 0);
   CHECK(big.on_host(plan_part::optimizer) == 3 * big.on_gpu(plan_part::gradients));
   CHECK(big.on_host(plan_part::optimizer_staging) > 0);
@@ -161,9 +162,32 @@ TEST_CASE("memory plan: the optimizer goes to pinned host memory only when it do
   plan_target forced = cuda_target(139 * GiB, 512 * GiB);
   forced.optimizer = oomb_trainer::optimizer_placement::gpu;
   const memory_plan on_gpu = oomb_trainer::plan_memory(seven, off, 131072, forced);
-  CHECK(on_gpu.optimizer_on_gpu);
+  CHECK(on_gpu.optimizer_groups_on_gpu == on_gpu.optimizer_groups);
   CHECK_FALSE(on_gpu.gpu_fits());
   CHECK(on_gpu.gpu_total() == big.gpu_total() + big.on_host(plan_part::optimizer));
+
+  // Split: the groups that fit stay on the GPU (first fit in layout order), the rest go to the host.
+  plan_target split = cuda_target(139 * GiB, 512 * GiB);
+  split.optimizer = oomb_trainer::optimizer_placement::split;
+  const memory_plan s = oomb_trainer::plan_memory(seven, off, 131072, split);
+  CHECK(s.gpu_fits());
+  CHECK(s.optimizer_groups_on_gpu > 0);
+  CHECK(s.optimizer_groups_on_gpu < s.optimizer_groups);
+  CHECK(s.on_gpu(plan_part::optimizer) + s.on_host(plan_part::optimizer) == on_gpu.on_gpu(plan_part::optimizer));
+  // No group left on the host would have fitted in what is left on the GPU.
+  const auto groups = oomb_trainer::detail::optimizer_groups(oomb_trainer::param_layout(seven));
+  std::uint64_t smallest = ~std::uint64_t(0);
+  for (const auto gr : groups) smallest = std::min<std::uint64_t>(smallest, 3 * gr * sizeof(float));
+  CHECK(s.gpu_limit - s.gpu_total() < smallest);
+  // The host keeps less, so a longer context fits in the same host memory.
+  const plan_target host128 = cuda_target(139 * GiB, 128 * GiB);
+  plan_target split128 = host128;
+  split128.optimizer = oomb_trainer::optimizer_placement::split;
+  CHECK(oomb_trainer::largest_fitting_tokens(seven, off, split128) > 2 * oomb_trainer::largest_fitting_tokens(seven, off, host128));
+  // Where everything fits, split is all on the GPU, as automatic.
+  const memory_plan small = oomb_trainer::plan_memory(real_config("qwen2.5-0.5b.json"), off, 131072, split);
+  CHECK(small.optimizer_groups_on_gpu == small.optimizer_groups);
+  CHECK(small.on_host(plan_part::optimizer_staging) == 0);
 }
 
 TEST_CASE("memory plan: a context that does not fit is refused with both numbers and the largest that fits") {
@@ -259,22 +283,33 @@ TEST_CASE("memory plan: the host limit comes from MemAvailable, never MemTotal; 
 
 // The table of docs/trainer.md ("Memory plan"): OOMB_PRINT_PLAN_TABLE=1 test_trainer -tc='*table*'
 TEST_CASE("memory plan: the table for Qwen2.5 0.5B and 7B at 128K, 1M and 4M tokens with offload") {
-  const plan_target t = cuda_target(139 * GiB, 128 * GiB);
+  using oomb_trainer::optimizer_placement;
   std::string table =
-      "| model | tokens | GPU | of which grows per 10K tokens | host (pinned) | optimizer | fits 139 GiB GPU / 128 GiB host |\n"
-      "| --- | ---: | ---: | ---: | ---: | --- | --- |\n";
-  for (const char* model : {"qwen2.5-0.5b", "qwen2.5-7b"}) {
-    const auto cfg = real_config((std::string(model) + ".json").c_str());
+      "| model | optimizer placement | tokens | GPU | GPU growth per 10K tokens | host (pinned) | optimizer on the GPU | fits |\n"
+      "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |\n";
+  struct row {
+    const char* model;
+    optimizer_placement placement;
+    const char* name;
+  };
+  for (const row r : {row{"qwen2.5-0.5b", optimizer_placement::automatic, "automatic"},
+                      row{"qwen2.5-7b", optimizer_placement::automatic, "automatic"},
+                      row{"qwen2.5-7b", optimizer_placement::split, "split"}}) {
+    const auto cfg = real_config((std::string(r.model) + ".json").c_str());
+    plan_target t = cuda_target(139 * GiB, 128 * GiB);
+    t.optimizer = r.placement;
+    const auto opt = offload_options(4096, 16);
     for (const std::int64_t tokens : {131072, 1048576, 4194304}) {
-      const memory_plan p = oomb_trainer::plan_memory(cfg, offload_options(4096, 16), tokens, t);
+      const memory_plan p = oomb_trainer::plan_memory(cfg, opt, tokens, t);
       CHECK(p.gpu_growth_per_10k == 0.0);
       using oomb_trainer::detail::plan_bytes;
-      table += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", model, tokens, plan_bytes(double(p.gpu_total())),
-                           plan_bytes(p.gpu_growth_per_10k), plan_bytes(double(p.host_total())),
-                           p.optimizer_on_gpu ? "GPU" : "host", p.fits() ? "yes" : p.gpu_fits() ? "no: host" : "no: GPU");
+      table += fmt::format("| {} | {} | {} | {} | {} | {} | {} of {} groups | {} |\n", r.model, r.name, tokens,
+                           plan_bytes(double(p.gpu_total())), plan_bytes(p.gpu_growth_per_10k), plan_bytes(double(p.host_total())),
+                           p.optimizer_groups_on_gpu, p.optimizer_groups,
+                           p.fits() ? "yes" : p.gpu_fits() ? "no: host" : "no: GPU");
     }
-    table += fmt::format("| {} | largest that fits: {} | | | | | |\n", model,
-                         oomb_trainer::largest_fitting_tokens(cfg, offload_options(4096, 16), t));
+    table += fmt::format("| {} | {} | largest that fits: {} | | | | | |\n", r.model, r.name,
+                         oomb_trainer::largest_fitting_tokens(cfg, opt, t));
   }
   if (std::getenv("OOMB_PRINT_PLAN_TABLE")) std::fputs(table.c_str(), stdout);
 }

@@ -118,10 +118,13 @@ inline std::uint64_t parse_bytes(const std::string& text) {
 }
 
 /// Where the optimizer state (fp32 master weights and AdamW's two moments) lives with --device cuda.
+/// The state is split into update groups (optimizer_groups: the embedding, each layer, the final
+/// norm with the head), each wholly on the GPU or in pinned host memory.
 enum class optimizer_placement {
-  automatic,  ///< on the GPU when everything fits there, else in pinned host memory
+  automatic,  ///< all on the GPU when everything fits there, else all in pinned host memory
   gpu,
   host,       ///< pinned host memory, updated layer by layer
+  split,      ///< all on the GPU when it fits, else as many groups as fit there (first fit, in layout order), the rest on the host
 };
 
 /// What the plan is for and the limits it is checked against.
@@ -165,8 +168,9 @@ struct memory_plan {
   std::int64_t tokens = 0;
   std::string device;
   chunk_options options;
-  bool optimizer_on_gpu = false;  ///< cuda only
-  std::string optimizer_why;      ///< why it is where it is (cuda)
+  std::int32_t optimizer_groups = 0;         ///< update groups (cuda)
+  std::int32_t optimizer_groups_on_gpu = 0;  ///< of them on the GPU (cuda), the rest in pinned host memory
+  std::string optimizer_why;                 ///< why it is where it is (cuda)
   std::int64_t kv_pages = 0;      ///< K/V page pairs of the sequence, all layers (the stage-1 high water)
   std::int64_t grad_pages = 0;    ///< gradient page pairs in use at the stage-2 peak, all layers
   std::vector<plan_item> gpu, host;
@@ -238,12 +242,24 @@ constexpr std::size_t cuda_head_budget = std::size_t(256) << 20;    // cuda_back
 constexpr std::size_t cuda_gemm_workspace = std::size_t(32) << 20;  // gemm_context's default
 constexpr std::size_t cuda_upload_ring = std::size_t(1) << 20;      // cuda_backend's ring at start
 
+/// Elements (padding included) of each update group of the optimizer, in layout order: the
+/// embedding, layers 0 .. L-1, the final norm (with the head when it is not tied).
+inline std::vector<std::uint64_t> optimizer_groups(const param_layout& layout) {
+  std::vector<std::size_t> starts = {0};
+  for (std::int32_t l = 0; l < layout.layers(); ++l) starts.push_back(layout.entries()[layout.layer_entry(l, 0)].offset);
+  starts.push_back(layout.entries()[layout.final_norm_entry()].offset);
+  starts.push_back(layout.total());
+  std::vector<std::uint64_t> spans;
+  for (std::size_t i = 0; i + 1 < starts.size(); ++i) spans.push_back(starts[i + 1] - starts[i]);
+  return spans;
+}
+
 struct plan_inputs {
   const model_config& c;
   const chunk_options& o;
   std::int64_t tokens;
   bool cuda;
-  bool optimizer_on_gpu;
+  const std::vector<bool>& optimizer_on_gpu;  ///< per update group (cuda)
 };
 
 /// The items of the plan (see the file comment for how each is sized).
@@ -279,21 +295,32 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
 
   dev.push_back({plan_part::weights, elements * t, fmt::format("weights ({}, {:.1f}M parameters)", tt, double(params) / 1e6)});
   dev.push_back({plan_part::gradients, elements * f, "parameter gradients (fp32)"});
-  if (!cuda)
+  if (!cuda) {
     dev.push_back({plan_part::optimizer, 2 * params * f, "AdamW moments (2 x fp32; the fp32 weights are the master)"});
-  else if (in.optimizer_on_gpu)
-    dev.push_back({plan_part::optimizer, 3 * elements * f, "optimizer: fp32 master weights + 2 AdamW moments"});
-  else {
-    home.push_back({plan_part::optimizer, 3 * elements * f, "optimizer: fp32 master weights + 2 AdamW moments (pinned)"});
-    // Updated layer by layer: one group's fp32 gradients down and bf16 weights up, double-buffered.
-    std::uint64_t group = 0;
-    for (const auto& en : layout.entries())
-      if (en.name.rfind("model.layers.", 0) != 0) group = std::max<std::uint64_t>(group, en.numel);
-    std::uint64_t per_layer = 0;
-    for (int k = 0; k < param_layout::per_layer; ++k) per_layer += layout.entries()[layout.layer_entry(0, k)].numel;
-    group = std::max(group, per_layer);
-    home.push_back({plan_part::optimizer_staging, 2 * group * (f + sizeof(oomb::bf16)),
-                    "optimizer staging: 2 x the largest group (a layer, the embedding or the head), fp32 down + bf16 up"});
+  } else {
+    const auto groups = optimizer_groups(layout);
+    std::uint64_t near = 0, far = 0, largest_far = 0;
+    std::size_t far_groups = 0;
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      if (in.optimizer_on_gpu[i]) {
+        near += groups[i];
+      } else {
+        far += groups[i];
+        largest_far = std::max(largest_far, groups[i]);
+        ++far_groups;
+      }
+    }
+    const auto of = [&](std::size_t k) { return k == groups.size() ? std::string() : fmt::format(", {} of {} groups", k, groups.size()); };
+    if (near > 0)
+      dev.push_back({plan_part::optimizer, 3 * near * f,
+                     "optimizer: fp32 master weights + 2 AdamW moments" + of(groups.size() - far_groups)});
+    if (far > 0) {
+      home.push_back({plan_part::optimizer, 3 * far * f,
+                      "optimizer: fp32 master weights + 2 AdamW moments (pinned" + of(far_groups) + ")"});
+      // Updated group by group: one group's fp32 gradients down and bf16 weights up, double-buffered.
+      home.push_back({plan_part::optimizer_staging, 2 * largest_far * (f + sizeof(oomb::bf16)),
+                      "optimizer staging: 2 x the largest host group, fp32 gradients down + bf16 weights up"});
+    }
   }
 
   dev.push_back({plan_part::activations, cuda ? activation_bytes<oomb::bf16, float>(c, n) : activation_bytes<float, float>(c, n),
@@ -370,43 +397,55 @@ inline void check_plan_inputs(const model_config& c, const chunk_options& o, std
 }
 
 inline memory_plan plan_at(const model_config& c, const chunk_options& o, std::int64_t tokens, const plan_target& target,
-                           bool optimizer_on_gpu) {
+                           const std::vector<bool>& optimizer_on_gpu) {
   memory_plan p;
   p.tokens = tokens;
   p.device = target.device;
   p.options = o;
-  p.optimizer_on_gpu = target.device == "cuda" && optimizer_on_gpu;
+  if (target.device == "cuda") {
+    p.optimizer_groups = static_cast<std::int32_t>(optimizer_on_gpu.size());
+    p.optimizer_groups_on_gpu = static_cast<std::int32_t>(std::count(optimizer_on_gpu.begin(), optimizer_on_gpu.end(), true));
+  }
   p.gpu_limit = target.device == "cuda" ? target.gpu_bytes : 0;
   p.host_allowed = target.host;
-  plan_items({c, o, tokens, target.device == "cuda", p.optimizer_on_gpu}, p);
+  plan_items({c, o, tokens, target.device == "cuda", optimizer_on_gpu}, p);
   return p;
 }
 
 }  // namespace detail
 
-/// The memory a run of `tokens` tokens needs with `opt` on `target` (see the file comment). With
-/// optimizer_placement::automatic the optimizer goes to the GPU when all of the plan fits there.
-/// Throws oomb::invalid_argument for inputs no run could have (allocates nothing large).
+/// The memory a run of `tokens` tokens needs with `opt` on `target` (see the file comment and
+/// optimizer_placement for where the optimizer state goes). Throws oomb::invalid_argument for
+/// inputs no run could have; allocates nothing large.
 inline memory_plan plan_memory(const model_config& c, const chunk_options& opt, std::int64_t tokens, const plan_target& target) {
+  using detail::plan_bytes;
   detail::check_plan_inputs(c, opt, tokens, target);
-  const bool cuda = target.device == "cuda";
-  bool on_gpu = target.optimizer != optimizer_placement::host;
-  std::string why = target.optimizer == optimizer_placement::automatic ? "" : "as asked";
+  const auto groups = detail::optimizer_groups(param_layout(c));
+  const auto placement = target.device == "cuda" ? target.optimizer : optimizer_placement::gpu;
+  std::vector<bool> on_gpu(groups.size(), placement != optimizer_placement::host);
   memory_plan p = detail::plan_at(c, opt, tokens, target, on_gpu);
-  if (cuda && target.optimizer == optimizer_placement::automatic) {
+  std::string why = "as asked";
+  if (placement == optimizer_placement::automatic || placement == optimizer_placement::split) {
+    const std::uint64_t state = p.on_gpu(plan_part::optimizer), rest = p.gpu_total() - state;
     if (p.gpu_fits()) {
       why = "it fits beside the rest";
+    } else if (placement == optimizer_placement::automatic) {
+      why = fmt::format("{} of it do not fit beside the rest's {} in {}", plan_bytes(double(state)), plan_bytes(double(rest)),
+                        plan_bytes(double(target.gpu_bytes)));
+      on_gpu.assign(groups.size(), false);
     } else {
-      const std::uint64_t state = p.on_gpu(plan_part::optimizer), rest = p.gpu_total() - state;
-      why = fmt::format("{} of optimizer state do not fit beside the rest's {} in {}: pinned host memory, which the "
-                        "page homes cannot use",
-                        detail::plan_bytes(double(state)), detail::plan_bytes(double(rest)),
-                        detail::plan_bytes(double(target.gpu_bytes)));
-      on_gpu = false;
-      p = detail::plan_at(c, opt, tokens, target, on_gpu);
+      std::uint64_t room = target.gpu_bytes > rest ? target.gpu_bytes - rest : 0;
+      for (std::size_t i = 0; i < groups.size(); ++i) {
+        const std::uint64_t b = 3 * groups[i] * sizeof(float);
+        on_gpu[i] = b <= room;
+        if (on_gpu[i]) room -= b;
+      }
+      why = fmt::format("{} of it do not fit beside the rest's {} in {}: the groups that fit stay", plan_bytes(double(state)),
+                        plan_bytes(double(rest)), plan_bytes(double(target.gpu_bytes)));
     }
+    if (!p.gpu_fits()) p = detail::plan_at(c, opt, tokens, target, on_gpu);
   }
-  p.optimizer_why = cuda ? why : "";
+  p.optimizer_why = target.device == "cuda" ? why : "";
   // Growth: the slope over a stretch long enough that the host pools' slabs average out.
   const std::int64_t stretch = std::max<std::int64_t>(10000, 64 * std::int64_t(opt.chunk));
   const std::int64_t ids_left = (std::numeric_limits<std::int32_t>::max() - 1) / c.num_hidden_layers * opt.page;
@@ -469,8 +508,15 @@ inline std::string memory_plan::describe() const {
   if (device == "cuda") block("GPU", gpu, gpu_limit, "available", gpu_growth_per_10k);
   block(device == "cuda" ? "host (pinned)" : "host", host, host_allowed.bytes,
         fmt::format("allowed ({})", host_allowed.source), host_growth_per_10k);
-  if (device == "cuda")
-    s += fmt::format("optimizer state: {} ({})\n", optimizer_on_gpu ? "on the GPU" : "in pinned host memory", optimizer_why);
+  if (device == "cuda") {
+    const std::string where = optimizer_groups_on_gpu == optimizer_groups ? std::string("on the GPU")
+                              : optimizer_groups_on_gpu == 0
+                                  ? std::string("in pinned host memory, which the page homes cannot use")
+                                  : fmt::format("{} of {} update groups on the GPU, {} in pinned host memory (which the page homes "
+                                                "cannot use)",
+                                                optimizer_groups_on_gpu, optimizer_groups, optimizer_groups - optimizer_groups_on_gpu);
+    s += fmt::format("optimizer state: {} ({})\n", where, optimizer_why);
+  }
   return s;
 }
 
