@@ -1,0 +1,452 @@
+// oomb benchmarks — the GPU trainer's fwd_bwd step (chunk_recurrent on the CUDA backend) at long
+// context: one sequence's forward, loss and backward, no optimizer update, as the PyTorch
+// competitor (strong_baseline.py) measures it. Random weights initialised on the GPU, random
+// tokens; per length a fresh trainer, one warm-up step, then N timed steps (medians). One JSON
+// line per measured point (the results format of issue 11, docs/benchmarks.md "Trainer step"),
+// progress on stderr.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Memory: peak_gpu_bytes is the device memory the process holds above a baseline taken once the
+// CUDA context and cuBLASLt are up and before the weights are allocated (cudaMemGetInfo's used
+// bytes), sampled after every chunk of both stages and at the end of each step. Every allocation
+// on this path is a cudaMalloc held until freed (no caching allocator), so the samples at the
+// chunk edges see the high-water mark (see the doc for what they can miss).
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <exception>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <nlohmann/json.hpp>
+
+#include <oomb/core/error.hpp>
+#include <oomb/cuda/error.hpp>
+#include <oomb/cuda/stream.hpp>
+#include <oomb/offload/belady_eviction.hpp>
+
+#include "trainer/backend/cuda_backend.cuh"
+#include "trainer/backend/device_init.cuh"
+#include "trainer/backend/device_params.cuh"
+#include "trainer/cuda/ops/gemm.cuh"
+#include "trainer/io/config.hpp"
+#include "trainer/train/chunk_recurrent.hpp"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using oomb_trainer::chunk_options;
+using oomb_trainer::model_config;
+using json = nlohmann::json;
+
+constexpr double gib = double(1u << 30);
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+const char* usage =
+    "usage: bench_trainer --config MODEL.json --lengths N[,N...] [options]\n"
+    "  --chunk C[,C...]     tokens per chunk (a multiple of --page; several: one row per chunk)   [8192]\n"
+    "  --page P             tokens per K/V page (the Hopper attention kernels need >= 128)        [128]\n"
+    "  --window-pages W     pages per attention window (0: one window per layer in place, near/2 with offload) [0]\n"
+    "  --offload            K/V and gradient pages at home in pinned host memory, streamed through device slots\n"
+    "  --near-pages K       device slots per tier with --offload (0: max(4 * chunk / page, 256))  [0]\n"
+    "  --reps N             timed steps per point after the warm-up (0: 3 if the first took < 10 s, else 1) [0]\n"
+    "  --warmup-tokens T    the warm-up step's length, on the point's own trainer (0: the point's length)  [0]\n"
+    "  --deadline-s S       skip the points that would end later than S s after the start (0: none) [0]\n"
+    "  --jsonl FILE         append the rows to FILE (they are printed on stdout either way)\n"
+    "  --seed N             weights and tokens                                                     [1]\n"
+    "  --commit SHA         recorded in each row                                             [unknown]\n"
+    "  --model NAME         the row's model name                        [the config's file name, no .json]\n";
+
+[[noreturn]] void usage_error(const std::string& what) {
+  std::fprintf(stderr, "bench_trainer: %s (--help lists the options)\n", what.c_str());
+  std::exit(2);
+}
+
+std::int64_t parse_int(const std::string& flag, const std::string& text, std::int64_t lo, std::int64_t hi) {
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty()) usage_error(flag + ": '" + text + "' is not an integer");
+  if (v < lo || v > hi)
+    usage_error(flag + ": " + text + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+std::vector<std::int64_t> parse_list(const std::string& flag, const std::string& text, std::int64_t lo, std::int64_t hi) {
+  std::vector<std::int64_t> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::size_t end = comma == std::string::npos ? text.size() : comma;
+    out.push_back(parse_int(flag, text.substr(start, end - start), lo, hi));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+struct bench_options {
+  std::string config_path, model, jsonl, commit = "unknown";
+  std::vector<std::int64_t> lengths, chunks{8192};
+  std::int32_t page = 128, window_pages = 0, near_pages = 0;
+  bool offload = false;
+  int reps = 0;
+  std::int64_t warmup_tokens = 0;
+  double deadline_s = 0;
+  std::uint64_t seed = 1;
+
+  /// The trainer's options for one chunk size (near slots resolved).
+  chunk_options trainer_options(std::int64_t chunk) const {
+    chunk_options o;
+    o.chunk = static_cast<std::int32_t>(chunk);
+    o.page = page;
+    o.window_pages = window_pages;
+    o.offload = offload;
+    if (offload) o.near_pages = near_pages > 0 ? near_pages : std::max<std::int32_t>(4 * o.chunk / page, 256);
+    return o;
+  }
+};
+
+bench_options parse(int argc, char** argv) {
+  bench_options o;
+  constexpr std::int64_t i32 = std::numeric_limits<std::int32_t>::max();
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    } else if (flag == "--config") {
+      o.config_path = value();
+    } else if (flag == "--lengths") {
+      o.lengths = parse_list(flag, value(), 2, i32);
+    } else if (flag == "--chunk") {
+      o.chunks = parse_list(flag, value(), 1, std::int64_t(1) << 20);
+    } else if (flag == "--page") {
+      o.page = static_cast<std::int32_t>(parse_int(flag, value(), 1, i32));
+    } else if (flag == "--window-pages") {
+      o.window_pages = static_cast<std::int32_t>(parse_int(flag, value(), 0, i32));
+    } else if (flag == "--offload") {
+      o.offload = true;
+    } else if (flag == "--near-pages") {
+      o.near_pages = static_cast<std::int32_t>(parse_int(flag, value(), 0, i32));
+    } else if (flag == "--reps") {
+      o.reps = static_cast<int>(parse_int(flag, value(), 0, 1000));
+    } else if (flag == "--warmup-tokens") {
+      o.warmup_tokens = parse_int(flag, value(), 0, i32);
+    } else if (flag == "--deadline-s") {
+      o.deadline_s = static_cast<double>(parse_int(flag, value(), 0, 1 << 30));
+    } else if (flag == "--jsonl") {
+      o.jsonl = value();
+    } else if (flag == "--seed") {
+      o.seed = static_cast<std::uint64_t>(parse_int(flag, value(), 0, std::numeric_limits<std::int64_t>::max()));
+    } else if (flag == "--commit") {
+      o.commit = value();
+    } else if (flag == "--model") {
+      o.model = value();
+    } else {
+      usage_error("unknown argument '" + flag + "'");
+    }
+  }
+  if (o.config_path.empty()) usage_error("--config is required");
+  if (o.lengths.empty()) usage_error("--lengths is required");
+  if (o.near_pages > 0 && !o.offload) usage_error("--near-pages needs --offload");
+  if (o.warmup_tokens == 1) usage_error("--warmup-tokens: a sequence needs at least 2 tokens");
+  if (o.model.empty()) {
+    const std::size_t slash = o.config_path.find_last_of('/');
+    o.model = o.config_path.substr(slash == std::string::npos ? 0 : slash + 1);
+    if (o.model.size() > 5 && o.model.compare(o.model.size() - 5, 5, ".json") == 0) o.model.resize(o.model.size() - 5);
+  }
+  return o;
+}
+
+/// Device memory the process holds above a baseline, and its high-water mark since reset().
+class device_memory_probe {
+ public:
+  device_memory_probe() : baseline_(used()) {}
+  static std::size_t used() {
+    std::size_t free = 0, total = 0;
+    OOMB_CUDA_CHECK(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return total - free;
+  }
+  std::size_t baseline() const noexcept { return baseline_; }
+  std::size_t sample() {
+    const std::size_t u = used();
+    const std::size_t above = u > baseline_ ? u - baseline_ : 0;
+    peak_ = std::max(peak_, above);
+    return above;
+  }
+  std::size_t peak() const noexcept { return peak_; }
+  void reset() { peak_ = 0; }
+
+ private:
+  std::size_t baseline_;
+  std::size_t peak_ = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/// Parameters whose products the step computes: every one but the input embedding's lookup (a
+/// tied model's embedding is its LM head, so it counts once).
+double matmul_parameters(const model_config& c) {
+  const oomb_trainer::param_layout layout(c);
+  const double all = static_cast<double>(oomb_trainer::parameter_count(layout));
+  return c.tie_word_embeddings ? all : all - double(c.vocab_size) * c.hidden_size;
+}
+
+/// The fwd_bwd step's work without recomputation: 6 multiply-adds' FLOPs per matrix parameter and
+/// token, plus per layer, query head and causal (query, key) pair, 4d FLOPs forward (q.k and p.v)
+/// and 8d backward (dp, dv, dq, dk): N(N+1)/2 pairs, the causal half counted once.
+double step_flops(const model_config& c, std::int64_t tokens) {
+  const double n = static_cast<double>(tokens);
+  const double pairs = n * (n + 1) / 2;
+  return 6.0 * matmul_parameters(c) * n + 12.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * pairs;
+}
+
+std::string utc_date() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  return buf;
+}
+
+void emit(const json& row, const bench_options& o) {
+  const std::string line = row.dump();
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  if (!o.jsonl.empty()) {
+    std::ofstream f(o.jsonl, std::ios::app);
+    f << line << '\n';
+    if (!f) std::fprintf(stderr, "bench_trainer: could not append to %s\n", o.jsonl.c_str());
+  }
+}
+
+/// The model's weights (bf16) and gradients (fp32) on the device, for every point of the run.
+struct device_model {
+  oomb_trainer::gpu::device_params<oomb::bf16> weights;
+  oomb_trainer::gpu::device_params<float> grads;
+
+  device_model(const model_config& c, std::uint64_t seed) : weights(c), grads(c) {
+    // The fp32 draw goes into the gradients' memory, which the steps zero anyway: no master copy
+    // is held while the steps are timed (a fwd_bwd step has no optimizer).
+    oomb::cuda_stream stream;
+    oomb_trainer::gpu::init_qwen2(grads, weights, seed, stream.view());
+    OOMB_CUDA_CHECK(cudaStreamSynchronize(stream.get()), "initialising the weights");
+    grads.zero();
+  }
+};
+
+/// Measures one (length, chunk) point on backend B; returns its median step time (for the
+/// deadline's forecast of the next point).
+template <class B>
+double measure(const bench_options& o, const model_config& cfg, const chunk_options& opt, std::int64_t tokens,
+               device_model& m, device_memory_probe& mem, const clock_type::time_point start) {
+  // Belady eviction of K/V slots, as oomb-train (with offload; in place nothing is evicted).
+  using trainer_type = oomb_trainer::chunk_recurrent<B, oomb::belady_eviction>;
+  mem.reset();
+  const auto t_build = clock_type::now();
+  trainer_type trainer(cfg, opt, tokens);
+  mem.sample();
+  const double build_s = seconds_since(t_build);
+
+  oomb_trainer::sequence seq, warm_seq;
+  seq.tokens.resize(static_cast<std::size_t>(tokens));
+  std::mt19937_64 rng(o.seed * 1000003u + static_cast<std::uint64_t>(tokens));
+  std::uniform_int_distribution<std::int32_t> token(0, cfg.vocab_size - 1);
+  for (auto& t : seq.tokens) t = token(rng);
+  const std::int64_t warm_tokens = o.warmup_tokens > 0 ? std::min(o.warmup_tokens, tokens) : tokens;
+  warm_seq.tokens.assign(seq.tokens.begin(), seq.tokens.begin() + warm_tokens);
+
+  // Per step: stage 1 ends at a device synchronisation in the callback of its last chunk (the
+  // host runs ahead of the GPU otherwise), so stage1_s is the GPU's time for it.
+  clock_type::time_point step_start, stage1_end;
+  auto last_line = clock_type::now();
+  auto progress = [&](const oomb_trainer::chunk_progress& p) {
+    const std::size_t now = mem.sample();
+    if (p.stage == 1 && p.chunk + 1 == p.chunks) {
+      OOMB_CUDA_CHECK(cudaDeviceSynchronize(), "end of stage 1");
+      stage1_end = clock_type::now();
+    }
+    if (seconds_since(last_line) >= 2.0) {  // long steps: a line every 2 s
+      last_line = clock_type::now();
+      const std::int32_t done = p.stage == 1 ? p.chunk + 1 : p.chunks + (p.chunks - p.chunk);
+      std::fprintf(stderr, "  %s %lld tokens: stage %d, chunk %d of %d (%d of %d), %.1f s (host clock), GPU %.2f GiB, peak %.2f GiB\n",
+                   o.model.c_str(), static_cast<long long>(tokens), p.stage, p.chunk, p.chunks, done, 2 * p.chunks,
+                   seconds_since(step_start), double(now) / gib, double(mem.peak()) / gib);
+    }
+  };
+  struct step_result {
+    double step_s, stage1_s, stage2_s, loss;
+  };
+  auto step = [&](const oomb_trainer::sequence& s) -> step_result {
+    m.grads.zero();
+    last_line = step_start = stage1_end = clock_type::now();
+    const double loss = trainer.loss_and_grad(m.weights, m.grads, s, progress);
+    const double t = seconds_since(step_start);
+    mem.sample();
+    const double t1 = std::chrono::duration<double>(stage1_end - step_start).count();
+    return {t, t1, t - t1, loss};
+  };
+
+  std::fprintf(stderr, "%s %lld tokens, chunk %d, page %d%s: warm-up step of %lld tokens\n", o.model.c_str(),
+               static_cast<long long>(tokens), opt.chunk, opt.page, opt.offload ? ", offload" : "",
+               static_cast<long long>(warm_tokens));
+  const step_result warm = step(warm_seq);
+  // Timed steps: --reps, or 3 when the first takes < 10 s and 1 otherwise; never one that the
+  // deadline would cut (the first always runs).
+  std::vector<double> step_s, stage1_s, stage2_s, exposed_s;
+  const auto kv0 = trainer.kv_residency(), gr0 = trainer.grad_residency();
+  std::uint64_t h2d = 0, d2h = 0;
+  double loss = 0;
+  for (int reps = o.reps;;) {
+    const step_result s = step(seq);
+    step_s.push_back(s.step_s);
+    stage1_s.push_back(s.stage1_s);
+    stage2_s.push_back(s.stage2_s);
+    exposed_s.push_back(trainer.last_stats().exposed_transfer_seconds);
+    h2d = trainer.last_stats().bytes_to_near;  // the last timed step's
+    d2h = trainer.last_stats().bytes_to_far;
+    loss = s.loss;
+    if (reps == 0) reps = s.step_s < 10.0 ? 3 : 1;
+    std::fprintf(stderr, "  step %zu of %d: %.3f s (stage 1 %.3f s, stage 2 %.3f s, exposed transfers %.3f s), loss %.4f\n",
+                 step_s.size(), reps, s.step_s, s.stage1_s, s.stage2_s, exposed_s.back(), s.loss);
+    if (static_cast<int>(step_s.size()) >= reps) break;
+    if (o.deadline_s > 0 && seconds_since(start) + s.step_s > o.deadline_s) break;
+  }
+  const int reps = static_cast<int>(step_s.size());
+  const auto kv1 = trainer.kv_residency(), gr1 = trainer.grad_residency();
+  const auto tiers = trainer.memory();
+  const double t = median(step_s);
+
+  json row;
+  row["system"] = "oomb";
+  row["model"] = o.model;
+  row["tokens"] = tokens;
+  row["attention"] = "dense";
+  row["phase"] = "fwd_bwd";
+  row["step_s"] = t;
+  row["tok_per_s"] = double(tokens) / t;
+  row["peak_gpu_bytes"] = mem.peak();
+  // Pinned host memory: the far pools' slabs with offload (the backend's upload ring, >= 1 MiB
+  // pinned, is not visible from here and is left out).
+  row["host_bytes"] = opt.offload ? tiers.far_kv_reserved + tiers.far_grad_reserved : std::size_t(0);
+  row["h2d_bytes"] = h2d;
+  row["d2h_bytes"] = d2h;
+  // The compute stream's waits for page copies, timed on the device (0 in place: nothing moves).
+  row["exposed_transfer_s"] = median(exposed_s);
+  row["commit"] = o.commit;
+  row["date"] = utc_date();
+  row["chunk"] = opt.chunk;
+  row["page"] = opt.page;
+  row["window_pages"] = opt.window_pages;
+  row["offload"] = opt.offload;
+  row["near_pages"] = opt.near_pages;
+  row["tflops"] = step_flops(cfg, tokens) / t / 1e12;
+  row["stage1_s"] = median(stage1_s);
+  row["stage2_s"] = median(stage2_s);
+  row["step_s_all"] = step_s;
+  row["reps"] = reps;
+  row["warmup_s"] = warm.step_s;
+  row["warmup_tokens"] = warm_tokens;
+  row["build_s"] = build_s;
+  row["loss"] = loss;
+  row["baseline_gpu_bytes"] = mem.baseline();
+  row["weights_bytes"] = m.weights.size() * sizeof(oomb::bf16);
+  row["grads_bytes"] = m.grads.size() * sizeof(float);
+  row["activation_bytes"] = tiers.activation_bytes;
+  row["near_bytes"] = tiers.near_bytes;
+  row["far_kv_reserved_bytes"] = tiers.far_kv_reserved;
+  row["far_grad_reserved_bytes"] = tiers.far_grad_reserved;
+  if (opt.offload) {
+    row["kv_acquire_misses"] = (kv1.acquire_misses - kv0.acquire_misses) / std::uint64_t(reps);
+    row["grad_acquire_misses"] = (gr1.acquire_misses - gr0.acquire_misses) / std::uint64_t(reps);
+  }
+  emit(row, o);
+  return t;
+}
+
+template <class B>
+void run_all(const bench_options& o, const model_config& cfg, device_model& m, device_memory_probe& mem,
+             const clock_type::time_point start) {
+  for (const std::int64_t chunk : o.chunks) {
+    const chunk_options opt = o.trainer_options(chunk);
+    double last_s = 0;
+    std::int64_t last_tokens = 0;
+    for (const std::int64_t tokens : o.lengths) {
+      json status{{"system", "oomb"}, {"model", o.model}, {"tokens", tokens}, {"chunk", chunk}};
+      if (o.deadline_s > 0 && last_tokens > 0) {
+        // Forecast: a step grows at most quadratically with the length; the warm-up and one step.
+        const double ratio = double(tokens) / double(last_tokens);
+        const double warm = o.warmup_tokens > 0 ? double(std::min(o.warmup_tokens, tokens)) / double(tokens) : 1.0;
+        const double forecast = (1.0 + warm * warm) * last_s * ratio * ratio;
+        if (seconds_since(start) + forecast > o.deadline_s) {
+          status["skipped"] = "deadline";
+          status["forecast_s"] = forecast;
+          std::fprintf(stderr, "%s\n", status.dump().c_str());
+          continue;
+        }
+      }
+      try {
+        last_s = measure<B>(o, cfg, opt, tokens, m, mem, start);
+        last_tokens = tokens;
+      } catch (const oomb::out_of_memory& e) {
+        status["oom"] = true;
+        status["error"] = e.what();
+        std::fprintf(stderr, "%s\n", status.dump().c_str());
+        break;  // longer sequences need more
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench_options o = parse(argc, argv);
+  try {
+    const auto start = clock_type::now();
+    const model_config cfg = oomb_trainer::load_model_config(o.config_path);
+    for (const std::int64_t chunk : o.chunks) o.trainer_options(chunk).validate();  // before any allocation
+    OOMB_CUDA_CHECK(cudaSetDevice(0), "bench_trainer needs a CUDA GPU");
+    OOMB_CUDA_CHECK(cudaFree(nullptr), "creating the CUDA context");
+    const oomb_trainer::gpu::ops::gemm_context cublas_up(0);  // cuBLASLt loaded and initialised before the baseline
+    device_memory_probe mem;
+    std::fprintf(stderr, "bench_trainer: %s, baseline %.2f GiB of device memory in use (context, cuBLASLt)\n",
+                 o.model.c_str(), double(mem.baseline()) / gib);
+    const auto t_init = clock_type::now();
+    device_model m(cfg, o.seed);
+    std::fprintf(stderr, "bench_trainer: weights initialised on the GPU in %.2f s\n", seconds_since(t_init));
+    if (o.offload)
+      run_all<oomb_trainer::cuda_offload_backend>(o, cfg, m, mem, start);
+    else
+      run_all<oomb_trainer::cuda_backend>(o, cfg, m, mem, start);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_trainer: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Draws docs/img/trainer_<model>.png from the trainer benchmark's committed JSON lines
+(bench/trainer/results/*.jsonl, one object per measured step, oomb's and PyTorch's): peak GPU
+memory and tokens/s against the context, per model, one line per system and configuration
+(ours: chunk, page, in place or offload). Where a point was measured more than once, the latest
+row (by date, then file name and line) is drawn. Prints each line's memory growth: the
+least-squares slope of peak_gpu_bytes against tokens, in MB (10^6 bytes) per 10K tokens.
+
+    python3 bench/trainer/plot.py            # needs matplotlib
+"""
+import json
+import pathlib
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+RESULTS = ROOT / "bench/trainer/results"
+GIB = 2**30
+
+
+def load():
+    rows = []
+    for path in sorted(RESULTS.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+    return [r for r in rows if r.get("phase") == "fwd_bwd" and r.get("step_s")]
+
+
+def series_name(r):
+    if r["system"] != "oomb":
+        return r["system"]
+    where = "offload" if r.get("offload") else "in place"
+    return f"oomb, chunk {r['chunk']}, page {r['page']}, {where}"
+
+
+def growth_mb_per_10k(pts):
+    """Least-squares slope of peak_gpu_bytes against tokens (None below two lengths)."""
+    if len(pts) < 2:
+        return None
+    xs = [r["tokens"] for r in pts]
+    ys = [r["peak_gpu_bytes"] for r in pts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return slope * 1e4 / 1e6
+
+
+def main():
+    rows = load()
+    if not rows:
+        raise SystemExit(f"no fwd_bwd rows under {RESULTS}")
+    for model in sorted({r["model"] for r in rows}):
+        latest = {}
+        for r in sorted((r for r in rows if r["model"] == model), key=lambda r: r.get("date", "")):
+            latest[(series_name(r), r["tokens"])] = r
+        names = sorted({name for name, _ in latest}, key=lambda n: (n != "pytorch", n))
+        fig, (mem_ax, speed_ax) = plt.subplots(1, 2, figsize=(11, 4))
+        for name in names:
+            pts = sorted((r for (n, _), r in latest.items() if n == name), key=lambda r: r["tokens"])
+            x = [r["tokens"] for r in pts]
+            style = dict(marker="o", linestyle="--" if name == "pytorch" else "-", label=name)
+            mem_ax.plot(x, [r["peak_gpu_bytes"] / GIB for r in pts], **style)
+            speed_ax.plot(x, [r["tok_per_s"] for r in pts], **style)
+            g = growth_mb_per_10k(pts)
+            if g is not None:
+                print(f"{model}, {name}: memory growth {g:.2f} MB per 10K tokens ({x[0]}..{x[-1]} tokens)")
+        for ax in (mem_ax, speed_ax):
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1024:g}K"))
+            ax.set_xlabel("context (tokens)")
+            ax.grid(alpha=0.3)
+        mem_ax.set_ylabel("peak GPU memory (GiB)")
+        mem_ax.set_ylim(bottom=0)
+        speed_ax.set_ylabel("tokens/s (fwd_bwd step)")
+        speed_ax.set_ylim(bottom=0)
+        mem_ax.legend(fontsize=7)
+        fig.suptitle(f"{model}: one forward + backward step on one H200")
+        fig.tight_layout()
+        out = ROOT / f"docs/img/trainer_{model.replace('qwen2.5-', '')}.png"
+        fig.savefig(out, dpi=110)
+        print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
