@@ -4,6 +4,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -285,30 +286,33 @@ TEST_CASE("memory plan: the host limit comes from MemAvailable, never MemTotal; 
 TEST_CASE("memory plan: the table for Qwen2.5 0.5B and 7B at 128K, 1M and 4M tokens with offload") {
   using oomb_trainer::optimizer_placement;
   std::string table =
-      "| model | optimizer placement | tokens | GPU | GPU growth per 10K tokens | host (pinned) | optimizer on the GPU | fits |\n"
-      "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |\n";
+      "| model | chunk | optimizer placement | tokens | GPU | GPU growth per 10K tokens | host (pinned) | optimizer on the GPU | fits |\n"
+      "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |\n";
+  // bench/trainer's settings: page 128, chunk 16,384 (0.5B) or 4,096 (7B), max(4 chunks' pages, 256) near slots.
   struct row {
     const char* model;
+    std::int32_t chunk;
     optimizer_placement placement;
     const char* name;
   };
-  for (const row r : {row{"qwen2.5-0.5b", optimizer_placement::automatic, "automatic"},
-                      row{"qwen2.5-7b", optimizer_placement::automatic, "automatic"},
-                      row{"qwen2.5-7b", optimizer_placement::split, "split"}}) {
+  for (const row r : {row{"qwen2.5-0.5b", 16384, optimizer_placement::automatic, "automatic"},
+                      row{"qwen2.5-7b", 4096, optimizer_placement::automatic, "automatic"},
+                      row{"qwen2.5-7b", 4096, optimizer_placement::split, "split"}}) {
     const auto cfg = real_config((std::string(r.model) + ".json").c_str());
     plan_target t = cuda_target(139 * GiB, 128 * GiB);
     t.optimizer = r.placement;
-    const auto opt = offload_options(4096, 16);
+    auto opt = offload_options(r.chunk, 128);
+    opt.near_pages = std::max(4 * r.chunk / 128, 256);
     for (const std::int64_t tokens : {131072, 1048576, 4194304}) {
       const memory_plan p = oomb_trainer::plan_memory(cfg, opt, tokens, t);
       CHECK(p.gpu_growth_per_10k == 0.0);
       using oomb_trainer::detail::plan_bytes;
-      table += fmt::format("| {} | {} | {} | {} | {} | {} | {} of {} groups | {} |\n", r.model, r.name, tokens,
+      table += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} of {} groups | {} |\n", r.model, r.chunk, r.name, tokens,
                            plan_bytes(double(p.gpu_total())), plan_bytes(p.gpu_growth_per_10k), plan_bytes(double(p.host_total())),
                            p.optimizer_groups_on_gpu, p.optimizer_groups,
                            p.fits() ? "yes" : p.gpu_fits() ? "no: host" : "no: GPU");
     }
-    table += fmt::format("| {} | {} | largest that fits: {} | | | | | |\n", r.model, r.name,
+    table += fmt::format("| {} | {} | {} | largest that fits: {} | | | | | |\n", r.model, r.chunk, r.name,
                          oomb_trainer::largest_fitting_tokens(cfg, opt, t));
   }
   if (std::getenv("OOMB_PRINT_PLAN_TABLE")) std::fputs(table.c_str(), stdout);
