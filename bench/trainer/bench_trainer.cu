@@ -39,6 +39,7 @@
 #include "trainer/cuda/ops/gemm.cuh"
 #include "trainer/io/config.hpp"
 #include "trainer/train/chunk_recurrent.hpp"
+#include "trainer/train/memory_plan.hpp"
 
 namespace {
 
@@ -267,6 +268,14 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
                device_model& m, device_memory_probe& mem, const clock_type::time_point start) {
   // Belady eviction of K/V slots, as oomb-train (with offload; in place nothing is evicted).
   using trainer_type = oomb_trainer::chunk_recurrent<B, oomb::belady_eviction>;
+  // What train/memory_plan.hpp expects this point to take on the GPU (no optimizer: its state
+  // planned on the host), beside what is measured.
+  oomb_trainer::plan_target target;
+  target.device = "cuda";
+  target.optimizer = oomb_trainer::optimizer_placement::host;
+  target.gpu_bytes = std::numeric_limits<std::uint64_t>::max();
+  target.host = {std::numeric_limits<std::uint64_t>::max(), "not limited (bench_trainer)"};
+  const oomb_trainer::memory_plan plan = oomb_trainer::plan_memory(cfg, opt, tokens, target);
   mem.reset();
   const auto t_build = clock_type::now();
   trainer_type trainer(cfg, opt, tokens);
@@ -375,6 +384,8 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["build_s"] = build_s;
   row["loss"] = loss;
   row["baseline_gpu_bytes"] = mem.baseline();
+  row["planned_gpu_bytes"] = plan.gpu_total();
+  row["planned_gpu_growth_per_10k"] = plan.gpu_growth_per_10k;
   row["weights_bytes"] = m.weights.size() * sizeof(oomb::bf16);
   row["grads_bytes"] = m.grads.size() * sizeof(float);
   row["activation_bytes"] = tiers.activation_bytes;

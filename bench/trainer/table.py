@@ -46,7 +46,7 @@ def main(oomb_log, torch_log):
     ours_lengths = {n for n, _ in ours_keys}
     keys = ours_keys | {(n, None) for n in set(torch) | set(torch_status) if n not in ours_lengths}
     keys = sorted(keys, key=lambda k: (k[0], k[1] or 0))
-    head = f"{'tokens':>8} {'chunk':>6} {'oomb s':>9} {'pytorch s':>9} {'ratio':>6} {'oomb GiB':>9} {'pytorch GiB':>11} {'oomb TF/s':>9} {'pt TF/s':>8} {'host GiB':>8}"
+    head = f"{'tokens':>8} {'chunk':>6} {'oomb s':>9} {'pytorch s':>9} {'ratio':>6} {'oomb GiB':>9} {'pytorch GiB':>11} {'oomb TF/s':>9} {'pt TF/s':>8} {'host GiB':>8} {'plan GiB':>8}"
     print(head)
     print("-" * len(head))
     for n, chunk in keys:
@@ -59,9 +59,10 @@ def main(oomb_log, torch_log):
         otf = f"{o['tflops']:.0f}" if o else "-"
         ttf = f"{o['tflops'] * o['step_s'] / t['s']:.0f}" if o and t else "-"
         hg = f"{o['host_bytes'] / 2**30:.2f}" if o else "-"
-        print(f"{n:>8} {chunk or '-':>6} {os_:>9} {ts:>9} {ratio:>6} {og:>9} {tg:>11} {otf:>9} {ttf:>8} {hg:>8}")
+        pg = f"{o['planned_gpu_bytes'] / 2**30:.2f}" if o and "planned_gpu_bytes" in o else "-"
+        print(f"{n:>8} {chunk or '-':>6} {os_:>9} {ts:>9} {ratio:>6} {og:>9} {tg:>11} {otf:>9} {ttf:>8} {hg:>8} {pg:>8}")
     print("ratio: our tokens/s over PyTorch's (> 1: faster); GiB: peak device memory above the context "
-          "(ours: cudaMemGetInfo; PyTorch: max_memory_allocated)")
+          "(ours: cudaMemGetInfo; PyTorch: max_memory_allocated);\nplan GiB: what train/memory_plan.hpp expected on our GPU")
 
 
 if __name__ == "__main__":
