@@ -11,13 +11,13 @@
 #include "trainer/train/run.hpp"
 
 #ifdef OOMB_TRAINER_CUDA
-oomb_trainer::device_loss_maker oomb_train_cuda_device();  // cuda_device.cu
+oomb_trainer::device_trainer_maker oomb_train_cuda_device();  // cuda_device.cu
 #endif
 
 namespace {
 
 /// What --device cuda runs on in this build (none without CUDA: training_run says so).
-oomb_trainer::device_loss_maker device_of_this_build() {
+oomb_trainer::device_trainer_maker device_of_this_build() {
 #ifdef OOMB_TRAINER_CUDA
   return oomb_train_cuda_device();
 #else

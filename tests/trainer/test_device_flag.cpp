@@ -1,5 +1,5 @@
 // oomb-train's --device: parsed and checked before anything is allocated, the banner names the
-// device, and training_run's device path (device_loss) runs the same loop as the CPU one.
+// device, and training_run's device path (a device_trainer_maker) runs the same loop as the CPU one.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
@@ -9,8 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/backend/cpu_backend.hpp"
-#include "trainer/train/chunk_recurrent.hpp"
+#include "trainer/train/cpu_trainer.hpp"
 #include "trainer/train/options.hpp"
 #include "trainer/train/run.hpp"
 
@@ -39,24 +38,6 @@ oomb_trainer::train_options tiny_run(const fs::path& out, const std::string& dev
   return o;
 }
 
-/// A "device" that is the CPU backend behind device_loss: the plumbing alone, checkable anywhere.
-class host_device_loss final : public oomb_trainer::device_loss {
- public:
-  host_device_loss(const oomb_trainer::model_config& c, const oomb_trainer::chunk_options& o, std::int64_t n)
-      : trainer_(c, o, n) {}
-  double loss_and_grad(const oomb_trainer::qwen2_params<float>& p, oomb_trainer::qwen2_params<float>& g,
-                       const oomb_trainer::sequence& seq,
-                       const std::function<void(const oomb_trainer::chunk_progress&)>& progress) override {
-    g.zero();
-    return trainer_.loss_and_grad(p, g, seq, progress);
-  }
-  oomb_trainer::chunk_step_stats last_stats() const override { return trainer_.last_stats(); }
-  oomb_trainer::tier_memory memory() const override { return trainer_.memory(); }
-
- private:
-  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>, oomb::belady_eviction> trainer_;
-};
-
 }  // namespace
 
 TEST_CASE("--device: cpu by default, cuda accepted by the parser, anything else and cuda's unsupported modes named") {
@@ -81,13 +62,12 @@ TEST_CASE("--device cuda without a device of this build is refused before anythi
   CHECK_THROWS_WITH_AS(oomb_trainer::training_run(tiny_run(out, "cuda")), doctest::Contains("built without CUDA"),
                        oomb::invalid_argument);
   // A device whose check fails (no GPU, an unsupported head_dim): its message, and nothing written.
-  oomb_trainer::device_loss_maker absent;
+  oomb_trainer::device_trainer_maker absent;
   absent.name = "cuda";
   absent.require = [](const oomb_trainer::model_config& c) {
     OOMB_EXPECTS(c.head_dim == 64, "test device: head_dim ", c.head_dim, " is not supported");
   };
-  absent.make = [](const oomb_trainer::model_config&, const oomb_trainer::chunk_options&,
-                   std::int64_t) -> std::unique_ptr<oomb_trainer::device_loss> { return nullptr; };
+  absent.make = [](const oomb_trainer::trainer_setup&) -> std::unique_ptr<oomb_trainer::device_trainer> { return nullptr; };
   CHECK_THROWS_WITH_AS(oomb_trainer::training_run(tiny_run(out, "cuda"), {}, absent),
                        doctest::Contains("head_dim 16 is not supported"), oomb::invalid_argument);
   CHECK_FALSE(fs::exists(out));
@@ -95,15 +75,17 @@ TEST_CASE("--device cuda without a device of this build is refused before anythi
 
 TEST_CASE("--device: the device path runs the same loop (same losses as the CPU run) and the banner names it") {
   const fs::path a = fresh_dir("cpu"), b = fresh_dir("dev");
-  oomb_trainer::device_loss_maker host;
+  // A "device" that is the CPU's trainer behind the maker: the plumbing alone, checkable anywhere.
+  oomb_trainer::device_trainer_maker host;
   host.name = "cuda";
   host.require = [](const oomb_trainer::model_config&) {};
-  host.make = [](const oomb_trainer::model_config& c, const oomb_trainer::chunk_options& o, std::int64_t n)
-      -> std::unique_ptr<oomb_trainer::device_loss> { return std::make_unique<host_device_loss>(c, o, n); };
+  host.make = [](const oomb_trainer::trainer_setup& s) -> std::unique_ptr<oomb_trainer::device_trainer> {
+    return std::make_unique<oomb_trainer::cpu_trainer>(s);
+  };
   oomb_trainer::training_run cpu(tiny_run(a, "cpu"));
   oomb_trainer::training_run dev(tiny_run(b, "cuda"), {}, host);
   CHECK(cpu.banner().find("device: cpu\n") != std::string::npos);
-  CHECK(dev.banner().find("device: cuda (loss and gradients; clip and AdamW on the host)") != std::string::npos);
+  CHECK(dev.banner().find("device: cpu\n") != std::string::npos);  // the trainer names where it runs
   while (!cpu.done()) {
     const auto x = cpu.step();
     const auto y = dev.step();

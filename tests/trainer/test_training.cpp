@@ -1,6 +1,7 @@
 // The training loop: it learns a task that needs information from earlier chunks (and a control
 // that cannot see earlier chunks does not), resume reproduces the uninterrupted losses bit for
-// bit, the command line names what is wrong.
+// bit, --batch averages the sequences' gradients, a NaN stops the run before the update, a
+// checkpoint of another shape is refused up front, the command line names what is wrong.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
@@ -15,26 +16,16 @@
 #include "trainer/io/safetensors.hpp"
 #include "trainer/io/tokens.hpp"
 #include "trainer/train/options.hpp"
+#include "trainer/train/cpu_trainer.hpp"
 #include "trainer/train/run.hpp"
+#include "test_util.hpp"
+#include "training_test_util.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-/// A fresh folder under the temporary directory, removed at the end of the test.
-struct temp_dir {
-  fs::path path;
-  explicit temp_dir(const std::string& tag) {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("oomb-trainer-" + tag + "-" + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using training_test::temp_dir;
 
 oomb_trainer::train_options base_options(const std::string& out) {
   oomb_trainer::train_options o;
@@ -48,6 +39,12 @@ oomb_trainer::train_options base_options(const std::string& out) {
   o.out = out;
   o.quiet = true;
   return o;
+}
+
+std::vector<std::string> with_batch(std::vector<std::string> args, const std::string& n) {
+  args.push_back("--batch");
+  args.push_back(n);
+  return args;
 }
 
 double mean_tail(const std::vector<double>& v, std::size_t n) {
@@ -157,7 +154,8 @@ TEST_CASE("training: resume reproduces the uninterrupted losses and weights bit 
     CAPTURE(i);
     CHECK(resumed[i] == whole[i + 3]);  // exactly, not approximately
   }
-  CHECK(std::memcmp(c.params().data(), a.params().data(), a.params().size() * sizeof(float)) == 0);
+  const auto wc = c.weights(), wa = a.weights();
+  CHECK(std::memcmp(wc.data(), wa.data(), wa.size() * sizeof(float)) == 0);
   // The log of the interrupted run holds all 8 steps.
   std::ifstream log(tmp / "b/log.jsonl");
   int lines = 0;
@@ -174,13 +172,87 @@ TEST_CASE("training: --dump-grads writes the first step's gradients under the HF
   oomb_trainer::training_run run(o);
   run.step();
   const auto f = oomb_trainer::safetensors_file::open(o.dump_grads);
-  CHECK(f.tensors().size() == run.params().layout().entries().size());
+  CHECK(f.tensors().size() == run.weights().layout().entries().size());
   CHECK(f.contains("model.layers.1.mlp.down_proj.weight"));
   CHECK_FALSE(f.contains("lm_head.weight"));  // tiny.json ties the head
   const auto g = f.read<double>("model.embed_tokens.weight", {64, 64});
   double norm = 0;
   for (double x : g) norm += x * x;
   CHECK(norm > 0);
+}
+
+// Gradient accumulation: a step over two sequences has the mean of their losses and the mean of
+// their gradients (each sequence's own mean over its counted targets), whatever their masks.
+TEST_CASE("training: --batch 2's loss and gradient are the means of the two sequences' alone") {
+  temp_dir tmp("batch");
+  const auto o = base_options(tmp / "out");
+  oomb_trainer::trainer_setup setup;
+  setup.config = oomb_trainer::load_model_config(o.config);
+  setup.chunk.chunk = o.chunk;
+  setup.chunk.page = o.page;
+  setup.max_tokens = o.seq_len;
+  const oomb_trainer::kv_recall task(setup.config.vocab_size, o.seq_len, o.chunk, o.seed, {});
+  const oomb_trainer::sequence a = task.make(0), b = task.make(1);
+  REQUIRE(a.counted_targets() > 0);
+
+  auto gradient = [&](const std::vector<oomb_trainer::sequence>& batch, const std::string& file) {
+    oomb_trainer::cpu_trainer t(setup);
+    t.init(o.seed);
+    oomb_trainer::step_settings s;
+    s.lr = 1e-3;
+    s.clip = 1.0;
+    s.dump_grads = tmp / file;
+    const auto m = t.step(batch, s, {});
+    const auto f = oomb_trainer::safetensors_file::open(s.dump_grads);
+    std::vector<double> g;
+    const oomb_trainer::param_layout layout(setup.config);
+    for (const auto& e : layout.entries()) {
+      const auto x = f.read<double>(e.name, e.shape);
+      g.insert(g.end(), x.begin(), x.end());
+    }
+    return std::make_pair(m, g);
+  };
+  const auto [ma, ga] = gradient({a}, "a.safetensors");
+  const auto [mb, gb] = gradient({b}, "b.safetensors");
+  const auto [mab, gab] = gradient({a, b}, "ab.safetensors");
+  std::vector<double> mean(ga.size());
+  for (std::size_t i = 0; i < ga.size(); ++i) mean[i] = 0.5 * (ga[i] + gb[i]);
+  const double err = trainer_test::rel_err(gab, mean), apart = trainer_test::rel_err(ga, gb);
+  MESSAGE("--batch 2: loss " << mab.loss << " (mean of " << ma.loss << " and " << mb.loss << "), gradient rel err "
+                             << err << " from the mean (the two gradients are " << apart << " apart)");
+  CHECK(mab.loss == doctest::Approx(0.5 * (ma.loss + mb.loss)).epsilon(1e-12));
+  CHECK(err < 1e-5);  // float accumulation of the second sequence's chunks onto the first's
+  CHECK(apart > 0.1);  // a gradient of one sequence alone would fail
+  double norm = 0;
+  for (double x : mean) norm += x * x;
+  CHECK(mab.grad_norm == doctest::Approx(std::sqrt(norm)).epsilon(1e-5));
+
+  // Through training_run: --batch 2 takes two sequences per step.
+  auto ob = o;
+  ob.batch = 2;
+  ob.steps = 2;
+  ob.warmup = 0;
+  oomb_trainer::training_run run(ob);
+  const auto r = run.step();
+  CHECK(r.tokens == 2 * ob.seq_len);
+  CHECK(r.loss == doctest::Approx(mab.loss).epsilon(1e-12));
+  CHECK(run.banner().find("2 sequences of 128 tokens per step") != std::string::npos);
+}
+
+TEST_CASE("training: a NaN weight stops the run at its step, before the update, the last checkpoint intact") {
+  temp_dir tmp("nan");
+  auto o = base_options(tmp / "unused");
+  o.steps = 3;
+  o.warmup = 0;
+  training_test::check_non_finite_stop(o, {}, tmp);
+}
+
+TEST_CASE("training: a checkpoint of another shape is refused before anything is allocated") {
+  temp_dir tmp("shape");
+  auto o = base_options(tmp / "unused");
+  o.steps = 3;
+  o.warmup = 0;
+  training_test::check_mismatched_checkpoint(o, {}, tmp);
 }
 
 TEST_CASE("training: the command line names what is wrong") {
@@ -190,6 +262,10 @@ TEST_CASE("training: the command line names what is wrong") {
   const auto o = parse_train_options(ok);
   CHECK(o.seq_len == 64);
   CHECK(o.page == 16);
+  CHECK(o.batch == 1);
+  CHECK(parse_train_options(with_batch(ok, "4")).batch == 4);
+  CHECK_THROWS_WITH_AS(parse_train_options(with_batch(ok, "0")), doctest::Contains("--batch must be in [1, "),
+                       oomb::invalid_argument);
   CHECK(parse_train_options({"--help"}).help);
   auto with = [&](std::vector<std::string> extra) {
     auto a = ok;

@@ -1,5 +1,6 @@
 // oomb trainer — a Qwen2 model's tensors in device memory: the CUDA backend's params_type
-// (bf16 compute weights) and grads_type (fp32 gradients).
+// (bf16 compute weights) and grads_type (fp32 gradients), and the device trainer's fp32 master
+// weights and AdamW moments.
 // SPDX-License-Identifier: Apache-2.0
 //
 // The layout is the host's param_layout (HF order and names, 16-element alignment), so a tensor
@@ -9,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -75,11 +77,15 @@ template <class X, class H>
 void copy_to_device(const qwen2_params<H>& host, device_params<X>& dev) {
   OOMB_EXPECTS(host.size() == dev.size(), "copy_to_device: the host model has ", host.size(), " elements, the device one ",
                dev.size());
-  std::vector<X> staged(host.size());
-  for (std::size_t i = 0; i < staged.size(); ++i) staged[i] = X(static_cast<float>(host.data()[i]));
   OOMB_CUDA_CHECK(cudaDeviceSynchronize(), "copy_to_device");
-  OOMB_CUDA_CHECK(cudaMemcpy(dev.data(), staged.data(), staged.size() * sizeof(X), cudaMemcpyHostToDevice),
-                  "copy_to_device");
+  if constexpr (std::is_same_v<X, H>) {  // no conversion: no second host copy (a 7B's fp32 master is 28 GiB)
+    OOMB_CUDA_CHECK(cudaMemcpy(dev.data(), host.data(), host.size() * sizeof(X), cudaMemcpyHostToDevice), "copy_to_device");
+  } else {
+    std::vector<X> staged(host.size());
+    for (std::size_t i = 0; i < staged.size(); ++i) staged[i] = X(static_cast<float>(host.data()[i]));
+    OOMB_CUDA_CHECK(cudaMemcpy(dev.data(), staged.data(), staged.size() * sizeof(X), cudaMemcpyHostToDevice),
+                    "copy_to_device");
+  }
 }
 
 /// host = dev, converted element by element. Synchronous (waits for the work that produced dev).
@@ -87,11 +93,15 @@ template <class X, class H>
 void copy_to_host(const device_params<X>& dev, qwen2_params<H>& host) {
   OOMB_EXPECTS(host.size() == dev.size(), "copy_to_host: the host model has ", host.size(), " elements, the device one ",
                dev.size());
-  std::vector<X> staged(dev.size());
   OOMB_CUDA_CHECK(cudaDeviceSynchronize(), "copy_to_host");
-  OOMB_CUDA_CHECK(cudaMemcpy(staged.data(), dev.data(), staged.size() * sizeof(X), cudaMemcpyDeviceToHost),
-                  "copy_to_host");
-  for (std::size_t i = 0; i < staged.size(); ++i) host.data()[i] = static_cast<H>(static_cast<float>(staged[i]));
+  if constexpr (std::is_same_v<X, H>) {
+    OOMB_CUDA_CHECK(cudaMemcpy(host.data(), dev.data(), dev.size() * sizeof(X), cudaMemcpyDeviceToHost), "copy_to_host");
+  } else {
+    std::vector<X> staged(dev.size());
+    OOMB_CUDA_CHECK(cudaMemcpy(staged.data(), dev.data(), staged.size() * sizeof(X), cudaMemcpyDeviceToHost),
+                    "copy_to_host");
+    for (std::size_t i = 0; i < staged.size(); ++i) host.data()[i] = static_cast<H>(static_cast<float>(staged[i]));
+  }
 }
 
 }  // namespace oomb_trainer::gpu

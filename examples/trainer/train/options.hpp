@@ -18,6 +18,7 @@ namespace oomb_trainer {
 struct train_options {
   std::string config, data, synthetic, init, resume, out, dump_grads;
   std::int64_t seq_len = 0;
+  std::int32_t batch = 1;  ///< sequences per optimizer step (gradient accumulation)
   std::int32_t chunk = 0;
   std::int32_t page = 16;
   bool sparse = false;
@@ -34,7 +35,7 @@ struct train_options {
   std::int64_t stop_after = 0;  ///< stop (and save) after this many steps of this run; 0: run to --steps
   std::int32_t kv_keys = 8, kv_values = 6, kv_queries = 8;  ///< --synthetic kv-recall's shape
   bool full_backprop = false;
-  std::string device = "cpu";  ///< where loss and gradients are computed: "cpu" or "cuda"
+  std::string device = "cpu";  ///< where the training state lives and the step runs: "cpu" or "cuda"
   bool quiet = false;
   bool help = false;
 
@@ -45,7 +46,7 @@ inline const char* help_text() {
   return R"(oomb-train — chunk-recurrent training of a Qwen2 model on the CPU (or a GPU: --device), with oomb's paged KV cache,
 gradient mirror, offload (far tier: host pool, near tier: fixed slots) and page-sparse attention.
 
-usage: oomb-train --config model.json (--data tokens.bin | --synthetic NAME) --seq-len N --chunk C
+usage: oomb-train --config model.json (--data tokens.bin | --synthetic NAME) --seq-len N [--batch B] --chunk C
                   --page P [--sparse-budget B --sink S --local L] [--offload --near-pages K]
                   --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
                   [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop] [--device cpu|cuda]
@@ -65,7 +66,9 @@ model and data
   --seed N              initialisation and synthetic data seed (default 1234)
 
 sequence and memory
-  --seq-len N           tokens per sequence (one sequence per step)
+  --seq-len N           tokens per sequence
+  --batch B             sequences per optimizer step (default 1): their gradients are accumulated and
+                        the step's loss is the mean of the sequences' mean losses
   --chunk C             tokens per chunk: a multiple of the page size
   --page P              tokens per KV page: a power of two >= 16 (default 16)
   --sparse-budget B     page-sparse attention: each tile of --tile queries attends B scored past pages
@@ -79,9 +82,11 @@ sequence and memory
   --full-backprop       plain full-sequence backprop instead (the baseline; no oomb)
 
 device
-  --device D            cpu (default) or cuda: where loss and gradients are computed. cuda needs a
-                        CUDA build and a GPU, dense attention in place (no --offload, --sparse-budget
-                        or --full-backprop) and head_dim 64 or 128; the optimizer step runs on the host
+  --device D            cpu (default) or cuda: where the training state lives and the step runs. cuda
+                        keeps weights, AdamW moments and gradients on the GPU (clip and AdamW there
+                        too) and needs a CUDA build and a GPU, dense attention in place (no --offload,
+                        --sparse-budget or --full-backprop) and head_dim 64 or 128; checkpoints are
+                        the same files on both devices
 
 optimisation
   --steps S             optimizer steps in all (the schedule's length; a resumed run continues to S)
@@ -143,6 +148,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--out") o.out = value();
     else if (f == "--dump-grads") o.dump_grads = value();
     else if (f == "--seq-len") o.seq_len = i64(2);
+    else if (f == "--batch") o.batch = i32(1);
     else if (f == "--chunk") o.chunk = i32(1);
     else if (f == "--page") o.page = i32(1);
     else if (f == "--sparse-budget") { o.sparse = true; o.budget = i32(0); }

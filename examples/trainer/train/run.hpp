@@ -1,5 +1,6 @@
-// oomb trainer — the training loop behind oomb-train: data, forward/backward, clip, AdamW, log,
-// checkpoints. Reads top to bottom: step() = sample, loss_and_grad, clip, update, log.
+// oomb trainer — the training loop behind oomb-train: data, the optimizer step, log, checkpoints.
+// Reads top to bottom: step() = sample a batch, the device trainer's step (loss and gradient of
+// each sequence, average, norm, clip, AdamW: train/device_trainer.hpp), log.
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
@@ -23,14 +24,13 @@
 
 #include "trainer/io/checkpoint.hpp"
 #include "trainer/io/config.hpp"
+#include "trainer/io/safetensors.hpp"
 #include "trainer/io/tokens.hpp"
 #include "trainer/model/params.hpp"
 #include "trainer/optim/adamw.hpp"
-#include "trainer/optim/clip.hpp"
 #include "trainer/optim/schedule.hpp"
-#include "trainer/backend/cpu_backend.hpp"
-#include "trainer/train/chunk_recurrent.hpp"
-#include "trainer/train/full_sequence.hpp"
+#include "trainer/train/cpu_trainer.hpp"
+#include "trainer/train/device_trainer.hpp"
 #include "trainer/train/options.hpp"
 #include "trainer/train/synthetic.hpp"
 
@@ -39,9 +39,10 @@ namespace oomb_trainer {
 /// What one optimizer step did (also one line of log.jsonl).
 struct step_record {
   std::int64_t step = 0;  ///< 0-based index of the step just taken
-  double loss = 0, lr = 0, grad_norm = 0, seconds = 0, tokens_per_second = 0;
-  std::int64_t tokens = 0;
-  chunk_step_stats chunked;  ///< zeros with --full-backprop
+  double loss = 0;  ///< mean over the batch of each sequence's mean loss
+  double lr = 0, grad_norm = 0, seconds = 0, tokens_per_second = 0;
+  std::int64_t tokens = 0;   ///< over the batch
+  chunk_step_stats chunked;  ///< summed over the batch; zeros with --full-backprop
   tier_memory memory;
 };
 
@@ -55,50 +56,48 @@ inline std::string human_bytes(double b) {
   return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
 }
 
-/// One sequence's loss and gradient computed on a device other than the host: the weights and
-/// the gradient cross as host float models, so clipping, AdamW and checkpoints stay the host's.
-class device_loss {
- public:
-  virtual ~device_loss() = default;
-  /// Loss of `seq` (mean over counted targets); `grads` = its gradient (overwritten, not added).
-  virtual double loss_and_grad(const qwen2_params<float>& p, qwen2_params<float>& grads, const sequence& seq,
-                               const std::function<void(const chunk_progress&)>& progress) = 0;
-  virtual chunk_step_stats last_stats() const = 0;
-  virtual tier_memory memory() const = 0;
-};
+/// Throws, before anything is allocated, unless the checkpoint folder `dir` is one of a model of
+/// config `c`: its config.json equal to c, its safetensors headers holding exactly c's tensors
+/// (and moments) with c's shapes. load_checkpoint checks the same again when it reads.
+inline void check_checkpoint_matches(const std::string& dir, const model_config& c) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  OOMB_CHECK(fs::is_directory(dir, ec), oomb::format_error, dir, ": not a checkpoint folder");
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  const std::string diff = first_difference(load_model_config(config_path), c);
+  OOMB_CHECK(diff.empty(), oomb::format_error, config_path, ": field '", diff, "' differs from --config");
+  const param_layout layout(c);
+  std::vector<named_tensor<const float>> weights, moments;
+  for (const auto& e : layout.entries()) {
+    weights.push_back({e.name, e.shape, nullptr});
+    moments.push_back({e.name + ".exp_avg", e.shape, nullptr});
+    moments.push_back({e.name + ".exp_avg_sq", e.shape, nullptr});
+  }
+  detail::check_file_matches(safetensors_file::open((fs::path(dir) / "model.safetensors").string()), weights);
+  detail::check_file_matches(safetensors_file::open((fs::path(dir) / "optimizer.safetensors").string()), moments);
+}
 
-/// How a build reaches a device (train/cuda_loss.cuh's cuda_device_loss() for --device cuda).
-struct device_loss_maker {
-  std::string name;  ///< the --device value it serves
-  /// Throws, naming what is missing, unless the device can run `c` (called before any allocation).
-  std::function<void(const model_config& c)> require;
-  std::function<std::unique_ptr<device_loss>(const model_config&, const chunk_options&, std::int64_t max_tokens)> make;
-};
-
-/// A training run of a float model (see options.hpp for what each option means).
+/// A training run (see options.hpp for what each option means).
 class training_run {
-  using T = float;
-
  public:
   /// `print` receives the human-readable lines (one per step, plus progress when enabled);
-  /// `device` runs loss and gradients when --device is not cpu (empty: this build has none).
+  /// `device` trains when --device is not cpu (empty: this build has none).
   explicit training_run(train_options o, std::function<void(const std::string&)> print = {},
-                        device_loss_maker device = {})
-      : o_(std::move(o)), print_(std::move(print)), device_maker_(std::move(device)),
-        cfg_(checked_config(o_, device_maker_)), params_(cfg_), grads_(cfg_),
-        optimizer_(params_.named(), adam_options(o_)),
+                        device_trainer_maker device = {})
+      : o_(std::move(o)), print_(std::move(print)), cfg_(checked_config(o_, device)),
         schedule_(o_.lr, o_.effective_min_lr(), o_.warmup, o_.steps) {
     namespace fs = std::filesystem;
+    if (!o_.resume.empty()) check_checkpoint_matches(o_.resume, cfg_);  // before the state is allocated
+    const trainer_setup setup = setup_of(o_, cfg_);
+    trainer_ = o_.device == "cpu" ? std::make_unique<cpu_trainer>(setup) : device.make(setup);
     if (!o_.init.empty())
-      load_weights(o_.init, params_.named());
-    else
-      init_qwen2(params_, o_.seed);
+      trainer_->load_weights(o_.init);
+    else if (o_.resume.empty())
+      trainer_->init(o_.seed);
     if (!o_.resume.empty()) {
-      auto moments = optimizer_.state_tensors();
-      const trainer_state st = load_checkpoint(o_.resume, cfg_, params_.named(), moments);
+      const trainer_state st = trainer_->load(o_.resume);
       step_ = st.step;
       data_position_ = st.data_position;
-      optimizer_.set_steps_taken(st.step);
       OOMB_EXPECTS(step_ <= o_.steps, o_.resume, ": checkpoint at step ", step_, " is past --steps ", o_.steps);
     }
     if (!o_.synthetic.empty()) {
@@ -112,23 +111,6 @@ class training_run {
       tokens_.emplace(token_reader::open(o_.data, static_cast<std::uint32_t>(cfg_.vocab_size)),
                       static_cast<std::size_t>(o_.seq_len), false, data_position_);
     }
-    if (!o_.full_backprop) {
-      chunk_options co;
-      co.chunk = o_.chunk;
-      co.page = o_.page;
-      co.offload = o_.offload;
-      co.near_pages = o_.near_pages;
-      co.window_pages = o_.window_pages;
-      co.sparse = o_.sparse;
-      co.budget = o_.budget;
-      co.sink = o_.sink;
-      co.local = o_.local;
-      co.tile = o_.tile;
-      if (o_.device == "cpu")
-        chunked_ = std::make_unique<chunk_recurrent<cpu_backend<T>, oomb::belady_eviction>>(cfg_, co, o_.seq_len);
-      else
-        device_ = device_maker_.make(cfg_, co, o_.seq_len);
-    }
     fs::create_directories(o_.out);
     log_.open(fs::path(o_.out) / "log.jsonl", std::ios::app);
     OOMB_CHECK(log_.good(), oomb::error, o_.out, "/log.jsonl: cannot open for appending");
@@ -138,8 +120,8 @@ class training_run {
   const train_options& options() const noexcept { return o_; }
   std::int64_t steps_taken() const noexcept { return step_; }
   bool done() const noexcept { return step_ >= o_.steps; }
-  qwen2_params<T>& params() noexcept { return params_; }
-  const chunk_recurrent<cpu_backend<T>, oomb::belady_eviction>* chunked() const noexcept { return chunked_.get(); }
+  /// The master weights as a host copy (tests).
+  qwen2_params<float> weights() const { return trainer_->weights(); }
 
   /// The next training sequence (advances the data position).
   sequence next_sequence() {
@@ -150,37 +132,29 @@ class training_run {
     return s;
   }
 
-  /// One optimizer step: sample, loss and gradient, clip, AdamW, log.
+  /// One optimizer step: sample --batch sequences, the device trainer's step, log. A non-finite
+  /// loss or gradient throws non_finite_error with nothing changed but the data position.
   step_record step() {
     OOMB_EXPECTS(!done(), "training_run: all ", o_.steps, " steps are taken");
     const auto t0 = std::chrono::steady_clock::now();
-    const sequence seq = next_sequence();
-    grads_.zero();
+    std::vector<sequence> batch;
+    for (std::int32_t i = 0; i < o_.batch; ++i) batch.push_back(next_sequence());
+    step_settings s;
+    s.step = step_;
+    s.lr = schedule_(step_);
+    s.clip = o_.clip;
+    if (!dumped_) s.dump_grads = o_.dump_grads;
+    last_progress_ = t0;
+    const step_measure m = trainer_->step(batch, s, [&](const chunk_progress& p) { progress(p); });
+    dumped_ = true;
     step_record r;
     r.step = step_;
-    r.tokens = seq.size();
-    if (chunked_) {
-      last_progress_ = t0;
-      r.loss = chunked_->loss_and_grad(params_, grads_, seq, [&](const chunk_progress& p) { progress(p); });
-      r.chunked = chunked_->last_stats();
-      r.memory = chunked_->memory();
-    } else if (device_) {
-      last_progress_ = t0;
-      r.loss = device_->loss_and_grad(params_, grads_, seq, [&](const chunk_progress& p) { progress(p); });
-      r.chunked = device_->last_stats();
-      r.memory = device_->memory();
-    } else {
-      r.loss = full_sequence_loss_and_grad(params_, grads_, seq);
-    }
-    if (!o_.dump_grads.empty() && !dumped_) {
-      dump_gradients(o_.dump_grads, grads_.named(), {{"step", std::to_string(step_)}, {"loss", fmt::format("{:.9g}", r.loss)}});
-      dumped_ = true;
-    }
-    r.grad_norm = clip_grad_norm(grads_.named(), o_.clip);
-    OOMB_CHECK(std::isfinite(r.grad_norm), oomb::error, "step ", step_, ": gradient norm is ", r.grad_norm,
-               " (loss ", r.loss, "); stopping");
-    r.lr = schedule_(step_);
-    optimizer_.step(r.lr, params_.named(), grads_.named());
+    r.loss = m.loss;
+    r.grad_norm = m.grad_norm;
+    r.lr = s.lr;
+    for (const auto& q : batch) r.tokens += q.size();
+    r.chunked = trainer_->last_stats();
+    r.memory = trainer_->memory();
     ++step_;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.tokens_per_second = static_cast<double>(r.tokens) / r.seconds;
@@ -206,7 +180,7 @@ class training_run {
 
   /// Memory per tier after a run: what the README's demo prints last.
   std::string memory_summary(std::int32_t kv_high, std::int32_t grad_high) const {
-    const tier_memory m = chunked_ ? chunked_->memory() : device_->memory();
+    const tier_memory m = trainer_->memory();
     std::string near = o_.offload ? fmt::format("{} K/V + {} gradient slots = {} (fixed)", m.near_kv_slots, m.near_grad_slots,
                                                 human_bytes(double(m.near_bytes)))
                                   : std::string("none (attention reads the far tier in place)");
@@ -224,7 +198,7 @@ class training_run {
     st.data_position = data_position_;
     st.extra = {{"seed", o_.seed}, {"synthetic", o_.synthetic}, {"data", o_.data}};
     const auto dir = (std::filesystem::path(o_.out) / "checkpoint").string();
-    save_checkpoint(dir, cfg_, params_.named(), optimizer_.state_tensors(), st);
+    trainer_->save(dir, st);
     if (print_) print_(fmt::format("checkpoint: {} (step {})", dir, step_));
   }
 
@@ -234,17 +208,18 @@ class training_run {
                                         : fmt::format("chunk-recurrent, chunk {} tokens, page {} tokens", o_.chunk, o_.page);
     if (o_.sparse) mode += fmt::format(", sparse (budget {} + sink {} + local {} pages per {}-query tile)", o_.budget, o_.sink, o_.local, o_.tile);
     if (o_.offload) mode += fmt::format(", offload (near tier {} + {} slots)", o_.near_pages, o_.near_pages);
-    const std::string device = o_.device == "cpu" ? "cpu" : o_.device + " (loss and gradients; clip and AdamW on the host)";
+    const std::string batch = o_.batch == 1 ? fmt::format("{} tokens per step", o_.seq_len)
+                                            : fmt::format("{} sequences of {} tokens per step", o_.batch, o_.seq_len);
     return fmt::format("oomb-train: {} layers, hidden {}, {} heads / {} KV heads, vocab {}, {} parameters\n"
-                       "  device: {}\n  {} tokens per step, {}\n  data: {}; steps {} from {}",
+                       "  device: {}\n  {}, {}\n  data: {}; steps {} from {}",
                        c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size,
-                       parameter_count(params_.layout()), device, o_.seq_len, mode,
+                       parameter_count(param_layout(c)), trainer_->describe(), batch, mode,
                        o_.synthetic.empty() ? o_.data : "synthetic " + o_.synthetic, o_.steps, step_);
   }
 
  private:
   /// The model's config, once the device asked for is known to run it (before anything is allocated).
-  static model_config checked_config(const train_options& o, const device_loss_maker& device) {
+  static model_config checked_config(const train_options& o, const device_trainer_maker& device) {
     model_config c = load_model_config(o.config);
     if (o.device == "cpu") return c;
     OOMB_EXPECTS(device.name == o.device && device.require && device.make, "--device ", o.device,
@@ -253,10 +228,24 @@ class training_run {
     return c;
   }
 
-  static adamw_options adam_options(const train_options& o) {
-    adamw_options a;
-    a.weight_decay = o.weight_decay;
-    return a;
+  static trainer_setup setup_of(const train_options& o, const model_config& c) {
+    trainer_setup s;
+    s.config = c;
+    s.full_backprop = o.full_backprop;
+    s.max_tokens = o.seq_len;
+    s.adam.weight_decay = o.weight_decay;
+    chunk_options& co = s.chunk;
+    co.chunk = o.chunk;
+    co.page = o.page;
+    co.offload = o.offload;
+    co.near_pages = o.near_pages;
+    co.window_pages = o.window_pages;
+    co.sparse = o.sparse;
+    co.budget = o.budget;
+    co.sink = o.sink;
+    co.local = o.local;
+    co.tile = o.tile;
+    return s;
   }
 
   void progress(const chunk_progress& p) {
@@ -292,6 +281,7 @@ class training_run {
                         {"lr", r.lr},
                         {"grad_norm", r.grad_norm},
                         {"tokens", r.tokens},
+                        {"sequences", o_.batch},
                         {"seconds", r.seconds},
                         {"tokens_per_second", r.tokens_per_second}};
     if (!o_.full_backprop) {
@@ -316,17 +306,13 @@ class training_run {
 
   train_options o_;
   std::function<void(const std::string&)> print_;
-  device_loss_maker device_maker_;
   model_config cfg_;
-  qwen2_params<T> params_, grads_;
-  adamw<T> optimizer_;
   cosine_schedule schedule_;
+  std::unique_ptr<device_trainer> trainer_;
   std::int64_t step_ = 0;
   std::uint64_t data_position_ = 0;
   std::optional<kv_recall> task_;
   std::optional<token_windows> tokens_;
-  std::unique_ptr<chunk_recurrent<cpu_backend<T>, oomb::belady_eviction>> chunked_;
-  std::unique_ptr<device_loss> device_;
   std::ofstream log_;
   bool dumped_ = false;
   std::chrono::steady_clock::time_point last_progress_{};
