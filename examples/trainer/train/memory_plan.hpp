@@ -336,12 +336,17 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
                    "backend scratch: fp32 copies of dx/o/dq/dk/dv, window output, lse, delta, head rows"});
     dev.push_back({plan_part::head_workspace, cuda_head_budget, "fused LM head workspace (its budget)"});
     dev.push_back({plan_part::gemm_workspace, cuda_gemm_workspace, "cuBLASLt workspace"});
-    // The backward's window table (ids + the K/V id -> gradient page map over the id space: every
-    // page in place, the near slots with offload) goes up through the ring, which grows to hold it.
+    // Tables held in the ring at once: the chunk's RoPE cos/sin (fp32 [n][d], held while every
+    // layer runs), its tokens and targets, and the backward's window table (ids + the K/V id ->
+    // gradient page map over the id space: every page in place, the near slots with offload). The
+    // ring starts at 1 MiB and doubles when a table does not fit beside those in flight; counted
+    // here: doubled until twice what is held at once fits (the host running ahead holds more).
     const std::int64_t id_space = o.offload ? o.near_pages : capacity;
     const std::int64_t window = std::min<std::int64_t>(pages_per_layer, o.effective_window());
-    const std::uint64_t ring = std::max<std::uint64_t>(cuda_upload_ring, 4 * std::uint64_t(4 + window + id_space));
-    const std::string ring_what = fmt::format("upload ring: 1 MiB, or the backward's window table ({} ids) if larger", window + id_space);
+    const std::uint64_t held = std::uint64_t(n * D.d) * f + 2 * std::uint64_t(n) * 4 + 4 * std::uint64_t(4 + window + id_space);
+    std::uint64_t ring = cuda_upload_ring;
+    while (ring < 2 * held) ring *= 2;
+    const std::string ring_what = fmt::format("upload ring: RoPE table, tokens and a window table of {} ids, twice over", window + id_space);
     dev.push_back({plan_part::upload_ring, ring, ring_what + " (device twin)"});
     home.push_back({plan_part::upload_ring, ring, ring_what + " (pinned)"});
   } else {
