@@ -132,6 +132,11 @@ TEST_CASE("memory plan: with offload nothing on the GPU grows with the context; 
   CHECK(a.optimizer_groups == cfg.num_hidden_layers + 2);
   CHECK(a.optimizer_groups_on_gpu == a.optimizer_groups);
   CHECK(a.on_gpu(plan_part::optimizer) == 3 * a.on_gpu(plan_part::gradients));
+  CHECK(a.on_host(plan_part::checkpoint_staging) == a.on_gpu(plan_part::optimizer));  // cuda_training.cuh's save
+  plan_target no_checkpoints = t;
+  no_checkpoints.checkpoint_staging = false;
+  CHECK(oomb_trainer::plan_memory(cfg, off, 131072, no_checkpoints).host_total() ==
+        a.host_total() - a.on_host(plan_part::checkpoint_staging));
   // bf16 K/V homes of every page, fp32 gradient homes of every page but the last chunk's.
   const std::uint64_t kv_pair = 2 * 16 * std::uint64_t(cfg.num_key_value_heads * cfg.head_dim) * 2;
   CHECK(a.on_host(plan_part::kv_pages) == std::uint64_t(a.kv_pages) * kv_pair);
@@ -180,8 +185,10 @@ TEST_CASE("memory plan: the optimizer goes to pinned host memory only when it do
   std::uint64_t smallest = ~std::uint64_t(0);
   for (const auto gr : groups) smallest = std::min<std::uint64_t>(smallest, 3 * gr * sizeof(float));
   CHECK(s.gpu_limit - s.gpu_total() < smallest);
-  // The host keeps less, so a longer context fits in the same host memory.
-  const plan_target host128 = cuda_target(139 * GiB, 128 * GiB);
+  // The host keeps less, so a longer context fits in the same host memory (without checkpoints:
+  // staging the GPU's state for one costs the host about what the split saved).
+  plan_target host128 = cuda_target(139 * GiB, 128 * GiB);
+  host128.checkpoint_staging = false;
   plan_target split128 = host128;
   split128.optimizer = oomb_trainer::optimizer_placement::split;
   CHECK(oomb_trainer::largest_fitting_tokens(seven, off, split128) > 2 * oomb_trainer::largest_fitting_tokens(seven, off, host128));
@@ -286,8 +293,9 @@ TEST_CASE("memory plan: the host limit comes from MemAvailable, never MemTotal; 
 TEST_CASE("memory plan: the table for Qwen2.5 0.5B and 7B at 128K, 1M and 4M tokens with offload") {
   using oomb_trainer::optimizer_placement;
   std::string table =
-      "| model | chunk | optimizer placement | tokens | GPU | GPU growth per 10K tokens | host (pinned) | optimizer on the GPU | fits |\n"
-      "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |\n";
+      "| model | chunk | optimizer placement | tokens | GPU | GPU growth per 10K tokens | host (pinned) | + checkpoint staging "
+      "| optimizer on the GPU | fits (no checkpoints) |\n"
+      "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |\n";
   // bench/trainer's settings: page 128, chunk 16,384 (0.5B) or 4,096 (7B), max(4 chunks' pages, 256) near slots.
   struct row {
     const char* model;
@@ -301,18 +309,23 @@ TEST_CASE("memory plan: the table for Qwen2.5 0.5B and 7B at 128K, 1M and 4M tok
     const auto cfg = real_config((std::string(r.model) + ".json").c_str());
     plan_target t = cuda_target(139 * GiB, 128 * GiB);
     t.optimizer = r.placement;
+    t.checkpoint_staging = false;  // the benchmarks' fwd_bwd steps write no checkpoint
     auto opt = offload_options(r.chunk, 128);
     opt.near_pages = std::max(4 * r.chunk / 128, 256);
     for (const std::int64_t tokens : {131072, 1048576, 4194304}) {
       const memory_plan p = oomb_trainer::plan_memory(cfg, opt, tokens, t);
       CHECK(p.gpu_growth_per_10k == 0.0);
       using oomb_trainer::detail::plan_bytes;
-      table += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} of {} groups | {} |\n", r.model, r.chunk, r.name, tokens,
+      plan_target saving = t;
+      saving.checkpoint_staging = true;
+      const std::uint64_t staging = oomb_trainer::plan_memory(cfg, opt, tokens, saving).on_host(plan_part::checkpoint_staging);
+      table += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} of {} groups | {} |\n", r.model, r.chunk, r.name, tokens,
                            plan_bytes(double(p.gpu_total())), plan_bytes(p.gpu_growth_per_10k), plan_bytes(double(p.host_total())),
+                           plan_bytes(double(staging)),
                            p.optimizer_groups_on_gpu, p.optimizer_groups,
                            p.fits() ? "yes" : p.gpu_fits() ? "no: host" : "no: GPU");
     }
-    table += fmt::format("| {} | {} | {} | largest that fits: {} | | | | | |\n", r.model, r.chunk, r.name,
+    table += fmt::format("| {} | {} | {} | largest that fits: {} | | | | | | |\n", r.model, r.chunk, r.name,
                          oomb_trainer::largest_fitting_tokens(cfg, opt, t));
   }
   if (std::getenv("OOMB_PRINT_PLAN_TABLE")) std::fputs(table.c_str(), stdout);

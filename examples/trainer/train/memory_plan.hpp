@@ -132,6 +132,10 @@ struct plan_target {
   optimizer_placement optimizer = optimizer_placement::automatic;  ///< cuda only
   std::uint64_t gpu_bytes = 0;  ///< device memory the run may take (cuda; e.g. cudaMemGetInfo's free)
   host_limit host;              ///< host memory the run may take (pinned with cuda)
+  /// cuda: count the host staging a checkpoint takes while it is written or read (the weights and
+  /// moments on the GPU as fp32: train/cuda_training.cuh's save / load); off for runs that never
+  /// save (the benchmarks' fwd_bwd steps).
+  bool checkpoint_staging = true;
 };
 
 /// The parts of a plan, each on the GPU or the host.
@@ -140,6 +144,7 @@ enum class plan_part {
   gradients,          ///< parameter gradients (fp32)
   optimizer,          ///< AdamW state: fp32 master + 2 moments (GPU), 2 moments (CPU: the weights are fp32)
   optimizer_staging,  ///< pinned buffers of the layer-by-layer host update
+  checkpoint_staging, ///< host copies of the weights and moments while a checkpoint is written
   activations,        ///< block_acts of one chunk, every layer
   chunk_buffers,      ///< the chunk's hidden state and its gradient (x, dx)
   layer_scratch,      ///< block_scratch: one layer's backward
@@ -259,6 +264,7 @@ struct plan_inputs {
   std::int64_t tokens;
   bool cuda;
   const std::vector<bool>& optimizer_on_gpu;  ///< per update group (cuda)
+  bool checkpoint_staging;
 };
 
 /// The items of the plan (see the file comment for how each is sized).
@@ -320,6 +326,11 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
       home.push_back({plan_part::optimizer_staging, 2 * largest_far * (f + sizeof(oomb::bf16)),
                       "optimizer staging: 2 x the largest host group, fp32 gradients down + bf16 weights up"});
     }
+    // A checkpoint crosses from the GPU through host copies (cuda_training.cuh's save / load);
+    // groups at home on the host are written from where they are.
+    if (in.checkpoint_staging && near > 0)
+      home.push_back({plan_part::checkpoint_staging, 3 * near * f,
+                      "checkpoint staging while one is written (the GPU's weights + 2 moments as fp32, pageable)"});
   }
 
   dev.push_back({plan_part::activations, cuda ? activation_bytes<oomb::bf16, float>(c, n) : activation_bytes<float, float>(c, n),
@@ -412,7 +423,7 @@ inline memory_plan plan_at(const model_config& c, const chunk_options& o, std::i
   }
   p.gpu_limit = target.device == "cuda" ? target.gpu_bytes : 0;
   p.host_allowed = target.host;
-  plan_items({c, o, tokens, target.device == "cuda", optimizer_on_gpu}, p);
+  plan_items({c, o, tokens, target.device == "cuda", optimizer_on_gpu, target.checkpoint_staging}, p);
   return p;
 }
 
