@@ -1,9 +1,10 @@
-// oomb benchmarks — the GPU trainer's fwd_bwd step (chunk_recurrent on the CUDA backend) at long
-// context: one sequence's forward, loss and backward, no optimizer update, as the PyTorch
-// competitor (strong_baseline.py) measures it. Random weights initialised on the GPU, random
-// tokens; per length a fresh trainer, one warm-up step, then N timed steps (medians). One JSON
-// line per measured point (the results format of issue 11, docs/benchmarks.md "Trainer step"),
-// progress on stderr.
+// oomb benchmarks — the GPU trainer's step at long context, phase fwd_bwd (chunk_recurrent on the
+// CUDA backend: one sequence's forward, loss and backward, no optimizer update, as the PyTorch
+// competitor strong_baseline.py measures it) or phase step (cuda_trainer: the same plus the
+// gradient norm, clipping and AdamW, the whole training state on the GPU). Random weights
+// initialised on the GPU, random tokens; per length a fresh trainer, one warm-up step, then N
+// timed steps (medians). One JSON line per measured point (the results format of issue 11,
+// docs/benchmarks.md "Trainer step against PyTorch"), progress on stderr.
 // SPDX-License-Identifier: Apache-2.0
 //
 // Memory: peak_gpu_bytes is the device memory the process holds above a baseline taken once the
@@ -39,6 +40,7 @@
 #include "trainer/cuda/ops/gemm.cuh"
 #include "trainer/io/config.hpp"
 #include "trainer/train/chunk_recurrent.hpp"
+#include "trainer/train/cuda_training.cuh"
 #include "trainer/train/memory_plan.hpp"
 
 namespace {
@@ -56,6 +58,7 @@ double seconds_since(clock_type::time_point t0) {
 
 const char* usage =
     "usage: bench_trainer --config MODEL.json --lengths N[,N...] [options]\n"
+    "  --phase fwd_bwd|step fwd_bwd: loss and gradients only; step: with norm, clip and AdamW (state on the GPU) [fwd_bwd]\n"
     "  --chunk C[,C...]     tokens per chunk (a multiple of --page; several: one row per chunk)   [8192]\n"
     "  --page P             tokens per K/V page (the Hopper attention kernels need >= 128)        [128]\n"
     "  --window-pages W     pages per attention window (0: one window per layer in place, near/2 with offload) [0]\n"
@@ -102,7 +105,7 @@ std::vector<std::int64_t> parse_list(const std::string& flag, const std::string&
 }
 
 struct bench_options {
-  std::string config_path, model, jsonl, commit = "unknown";
+  std::string config_path, model, jsonl, commit = "unknown", phase = "fwd_bwd";
   std::vector<std::int64_t> lengths, chunks{8192};
   std::int32_t page = 128, window_pages = 0, near_pages = 0;
   bool offload = false;
@@ -139,6 +142,9 @@ bench_options parse(int argc, char** argv) {
       o.config_path = value();
     } else if (flag == "--lengths") {
       o.lengths = parse_list(flag, value(), 2, i32);
+    } else if (flag == "--phase") {
+      o.phase = value();
+      if (o.phase != "fwd_bwd" && o.phase != "step") usage_error("--phase: '" + o.phase + "' is not fwd_bwd or step");
     } else if (flag == "--chunk") {
       o.chunks = parse_list(flag, value(), 1, std::int64_t(1) << 20);
     } else if (flag == "--page") {
@@ -246,7 +252,7 @@ void emit(const json& row, const bench_options& o) {
   }
 }
 
-/// The model's weights (bf16) and gradients (fp32) on the device, for every point of the run.
+/// The model's weights (bf16) and gradients (fp32) on the device, for every fwd_bwd point.
 struct device_model {
   oomb_trainer::gpu::device_params<oomb::bf16> weights;
   oomb_trainer::gpu::device_params<float> grads;
@@ -261,24 +267,86 @@ struct device_model {
   }
 };
 
-/// Measures one (length, chunk) point on backend B; returns its median step time (for the
-/// deadline's forecast of the next point).
+/// Phase fwd_bwd: chunk_recurrent over the run's device_model (Belady eviction of K/V slots, as
+/// oomb-train; in place nothing is evicted).
 template <class B>
+class fwd_bwd_runner {
+ public:
+  static constexpr const char* phase = "fwd_bwd";
+  static constexpr auto optimizer = oomb_trainer::optimizer_placement::host;  // for the plan: there is none
+
+  fwd_bwd_runner(const model_config& c, const chunk_options& opt, std::int64_t tokens, std::uint64_t, device_model* m)
+      : m_(m), trainer_(c, opt, tokens) {}
+  /// Untimed: the gradients are zeroed.
+  void prepare(const oomb_trainer::sequence& s) {
+    m_->grads.zero();
+    seq_ = &s;
+  }
+  double run(const std::function<void(const oomb_trainer::chunk_progress&)>& progress) {
+    return trainer_.loss_and_grad(m_->weights, m_->grads, *seq_, progress);
+  }
+  oomb_trainer::chunk_step_stats last_stats() const { return trainer_.last_stats(); }
+  oomb_trainer::tier_memory memory() const { return trainer_.memory(); }
+
+ private:
+  device_model* m_;
+  oomb_trainer::chunk_recurrent<B, oomb::belady_eviction> trainer_;
+  const oomb_trainer::sequence* seq_ = nullptr;
+};
+
+/// Phase step: cuda_trainer's optimizer step over one sequence (its own weights, initialised on
+/// the GPU; AdamW at a small constant rate, clipping at norm 1, as a real run would).
+template <class B>
+class step_runner {
+ public:
+  static constexpr const char* phase = "step";
+  static constexpr auto optimizer = oomb_trainer::optimizer_placement::gpu;
+
+  step_runner(const model_config& c, const chunk_options& opt, std::int64_t tokens, std::uint64_t seed, device_model*)
+      : trainer_(setup(c, opt, tokens)) {
+    trainer_.init(seed);
+  }
+  void prepare(const oomb_trainer::sequence& s) { batch_.assign(1, s); }
+  double run(const std::function<void(const oomb_trainer::chunk_progress&)>& progress) {
+    oomb_trainer::step_settings st;
+    st.step = steps_++;
+    st.lr = 1e-5;
+    st.clip = 1.0;
+    return trainer_.step(batch_, st, progress).loss;
+  }
+  oomb_trainer::chunk_step_stats last_stats() const { return trainer_.last_stats(); }
+  oomb_trainer::tier_memory memory() const { return trainer_.memory(); }
+
+ private:
+  static oomb_trainer::trainer_setup setup(const model_config& c, const chunk_options& opt, std::int64_t tokens) {
+    oomb_trainer::trainer_setup s;
+    s.config = c;
+    s.chunk = opt;
+    s.max_tokens = tokens;
+    return s;
+  }
+  oomb_trainer::cuda_trainer<B> trainer_;
+  std::vector<oomb_trainer::sequence> batch_;
+  std::int64_t steps_ = 0;
+};
+
+/// Measures one (length, chunk) point with Runner; returns its median step time (for the
+/// deadline's forecast of the next point).
+template <class Runner>
 double measure(const bench_options& o, const model_config& cfg, const chunk_options& opt, std::int64_t tokens,
-               device_model& m, device_memory_probe& mem, const clock_type::time_point start) {
-  // Belady eviction of K/V slots, as oomb-train (with offload; in place nothing is evicted).
-  using trainer_type = oomb_trainer::chunk_recurrent<B, oomb::belady_eviction>;
-  // What train/memory_plan.hpp expects this point to take on the GPU (no optimizer: its state
-  // planned on the host), beside what is measured.
+               device_model* m, device_memory_probe& mem, const clock_type::time_point start) {
+  // What train/memory_plan.hpp expects this point to take on the GPU (fwd_bwd: the optimizer
+  // state planned on the host, since there is none), beside what is measured.
   oomb_trainer::plan_target target;
   target.device = "cuda";
-  target.optimizer = oomb_trainer::optimizer_placement::host;
+  target.optimizer = Runner::optimizer;
   target.gpu_bytes = std::numeric_limits<std::uint64_t>::max();
   target.host = {std::numeric_limits<std::uint64_t>::max(), "not limited (bench_trainer)"};
+  target.checkpoint_staging = false;  // the benchmark writes no checkpoint
   const oomb_trainer::memory_plan plan = oomb_trainer::plan_memory(cfg, opt, tokens, target);
   mem.reset();
   const auto t_build = clock_type::now();
-  trainer_type trainer(cfg, opt, tokens);
+  Runner trainer(cfg, opt, tokens, o.seed, m);
   mem.sample();
   const double build_s = seconds_since(t_build);
 
@@ -311,14 +379,17 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   struct step_result {
     double step_s, stage1_s, stage2_s, loss;
   };
+  // stage2_s: from there to the end of the gradients (for phase step, the optimizer's time is
+  // step_s - stage1_s - stage2_s).
   auto step = [&](const oomb_trainer::sequence& s) -> step_result {
-    m.grads.zero();
+    trainer.prepare(s);
     last_line = step_start = stage1_end = clock_type::now();
-    const double loss = trainer.loss_and_grad(m.weights, m.grads, s, progress);
+    const double loss = trainer.run(progress);
     const double t = seconds_since(step_start);
     mem.sample();
     const double t1 = std::chrono::duration<double>(stage1_end - step_start).count();
-    return {t, t1, t - t1, loss};
+    const auto& st = trainer.last_stats();
+    return {t, t1, st.stage1_seconds + st.stage2_seconds - t1, loss};
   };
 
   std::fprintf(stderr, "%s %lld tokens, chunk %d, page %d%s: warm-up step of %lld tokens\n", o.model.c_str(),
@@ -328,7 +399,6 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   // Timed steps: --reps, or 3 when the first takes < 10 s and 1 otherwise; never one that the
   // deadline would cut (the first always runs).
   std::vector<double> step_s, stage1_s, stage2_s, exposed_s;
-  const auto kv0 = trainer.kv_residency(), gr0 = trainer.grad_residency();
   std::uint64_t h2d = 0, d2h = 0;
   double loss = 0;
   for (int reps = o.reps;;) {
@@ -347,7 +417,6 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
     if (o.deadline_s > 0 && seconds_since(start) + s.step_s > o.deadline_s) break;
   }
   const int reps = static_cast<int>(step_s.size());
-  const auto kv1 = trainer.kv_residency(), gr1 = trainer.grad_residency();
   const auto tiers = trainer.memory();
   const double t = median(step_s);
 
@@ -356,7 +425,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["model"] = o.model;
   row["tokens"] = tokens;
   row["attention"] = "dense";
-  row["phase"] = "fwd_bwd";
+  row["phase"] = Runner::phase;
   row["step_s"] = t;
   row["tok_per_s"] = double(tokens) / t;
   row["peak_gpu_bytes"] = mem.peak();
@@ -386,29 +455,26 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["baseline_gpu_bytes"] = mem.baseline();
   row["planned_gpu_bytes"] = plan.gpu_total();
   row["planned_gpu_growth_per_10k"] = plan.gpu_growth_per_10k;
-  row["weights_bytes"] = m.weights.size() * sizeof(oomb::bf16);
-  row["grads_bytes"] = m.grads.size() * sizeof(float);
+  const std::size_t elements = oomb_trainer::param_layout(cfg).total();  // as allocated, with the padding
+  row["weights_bytes"] = elements * sizeof(oomb::bf16);
+  row["grads_bytes"] = elements * sizeof(float);
   row["activation_bytes"] = tiers.activation_bytes;
   row["near_bytes"] = tiers.near_bytes;
   row["far_kv_reserved_bytes"] = tiers.far_kv_reserved;
   row["far_grad_reserved_bytes"] = tiers.far_grad_reserved;
-  if (opt.offload) {
-    row["kv_acquire_misses"] = (kv1.acquire_misses - kv0.acquire_misses) / std::uint64_t(reps);
-    row["grad_acquire_misses"] = (gr1.acquire_misses - gr0.acquire_misses) / std::uint64_t(reps);
-  }
   emit(row, o);
   return t;
 }
 
-template <class B>
-void run_all(const bench_options& o, const model_config& cfg, device_model& m, device_memory_probe& mem,
+template <class Runner>
+void run_all(const bench_options& o, const model_config& cfg, device_model* m, device_memory_probe& mem,
              const clock_type::time_point start) {
   for (const std::int64_t chunk : o.chunks) {
     const chunk_options opt = o.trainer_options(chunk);
     double last_s = 0;
     std::int64_t last_tokens = 0;
     for (const std::int64_t tokens : o.lengths) {
-      json status{{"system", "oomb"}, {"model", o.model}, {"tokens", tokens}, {"chunk", chunk}};
+      json status{{"system", "oomb"}, {"model", o.model}, {"tokens", tokens}, {"chunk", chunk}, {"phase", Runner::phase}};
       if (o.deadline_s > 0 && last_tokens > 0) {
         // Forecast: a step grows at most quadratically with the length; the warm-up and one step.
         const double ratio = double(tokens) / double(last_tokens);
@@ -422,7 +488,7 @@ void run_all(const bench_options& o, const model_config& cfg, device_model& m, d
         }
       }
       try {
-        last_s = measure<B>(o, cfg, opt, tokens, m, mem, start);
+        last_s = measure<Runner>(o, cfg, opt, tokens, m, mem, start);
         last_tokens = tokens;
       } catch (const oomb::out_of_memory& e) {
         status["oom"] = true;
@@ -448,13 +514,20 @@ int main(int argc, char** argv) {
     device_memory_probe mem;
     std::fprintf(stderr, "bench_trainer: %s, baseline %.2f GiB of device memory in use (context, cuBLASLt)\n",
                  o.model.c_str(), double(mem.baseline()) / gib);
+    if (o.phase == "step") {  // each point's cuda_trainer holds and initialises its own weights
+      if (o.offload)
+        run_all<step_runner<oomb_trainer::cuda_offload_backend>>(o, cfg, nullptr, mem, start);
+      else
+        run_all<step_runner<oomb_trainer::cuda_backend>>(o, cfg, nullptr, mem, start);
+      return 0;
+    }
     const auto t_init = clock_type::now();
     device_model m(cfg, o.seed);
     std::fprintf(stderr, "bench_trainer: weights initialised on the GPU in %.2f s\n", seconds_since(t_init));
     if (o.offload)
-      run_all<oomb_trainer::cuda_offload_backend>(o, cfg, m, mem, start);
+      run_all<fwd_bwd_runner<oomb_trainer::cuda_offload_backend>>(o, cfg, &m, mem, start);
     else
-      run_all<oomb_trainer::cuda_backend>(o, cfg, m, mem, start);
+      run_all<fwd_bwd_runner<oomb_trainer::cuda_backend>>(o, cfg, &m, mem, start);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_trainer: %s\n", e.what());
     return 1;

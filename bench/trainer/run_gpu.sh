@@ -10,7 +10,9 @@
 #   REPS           timed steps per point (0: 3 below 10 s a step, else 1)
 #   WARMUP_TOKENS  our warm-up step's length on each point's trainer (0: the point's length; the
 #                  competitor warms up once, at its smallest length)
-#   SYSTEMS        "oomb pytorch" (or one of them)
+#   PHASE          fwd_bwd (as the competitor) or step (with the optimizer on the GPU; 0.5b: the 7b's
+#                  state does not fit beside it)
+#   SYSTEMS        "oomb pytorch" (or one of them; PHASE=step: oomb)
 #   DEADLINE_S     the whole call's budget in seconds (540); OOMB_S: our share of it (55% with both)
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
@@ -25,7 +27,8 @@ case $model in
 esac
 lengths=("$@")
 OUT=${OUT:-/tmp/trainer-bench-out}
-SYSTEMS=${SYSTEMS:-oomb pytorch}
+PHASE=${PHASE:-fwd_bwd}
+if [ "$PHASE" = step ]; then SYSTEMS=${SYSTEMS:-oomb}; else SYSTEMS=${SYSTEMS:-oomb pytorch}; fi
 DEADLINE_S=${DEADLINE_S:-540}
 if [[ " $SYSTEMS " == *" pytorch "* ]]; then OOMB_S=${OOMB_S:-$((DEADLINE_S * 55 / 100))}; else OOMB_S=${OOMB_S:-$DEADLINE_S}; fi
 PY=${PY:-/opt/torch/.venv/bin/python}
@@ -42,11 +45,11 @@ tag=$model-$(date -u +%Y%m%dT%H%M%S)
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   echo "commit $(cat "$here/COMMIT")"
   ldd "$here/bench_trainer" | grep -E "cublas|not found"
-  echo "lengths ${lengths[*]}  chunk ${CHUNK:-$chunk_default}  offload ${OFFLOAD:-0}  budget $DEADLINE_S s (ours $OOMB_S s)"
+  echo "lengths ${lengths[*]}  phase $PHASE  chunk ${CHUNK:-$chunk_default}  offload ${OFFLOAD:-0}  budget $DEADLINE_S s (ours $OOMB_S s)"
 } 2>&1 | tee "$OUT/env-$tag.txt"
 
 if [[ " $SYSTEMS " == *" oomb "* ]]; then
-  args=(--config "$here/configs/qwen2.5-$model.json" --lengths "$(IFS=,; echo "${lengths[*]}")"
+  args=(--config "$here/configs/qwen2.5-$model.json" --lengths "$(IFS=,; echo "${lengths[*]}")" --phase "$PHASE"
         --chunk "${CHUNK:-$chunk_default}" --page "${PAGE:-128}" --window-pages "${WINDOW_PAGES:-0}"
         --reps "${REPS:-0}" --warmup-tokens "${WARMUP_TOKENS:-0}" --deadline-s "$OOMB_S"
         --commit "$(cat "$here/COMMIT")" --jsonl "$OUT/oomb-$tag.jsonl")

@@ -46,6 +46,8 @@ def main(oomb_log, torch_log):
     ours_lengths = {n for n, _ in ours_keys}
     keys = ours_keys | {(n, None) for n in set(torch) | set(torch_status) if n not in ours_lengths}
     keys = sorted(keys, key=lambda k: (k[0], k[1] or 0))
+    phases = sorted({r.get("phase", "fwd_bwd") for r in ours.values()})
+    print(f"oomb phase: {', '.join(phases) or '-'}; PyTorch: fwd_bwd")
     head = f"{'tokens':>8} {'chunk':>6} {'oomb s':>9} {'pytorch s':>9} {'ratio':>6} {'oomb GiB':>9} {'pytorch GiB':>11} {'oomb TF/s':>9} {'pt TF/s':>8} {'host GiB':>8} {'plan GiB':>8}"
     print(head)
     print("-" * len(head))
