@@ -57,9 +57,7 @@ class cuda_trainer final : public device_trainer {
   explicit cuda_trainer(const trainer_setup& s)
       : config_(s.config), adam_(s.adam), master_(s.config), exp_avg_(s.config), exp_avg_sq_(s.config),
         compute_(s.config), grads_(s.config), chunked_(s.config, s.chunk, s.max_tokens),
-        partials_(gpu::ops::grad_norm_partials), norm_and_scale_(2) {
-    OOMB_EXPECTS(!s.full_backprop, "--device cuda: --full-backprop runs on the CPU only");
-  }
+        partials_(gpu::ops::grad_norm_partials), norm_and_scale_(2) {}
 
   void init(std::uint64_t seed) override {
     gpu::init_qwen2(master_, compute_, seed, stream_);
@@ -204,6 +202,7 @@ inline device_trainer_maker cuda_device_trainer() {
   m.name = "cuda";
   m.require = require_cuda_device;
   m.make = [](const trainer_setup& s) -> std::unique_ptr<device_trainer> {
+    OOMB_EXPECTS(!s.full_backprop, "--device cuda: --full-backprop runs on the CPU only");
     if (s.chunk.offload) return std::make_unique<cuda_trainer<cuda_offload_backend>>(s);
     return std::make_unique<cuda_trainer<cuda_backend>>(s);
   };

@@ -42,6 +42,8 @@ inline adamw_coefficients adamw_step_coefficients(const adamw_options& o, double
 
 namespace detail {
 
+// A template so two translation units may include this header (one definition per instantiation).
+template <int = 0>
 __global__ void adamw_kernel(std::int64_t n, float* __restrict__ p, float* __restrict__ m, float* __restrict__ v,
                              const float* __restrict__ grad, bf16* __restrict__ compute, adamw_coefficients c,
                              const float* __restrict__ grad_scale) {
@@ -68,7 +70,7 @@ inline void adamw_update(std::int64_t n, float* p, float* m, float* v, const flo
                          const adamw_coefficients& c, const float* grad_scale, stream_view stream) {
   OOMB_EXPECTS(n > 0, "adamw_update: n must be positive, got ", n);
   OOMB_EXPECTS(p != nullptr && m != nullptr && v != nullptr && grad != nullptr, "adamw_update: null pointer");
-  detail::adamw_kernel<<<detail::grid_for(n, 256, 4096), 256, 0, stream.get()>>>(n, p, m, v, grad, compute, c, grad_scale);
+  detail::adamw_kernel<><<<detail::grid_for(n, 256, 4096), 256, 0, stream.get()>>>(n, p, m, v, grad, compute, c, grad_scale);
   OOMB_OPS_CHECK_LAUNCH("adamw_update");
 }
 

@@ -38,6 +38,8 @@ __global__ void __launch_bounds__(grad_norm_threads) grad_norm_kernel(std::int64
   if (threadIdx.x == 0) partials[blockIdx.x] += s;
 }
 
+// A template so two translation units may include this header (one definition per instantiation).
+template <int = 0>
 __global__ void grad_norm_finish_kernel(const float* __restrict__ partials, float max_norm, float* __restrict__ norm,
                                         float* __restrict__ scale) {
   double s = 0.0;
@@ -73,7 +75,7 @@ void grad_norm_accumulate(std::int64_t n, const G* g, float* partials, stream_vi
 inline void grad_norm_finish(const float* partials, float max_norm, float* norm, float* scale, stream_view stream) {
   OOMB_EXPECTS(partials != nullptr && norm != nullptr, "grad_norm_finish: null pointer");
   OOMB_EXPECTS(!std::isnan(max_norm), "grad_norm_finish: max_norm is NaN");
-  detail::grad_norm_finish_kernel<<<1, 1, 0, stream.get()>>>(partials, max_norm, norm, scale);
+  detail::grad_norm_finish_kernel<><<<1, 1, 0, stream.get()>>>(partials, max_norm, norm, scale);
   OOMB_OPS_CHECK_LAUNCH("grad_norm_finish");
 }
 
