@@ -26,6 +26,13 @@ struct chunk_options {
   std::int32_t budget = 0, sink = 1, local = 1;
   std::int32_t tile = 128;         ///< queries per selection tile
   oomb::score_kind score = oomb::score_kind::quest;
+  /// Keep each layer's attention output and lse from stage 1 (in the far tier: pinned host memory
+  /// with offload, compute memory in place) and read them back in stage 2 instead of attending
+  /// again: one block of chunk * hq * d values + hq * chunk stats per (layer but the last, chunk).
+  /// Saves the recomputation's attention forward, which costs O(context) per chunk, for memory
+  /// that grows linearly with the context. The results are the same bits (the forward is
+  /// deterministic and its inputs are the same in both stages).
+  bool keep_attention_outputs = false;
 
   void validate() const {
     oomb::page_shape{page, 1, 2, layout}.validate();
