@@ -2,11 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Builds the HF-fidelity fixtures the trainer's tests compare against.
 
-Writes two tiny random transformers ``Qwen2ForCausalLM`` models with their loss and float64
+Writes three tiny random transformers ``Qwen2ForCausalLM`` models with their loss and float64
 gradients on a fixed token sequence:
 
-  tests/trainer/fixtures/hf_tiny/        untied LM head, 4 query heads / 2 KV heads (GQA 2)
-  tests/trainer/fixtures/hf_tiny_tied/   tied LM head,   4 query heads / 1 KV head  (GQA 4)
+  tests/trainer/fixtures/hf_tiny/        untied LM head, 4 query heads / 2 KV heads (GQA 2), head_dim 8
+  tests/trainer/fixtures/hf_tiny_tied/   tied LM head,   4 query heads / 1 KV head  (GQA 4), head_dim 8
+  tests/trainer/fixtures/hf_d64/         untied LM head, 2 query heads / 1 KV head  (GQA 2), head_dim 64
+                                         (the smallest shape the GPU attention kernels take)
 
 Each folder holds
   config.json             the config exactly as ``save_pretrained`` wrote it
@@ -164,14 +166,14 @@ def write_token_file(path, tokens, vocab):
         f.write(struct.pack("<%dI" % len(tokens), *tokens))
 
 
-def build(out_dir, tied, num_kv_heads, seed):
+def build(out_dir, tied, num_kv_heads, seed, num_heads=4, head_dim=8, intermediate=24):
     theta = 10000.0
     config = Qwen2Config(
         vocab_size=64,
-        hidden_size=32,
-        intermediate_size=24,
+        hidden_size=num_heads * head_dim,
+        intermediate_size=intermediate,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=128,
         rope_theta=theta,
@@ -261,6 +263,8 @@ def main():
     torch.use_deterministic_algorithms(True)
     build(os.path.join(args.out, "hf_tiny"), tied=False, num_kv_heads=2, seed=1234)
     build(os.path.join(args.out, "hf_tiny_tied"), tied=True, num_kv_heads=1, seed=5678)
+    build(os.path.join(args.out, "hf_d64"), tied=False, num_kv_heads=1, seed=4321, num_heads=2, head_dim=64,
+          intermediate=64)
 
 
 if __name__ == "__main__":

@@ -119,3 +119,7 @@ void check_fixture(const std::string& name, bool tied, int kv_heads) {
 TEST_CASE("HF fixture hf_tiny (untied, GQA 2) is consistent with its config") { check_fixture("hf_tiny", false, 2); }
 
 TEST_CASE("HF fixture hf_tiny_tied (tied, GQA 4) is consistent with its config") { check_fixture("hf_tiny_tied", true, 1); }
+
+TEST_CASE("HF fixture hf_d64 (untied, GQA 2, head_dim 64: the GPU kernels' shape) is consistent with its config") {
+  check_fixture("hf_d64", false, 1);
+}

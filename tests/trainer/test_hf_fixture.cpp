@@ -73,3 +73,7 @@ TEST_CASE("HF fixture: loss and every gradient of both paths match transformers 
 TEST_CASE("HF fixture: loss and every gradient of both paths match transformers in double (tied, GQA 4)") {
   check_against_fixture("hf_tiny_tied");
 }
+
+TEST_CASE("HF fixture: loss and every gradient of both paths match transformers in double (head_dim 64, GQA 2)") {
+  check_against_fixture("hf_d64");
+}
