@@ -64,6 +64,7 @@ const char* usage =
     "  --window-pages W     pages per attention window (0: one window per layer in place, near/2 with offload) [0]\n"
     "  --offload            K/V and gradient pages at home in pinned host memory, streamed through device slots\n"
     "  --near-pages K       device slots per tier with --offload (0: max(4 * chunk / page, 256))  [0]\n"
+    "  --keep-attention-outputs  keep stage 1's attention outputs for stage 2 (no attention recompute)\n"
     "  --reps N             timed steps per point after the warm-up (0: 3 if the first took < 10 s, else 1) [0]\n"
     "  --warmup-tokens T    the warm-up step's length, on the point's own trainer (0: the point's length)  [0]\n"
     "  --deadline-s S       skip the points that would end later than S s after the start (0: none) [0]\n"
@@ -109,6 +110,7 @@ struct bench_options {
   std::vector<std::int64_t> lengths, chunks{8192};
   std::int32_t page = 128, window_pages = 0, near_pages = 0;
   bool offload = false;
+  bool keep = false;  ///< keep_attention_outputs
   int reps = 0;
   std::int64_t warmup_tokens = 0;
   double deadline_s = 0;
@@ -121,6 +123,7 @@ struct bench_options {
     o.page = page;
     o.window_pages = window_pages;
     o.offload = offload;
+    o.keep_attention_outputs = keep;
     if (offload) o.near_pages = near_pages > 0 ? near_pages : std::max<std::int32_t>(4 * o.chunk / page, 256);
     return o;
   }
@@ -153,6 +156,8 @@ bench_options parse(int argc, char** argv) {
       o.window_pages = static_cast<std::int32_t>(parse_int(flag, value(), 0, i32));
     } else if (flag == "--offload") {
       o.offload = true;
+    } else if (flag == "--keep-attention-outputs") {
+      o.keep = true;
     } else if (flag == "--near-pages") {
       o.near_pages = static_cast<std::int32_t>(parse_int(flag, value(), 0, i32));
     } else if (flag == "--reps") {
@@ -431,7 +436,8 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["peak_gpu_bytes"] = mem.peak();
   // Pinned host memory: the far pools' slabs with offload (the backend's upload ring, >= 1 MiB
   // pinned, is not visible from here and is left out).
-  row["host_bytes"] = opt.offload ? tiers.far_kv_reserved + tiers.far_grad_reserved : std::size_t(0);
+  row["host_bytes"] =
+      opt.offload ? tiers.far_kv_reserved + tiers.far_grad_reserved + tiers.far_outputs_reserved : std::size_t(0);
   row["h2d_bytes"] = h2d;
   row["d2h_bytes"] = d2h;
   // The compute stream's waits for page copies, timed on the device (0 in place: nothing moves).
@@ -443,6 +449,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["window_pages"] = opt.window_pages;
   row["offload"] = opt.offload;
   row["near_pages"] = opt.near_pages;
+  row["keep_attention_outputs"] = opt.keep_attention_outputs;
   row["tflops"] = step_flops(cfg, tokens) / t / 1e12;
   row["stage1_s"] = median(stage1_s);
   row["stage2_s"] = median(stage2_s);

@@ -7,6 +7,7 @@
 #   CHUNK          tokens per chunk; a comma list sweeps (0.5b: 16384, 7b: 4096)
 #   PAGE           tokens per page (128)          WINDOW_PAGES  pages per window (0)
 #   OFFLOAD=1      pages at home in pinned host memory (NEAR_PAGES: device slots per tier, 0 = auto)
+#   KEEP=1         keep stage 1's attention outputs for stage 2 (--keep-attention-outputs)
 #   REPS           timed steps per point (0: 3 below 10 s a step, else 1)
 #   WARMUP_TOKENS  our warm-up step's length on each point's trainer (0: the point's length; the
 #                  competitor warms up once, at its smallest length)
@@ -45,7 +46,7 @@ tag=$model-$(date -u +%Y%m%dT%H%M%S)
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   echo "commit $(cat "$here/COMMIT")"
   ldd "$here/bench_trainer" | grep -E "cublas|not found"
-  echo "lengths ${lengths[*]}  phase $PHASE  chunk ${CHUNK:-$chunk_default}  offload ${OFFLOAD:-0}  budget $DEADLINE_S s (ours $OOMB_S s)"
+  echo "lengths ${lengths[*]}  phase $PHASE  chunk ${CHUNK:-$chunk_default}  offload ${OFFLOAD:-0}  keep ${KEEP:-0}  budget $DEADLINE_S s (ours $OOMB_S s)"
 } 2>&1 | tee "$OUT/env-$tag.txt"
 
 if [[ " $SYSTEMS " == *" oomb "* ]]; then
@@ -54,6 +55,7 @@ if [[ " $SYSTEMS " == *" oomb "* ]]; then
         --reps "${REPS:-0}" --warmup-tokens "${WARMUP_TOKENS:-0}" --deadline-s "$OOMB_S"
         --commit "$(cat "$here/COMMIT")" --jsonl "$OUT/oomb-$tag.jsonl")
   [ "${OFFLOAD:-0}" = 1 ] && args+=(--offload --near-pages "${NEAR_PAGES:-0}")
+  [ "${KEEP:-0}" = 1 ] && args+=(--keep-attention-outputs)
   timeout $((OOMB_S + 45)) "$here/bench_trainer" "${args[@]}" 2>&1 | tee "$OUT/oomb-$tag.log"
   echo "bench_trainer rc=$?" | tee -a "$OUT/oomb-$tag.log"
 fi

@@ -138,6 +138,45 @@ TEST_CASE("chunk-recurrent: one window per layer, token-major pages, and offload
           ", loss ", sparse.loss, " vs ", one.loss);
 }
 
+TEST_CASE("chunk-recurrent: keeping stage 1's attention outputs changes no bit, in place, streamed and sparse") {
+  const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 3, 13);
+  qwen2_params<double> p(cfg);
+  oomb_trainer::init_perturbed(p, 17);
+  const auto seq = trainer_test::random_sequence(83, cfg.vocab_size, 18, /*masked=*/true);  // a partial last chunk
+  chunk_options base;
+  base.chunk = 32;
+  base.page = 16;
+  base.window_pages = 2;
+  chunk_options streamed = base;
+  streamed.offload = true;
+  streamed.near_pages = 4;
+  chunk_options sparse = base;
+  sparse.sparse = true;
+  sparse.budget = 1;
+  sparse.tile = 16;
+  for (const chunk_options& opt : {base, streamed, sparse}) {
+    CAPTURE(opt.offload);
+    CAPTURE(opt.sparse);
+    const run_out recomputed = run_chunked(p, seq, opt);
+    chunk_options keep = opt;
+    keep.keep_attention_outputs = true;
+    oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>> trainer(cfg, keep, seq.size());
+    qwen2_params<double> g(cfg);
+    for (int step = 0; step < 2; ++step) {  // the blocks of step 1 are all released: step 2 reuses them
+      g.zero();
+      CHECK(trainer.loss_and_grad(p, g, seq) == recomputed.loss);
+      CHECK(trainer_test::same_bits(std::vector<double>(g.data(), g.data() + g.size()), recomputed.grads));
+    }
+    const auto m = trainer.memory();
+    // Two layers of three keep a block per chunk (3 chunks): 6 blocks of 32 tokens' o and lse.
+    CHECK(m.far_outputs_reserved >= 6 * (32 * 4 * 4 + 4 * 32) * sizeof(double));
+    if (opt.offload) {
+      CHECK(trainer.last_stats().bytes_to_far > recomputed.stats.bytes_to_far);  // the blocks went home too
+      CHECK(m.near_bytes > 0);
+    }
+  }
+}
+
 TEST_CASE("chunk-recurrent: stage 1 fills the far tier chunk by chunk, stage 2 returns each chunk's pages as it finishes") {
   const auto cfg = trainer_test::tiny_config(4, 2, true, 4, 3, 13);
   qwen2_params<double> p(cfg), g(cfg);

@@ -168,6 +168,32 @@ TEST_CASE("cuda backend, offload: GQA group 7, untied, more slots than a window,
   compare<cuda_offload_backend>(config(7, 1, /*tied=*/false), opt, /*tokens=*/150, /*masked=*/true, 23);
 }
 
+TEST_CASE("cuda backend: stage 1's attention outputs kept for stage 2, in place and streamed, against the CPU and "
+          "against recomputing") {
+  const model_config cfg = config(4, 2, /*tied=*/false);
+  model_config three = cfg;
+  three.num_hidden_layers = 3;
+  const qwen2_params<double> host = bf16_weights(three, 41);
+  const oomb_trainer::sequence seq = trainer_test::random_sequence(100, three.vocab_size, 42, /*masked=*/false);
+  chunk_options opt;
+  opt.chunk = 32;
+  opt.page = 16;
+  opt.window_pages = 2;
+  qwen2_params<double> cpu_grads(three);
+  chunk_recurrent<cpu_backend<double>> cpu(three, opt, seq.size());
+  const double cpu_loss = cpu.loss_and_grad(host, cpu_grads, seq);
+  const gpu_step recomputed = run_gpu<cuda_backend>(host, opt, seq);
+  chunk_options keep = opt;
+  keep.keep_attention_outputs = true;
+  expect_step_close(run_gpu<cuda_backend>(host, keep, seq), cpu_loss, cpu_grads);
+  // The forward is deterministic and reads the same inputs in both stages, so keeping differs from
+  // recomputing only by the backward's dQ atomics (a different order of fp32 additions).
+  expect_step_close(run_gpu<cuda_backend>(host, keep, seq), recomputed.loss, recomputed.grads, 1e-6, 2e-3);
+  keep.offload = true;
+  keep.near_pages = 4;
+  expect_step_close(run_gpu<cuda_offload_backend>(host, keep, seq), recomputed.loss, recomputed.grads, 1e-6, 2e-3);
+}
+
 TEST_CASE("cuda backend: offload with device homes, pinned homes in place and sparse attention are refused") {
   const model_config cfg = config(4, 2, true);
   chunk_options opt;

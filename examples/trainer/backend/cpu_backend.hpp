@@ -138,6 +138,12 @@ class cpu_backend {
     cpu::swiglu_backward(n, g, u, dh, dg, du);
   }
   void copy(std::int64_t n, const T* src, T* dst) { std::copy(src, src + n, dst); }
+  /// copy() into or out of memory an acquire just handed out (ordered after its copies).
+  template <class X>
+  void copy_block(std::int64_t n, const X* src, X* dst) {
+    wait_compute();
+    std::copy(src, src + n, dst);
+  }
   void add(std::int64_t n, const T* src, T* dst) {
     for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
   }

@@ -234,6 +234,11 @@ class basic_cuda_backend {
                                     compute_.get()),
                     "cuda_backend::copy of ", n, " elements");
   }
+  /// copy() into or out of memory an acquire just handed out: stream order puts it after the copies.
+  template <class X>
+  void copy_block(std::int64_t n, const X* src, X* dst) {
+    copy(n, src, dst);
+  }
   void add(std::int64_t n, const bf16* src, bf16* dst) { gpu::ops::add_into(n, src, dst, compute()); }
   template <class X>
   void fill(std::int64_t n, X value, X* dst) {

@@ -42,6 +42,8 @@
 //   swiglu_forward(n, g, u, h)                          swiglu_backward(n, g, u, dh, dg, du)
 //   copy(n, src, dst)   add(n, src, dst): dst += src   fill(n, value, dst)   (fill: of value_type
 //       and of stat_type elements; rstd and lse arguments are stat_type)
+//   copy_block(n, src, dst)   copy of value_type or stat_type elements into or out of memory an
+//       acquire just handed out (train/attention_outputs.hpp's blocks): ordered after its copies
 //   head_loss_and_grad(p, grads, n, x, targets, scale, dx): final norm, LM head and cross-entropy;
 //       adds the SUM of the counted rows' losses to the step's loss; with grads != nullptr adds
 //       scale * its gradient into grads and writes dx. take_loss() -> double: the loss added since

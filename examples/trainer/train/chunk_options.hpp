@@ -87,6 +87,7 @@ struct tier_memory {
   std::int32_t near_kv_slots = 0, near_grad_slots = 0;
   std::size_t near_bytes = 0;                              ///< both near pools (fixed)
   std::size_t activation_bytes = 0;                        ///< one chunk's activations, all layers
+  std::size_t far_outputs_reserved = 0;  ///< keep_attention_outputs: the far tier's blocks (near slots in near_bytes)
 };
 
 }  // namespace oomb_trainer

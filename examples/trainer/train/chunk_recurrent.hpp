@@ -10,7 +10,8 @@
 //   cache; the head's loss is the chunk's token losses / (counted targets of the sequence); the
 //   backward of each layer's attention adds dK/dV of every attended past page into its gradient
 //   page, and the chunk's own dK/dV = local + its gradient pages (what chunks > c added); then
-//   RoPE and the projections' backward. Parameter gradients accumulate over chunks; the chunk's
+//   RoPE and the projections' backward. With keep_attention_outputs, stage 1 keeps every layer's
+//   attention output (train/attention_outputs.hpp) and stage 2 reads it instead of attending again. Parameter gradients accumulate over chunks; the chunk's
 //   K/V pages and gradient pages are released.
 //
 // Attention runs over windows of pages (train/paged_attention.hpp); where the pages live (in place,
@@ -23,10 +24,12 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "trainer/backend/trainer_backend.hpp"
 #include "trainer/model/block.hpp"
+#include "trainer/train/attention_outputs.hpp"
 #include "trainer/train/chunk_options.hpp"
 #include "trainer/train/paged_attention.hpp"
 #include "trainer/train/targets.hpp"
@@ -49,6 +52,7 @@ class chunk_recurrent {
   chunk_recurrent(const model_config& cfg, const chunk_options& opt, std::int64_t max_tokens)
       : cfg_(cfg), D_(cfg), opt_((opt.validate(), opt)), max_tokens_(max_tokens),
         attn_((check_tokens(max_tokens), be_), cfg, opt, max_tokens) {
+    if (opt.keep_attention_outputs) kept_ = std::make_unique<attention_outputs<B>>(be_, cfg, opt, max_tokens);
     acts_.resize(static_cast<std::size_t>(cfg.num_hidden_layers));
     for (auto& a : acts_) a.resize(opt.chunk, D_);
     x_.resize(static_cast<std::size_t>(opt.chunk) * D_.H);
@@ -96,7 +100,9 @@ class chunk_recurrent {
         block_forward(be_, D_, p.layer(l), rope, x, a, [&](block_acts<B>& b) {
           attn_.write(l, c, n, b.k.data(), b.v.data());
           if (opt_.sparse) attn_.select(l, c, n, b.q.data());
-          if (!last) attn_.forward(l, c, p0, n, b.q.data(), b.o.data(), b.lse.data());
+          if (last) return;
+          attn_.forward(l, c, p0, n, b.q.data(), b.o.data(), b.lse.data());
+          if (kept_) kept_->keep(l, c, n, b.o.data(), b.lse.data());
         }, /*finish=*/!last);
       }
       stats_.kv_pages_high_water = std::max(stats_.kv_pages_high_water, attn_.cache().pool().in_use());
@@ -119,7 +125,10 @@ class chunk_recurrent {
         auto& a = acts_[static_cast<std::size_t>(l)];
         a.n = n;
         block_forward(be_, D_, p.layer(l), rope, x, a, [&](block_acts<B>& b) {
-          attn_.forward(l, c, p0, n, b.q.data(), b.o.data(), b.lse.data());
+          if (kept_ && l + 1 < L)
+            kept_->take(l, c, n, b.o.data(), b.lse.data());
+          else
+            attn_.forward(l, c, p0, n, b.q.data(), b.o.data(), b.lse.data());
         });
       }
       seq.targets(p0, n, targets.data());
@@ -133,9 +142,11 @@ class chunk_recurrent {
       be_.embedding_backward(n, D_.H, seq.tokens.data() + p0, dx, grads.embed());
       stats_.grad_pages_high_water = std::max(stats_.grad_pages_high_water, attn_.mirror().pool().in_use());
       attn_.release_chunk(c);
+      if (kept_) kept_->release_chunk(c);
       if (progress) progress({2, c, chunks});
     }
     attn_.drain();
+    if (kept_) kept_->drain();
     stats_.stage2_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     const auto moved1 = moved();
     stats_.bytes_to_near = moved1.first - moved0.first;
@@ -161,6 +172,10 @@ class chunk_recurrent {
     m.near_grad_slots = attn_.grads().near_slots();
     m.near_bytes = attn_.kv().near_bytes() + attn_.grads().near_bytes();
     for (const auto& a : acts_) m.activation_bytes += a.bytes();
+    if (kept_) {
+      m.far_outputs_reserved = kept_->far_reserved_bytes();
+      m.near_bytes += kept_->near_bytes();
+    }
     return m;
   }
 
@@ -179,7 +194,8 @@ class chunk_recurrent {
 
   std::pair<std::uint64_t, std::uint64_t> moved() const {
     const auto a = kv_residency(), b = grad_residency();
-    return {a.bytes_to_near + b.bytes_to_near, a.bytes_to_far + b.bytes_to_far};
+    const auto o = kept_ ? kept_->stats() : oomb::residency_stats{};
+    return {a.bytes_to_near + b.bytes_to_near + o.bytes_to_near, a.bytes_to_far + b.bytes_to_far + o.bytes_to_far};
   }
 
   model_config cfg_;
@@ -188,6 +204,7 @@ class chunk_recurrent {
   std::int64_t max_tokens_;
   B be_;  // before attn_, which streams through its memory and streams
   paged_attention<B, Eviction> attn_;
+  std::unique_ptr<attention_outputs<B>> kept_;  // keep_attention_outputs only
   std::vector<block_acts<B>> acts_;
   block_scratch<B> scratch_;
   typename B::template buffer<T> x_, dx_;
