@@ -36,7 +36,8 @@ def series_name(r):
     if r["system"] != "oomb":
         return r["system"]
     where = "offload" if r.get("offload") else "in place"
-    return f"oomb, chunk {r['chunk']}, page {r['page']}, {where}"
+    attention = "keep" if r.get("keep_attention_outputs") else "recompute"
+    return f"oomb, chunk {r['chunk']}, {where}, {attention}"
 
 
 def growth_mb_per_10k(pts):
