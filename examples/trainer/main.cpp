@@ -1,5 +1,6 @@
 // oomb-train: chunk-recurrent training of a Qwen2 model on the CPU or a GPU (see --help).
 // SPDX-License-Identifier: Apache-2.0
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -25,6 +26,16 @@ oomb_trainer::device_trainer_maker device_of_this_build() {
 #endif
 }
 
+/// The first SIGINT / SIGTERM: its number, for training_run::run to stop at the next step boundary
+/// (saving a checkpoint); a second one of either ends the process at once (the default action).
+volatile std::sig_atomic_t stop_signal = 0;
+
+extern "C" void request_stop(int sig) {
+  stop_signal = sig;
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -40,11 +51,18 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    if (options.plan) {
+      fmt::print("{}", oomb_trainer::training_run::plan_text(options, device_of_this_build()));
+      return 0;
+    }
     oomb_trainer::training_run run(options, [](const std::string& line) {
       fmt::print("{}\n", line);
       std::fflush(stdout);
     }, device_of_this_build());
-    run.run();
+    std::signal(SIGINT, request_stop);
+    std::signal(SIGTERM, request_stop);
+    const int signal = run.run(&stop_signal);
+    if (signal != 0) return 128 + signal;  // 130 for SIGINT, 143 for SIGTERM, as a shell reports them
   } catch (const std::exception& e) {
     fmt::print(stderr, "oomb-train: error: {}\n", e.what());
     return 1;

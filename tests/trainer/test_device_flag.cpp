@@ -40,7 +40,7 @@ oomb_trainer::train_options tiny_run(const fs::path& out, const std::string& dev
 
 }  // namespace
 
-TEST_CASE("--device: cpu by default, cuda accepted by the parser, anything else and cuda's unsupported modes named") {
+TEST_CASE("--device: cpu by default, cuda accepted by the parser with offload and sparse, anything else and --full-backprop named") {
   using oomb_trainer::parse_train_options;
   CHECK(parse_train_options(minimal).device == "cpu");
   CHECK(parse_train_options(with({"--device", "cuda"})).device == "cuda");
@@ -48,12 +48,11 @@ TEST_CASE("--device: cpu by default, cuda accepted by the parser, anything else 
                        oomb::invalid_argument);
   CHECK_THROWS_WITH_AS(parse_train_options(with({"--device"})), doctest::Contains("--device needs a value"),
                        oomb::invalid_argument);
-  for (const auto& extra : std::vector<std::vector<std::string>>{{"--offload"}, {"--sparse-budget", "2"}, {"--full-backprop"}}) {
-    auto args = with({"--device", "cuda"});
-    args.insert(args.end(), extra.begin(), extra.end());
-    CHECK_THROWS_WITH_AS(parse_train_options(args), doctest::Contains("not yet: --offload, --sparse-budget, --full-backprop"),
-                         oomb::invalid_argument);
-  }
+  const auto streamed = parse_train_options(with({"--device", "cuda", "--offload", "--sparse-budget", "0"}));
+  CHECK(streamed.offload);
+  CHECK(streamed.sparse);
+  CHECK_THROWS_WITH_AS(parse_train_options(with({"--device", "cuda", "--full-backprop"})),
+                       doctest::Contains("--full-backprop is the CPU's baseline"), oomb::invalid_argument);
   CHECK(parse_train_options(with({"--offload"})).device == "cpu");  // the CPU keeps every mode
 }
 
@@ -64,8 +63,8 @@ TEST_CASE("--device cuda without a device of this build is refused before anythi
   // A device whose check fails (no GPU, an unsupported head_dim): its message, and nothing written.
   oomb_trainer::device_trainer_maker absent;
   absent.name = "cuda";
-  absent.require = [](const oomb_trainer::model_config& c) {
-    OOMB_EXPECTS(c.head_dim == 64, "test device: head_dim ", c.head_dim, " is not supported");
+  absent.require = [](const oomb_trainer::trainer_setup& s) {
+    OOMB_EXPECTS(s.config.head_dim == 64, "test device: head_dim ", s.config.head_dim, " is not supported");
   };
   absent.make = [](const oomb_trainer::trainer_setup&) -> std::unique_ptr<oomb_trainer::device_trainer> { return nullptr; };
   CHECK_THROWS_WITH_AS(oomb_trainer::training_run(tiny_run(out, "cuda"), {}, absent),
@@ -78,7 +77,8 @@ TEST_CASE("--device: the device path runs the same loop (same losses as the CPU 
   // A "device" that is the CPU's trainer behind the maker: the plumbing alone, checkable anywhere.
   oomb_trainer::device_trainer_maker host;
   host.name = "cuda";
-  host.require = [](const oomb_trainer::model_config&) {};
+  host.require = [](const oomb_trainer::trainer_setup&) {};
+  host.memory_use = [] { return oomb_trainer::device_memory_use{1ull << 30, 100ull << 30, 101ull << 30}; };
   host.make = [](const oomb_trainer::trainer_setup& s) -> std::unique_ptr<oomb_trainer::device_trainer> {
     return std::make_unique<oomb_trainer::cpu_trainer>(s);
   };
@@ -95,6 +95,7 @@ TEST_CASE("--device: the device path runs the same loop (same losses as the CPU 
   }
   dev.save();
   CHECK(fs::exists(b / "checkpoint" / "model.safetensors"));
+  CHECK(fs::read_symlink(b / "checkpoint") == "checkpoint-3");
   std::error_code ec;
   fs::remove_all(a, ec);
   fs::remove_all(b, ec);

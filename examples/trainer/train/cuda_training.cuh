@@ -184,8 +184,10 @@ class cuda_trainer final : public device_trainer {
   std::optional<qwen2_params<float>> non_finite_grads_;  // the failure message's staging
 };
 
-/// Throws unless a GPU is visible and the attention kernels take c's head_dim.
-inline void require_cuda_device(const model_config& c) {
+/// Throws unless a GPU is visible, the attention kernels take the model's head_dim and, with
+/// page-sparse attention, a selection tile fills whole query blocks.
+inline void require_cuda_device(const trainer_setup& s) {
+  const model_config& c = s.config;
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   OOMB_EXPECTS(e == cudaSuccess && count > 0, "--device cuda: no CUDA GPU is visible (",
@@ -193,16 +195,26 @@ inline void require_cuda_device(const model_config& c) {
                "); use --device cpu");
   OOMB_EXPECTS(c.head_dim == 64 || c.head_dim == 128, "--device cuda: head_dim ", c.head_dim,
                " is not supported (the attention kernels take 64 and 128); use --device cpu");
+  OOMB_EXPECTS(!s.full_backprop, "--device cuda: --full-backprop runs on the CPU only");
+  if (s.chunk.sparse) check_gpu_sparse_tile(s.chunk.tile, c.num_attention_heads, c.num_key_value_heads);
+}
+
+/// The current GPU's memory by cudaMemGetInfo.
+inline device_memory_use cuda_memory_use() {
+  std::size_t free = 0, total = 0;
+  OOMB_CUDA_CHECK(cudaMemGetInfo(&free, &total), "--device cuda: cudaMemGetInfo");
+  return {total - free, free, total};
 }
 
 /// What training_run takes for --device cuda: pages in place, or with --offload their homes in
-/// pinned host memory streamed through device slots.
+/// pinned host memory streamed through device slots (cuda_offload_backend).
 inline device_trainer_maker cuda_device_trainer() {
   device_trainer_maker m;
   m.name = "cuda";
   m.require = require_cuda_device;
+  m.memory_use = cuda_memory_use;
   m.make = [](const trainer_setup& s) -> std::unique_ptr<device_trainer> {
-    OOMB_EXPECTS(!s.full_backprop, "--device cuda: --full-backprop runs on the CPU only");
+    require_cuda_device(s);
     if (s.chunk.offload) return std::make_unique<cuda_trainer<cuda_offload_backend>>(s);
     return std::make_unique<cuda_trainer<cuda_backend>>(s);
   };

@@ -90,12 +90,20 @@ class device_trainer {
   virtual std::string describe() const = 0;
 };
 
+/// A device's memory as its driver reports it (cudaMemGetInfo): the whole device, every process.
+struct device_memory_use {
+  std::uint64_t used = 0, free = 0, total = 0;
+};
+
 /// How a build reaches a device other than the CPU (train/cuda_training.cuh for --device cuda).
 struct device_trainer_maker {
   std::string name;  ///< the --device value it serves
-  /// Throws, naming what is missing, unless the device can train `c` (called before any allocation).
-  std::function<void(const model_config& c)> require;
+  /// Throws, naming what is missing, unless the device can train as `s` says: the model, the
+  /// attention's options (called before any allocation).
+  std::function<void(const trainer_setup& s)> require;
   std::function<std::unique_ptr<device_trainer>(const trainer_setup&)> make;
+  /// The device's memory now (the memory plan's default limit, the progress lines); may be empty.
+  std::function<device_memory_use()> memory_use;
 };
 
 // ---- pieces every device trainer shares ----
@@ -120,6 +128,7 @@ inline void add_stats(chunk_step_stats& sum, const chunk_step_stats& s) {
   sum.stage2_seconds += s.stage2_seconds;
   sum.bytes_to_near += s.bytes_to_near;
   sum.bytes_to_far += s.bytes_to_far;
+  sum.exposed_transfer_seconds += s.exposed_transfer_seconds;
   sum.kv_pages_high_water = std::max(sum.kv_pages_high_water, s.kv_pages_high_water);
   sum.grad_pages_high_water = std::max(sum.grad_pages_high_water, s.grad_pages_high_water);
   sum.sparse_pages_selected += s.sparse_pages_selected;

@@ -8,7 +8,9 @@
 // block_acts itself (over buffers that only count), the pages as paged_attention lays out its pools
 // (in place: one contiguous range of every page for K/V and as many gradient pages; with offload:
 // homes that grow by slabs, near slots of fixed count), the backends' scratch as their members
-// grow to for one chunk. tests/trainer/test_memory_plan.cpp checks the K/V and gradient pages, the
+// grow to for one chunk; kept attention outputs as train/attention_outputs.hpp's blocks; on cuda
+// the sparse selector's summaries (device_page_summaries::bytes) and an estimate of its
+// workspace. tests/trainer/test_memory_plan.cpp checks the K/V and gradient pages, the
 // pools' reserved bytes, the near slots and the activations against what the CPU trainer measures.
 //
 // Gradient pages at their peak (dense attention): stage 2 runs chunks c = n-1 .. 0; the backward of
@@ -92,16 +94,17 @@ inline host_limit host_memory_default(const std::string& meminfo = "/proc/meminf
 }
 
 /// "137438953472", "128G", "128GiB", "512M", "64k" (binary units, case-insensitive) -> bytes.
-/// Throws oomb::invalid_argument naming the text.
-inline std::uint64_t parse_bytes(const std::string& text) {
+/// Throws oomb::invalid_argument naming the text (after `what` and a colon, e.g. the flag).
+inline std::uint64_t parse_bytes(const std::string& text, const std::string& what = {}) {
+  const std::string of = what.empty() ? std::string() : what + ": ";
   std::size_t used = 0;
   unsigned long long n = 0;
-  OOMB_EXPECTS(!text.empty() && std::isdigit(static_cast<unsigned char>(text[0])), "'", text,
+  OOMB_EXPECTS(!text.empty() && std::isdigit(static_cast<unsigned char>(text[0])), of, "'", text,
                "' is not a byte count (e.g. 128G, 512MiB, 1073741824)");
   try {
     n = std::stoull(text, &used);
   } catch (const std::exception&) {
-    OOMB_FAIL(oomb::invalid_argument, "'", text, "' is not a byte count (e.g. 128G, 512MiB, 1073741824)");
+    OOMB_FAIL(oomb::invalid_argument, of, "'", text, "' is not a byte count (e.g. 128G, 512MiB, 1073741824)");
   }
   std::string unit = text.substr(used);
   for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -111,8 +114,8 @@ inline std::uint64_t parse_bytes(const std::string& text) {
   else if (unit == "m" || unit == "mib") shift = 20;
   else if (unit == "g" || unit == "gib") shift = 30;
   else if (unit == "t" || unit == "tib") shift = 40;
-  OOMB_EXPECTS(shift >= 0, "'", text, "' is not a byte count (e.g. 128G, 512MiB, 1073741824)");
-  OOMB_EXPECTS(n <= (std::numeric_limits<std::uint64_t>::max() >> shift), "'", text, "' is too large");
+  OOMB_EXPECTS(shift >= 0, of, "'", text, "' is not a byte count (e.g. 128G, 512MiB, 1073741824)");
+  OOMB_EXPECTS(n <= (std::numeric_limits<std::uint64_t>::max() >> shift), of, "'", text, "' is too large");
   return std::uint64_t(n) << shift;
 }
 
@@ -157,6 +160,10 @@ enum class plan_part {
   kv_near,            ///< offload: the K/V near slots
   grad_near,          ///< offload: the gradient near slots
   page_tables,        ///< host bookkeeping per page: ids, gradient map, pool and residency records
+  attention_outputs,  ///< keep_attention_outputs: every (layer but the last, chunk)'s o and lse (homes with offload)
+  attention_outputs_near,  ///< keep_attention_outputs with offload: the blocks' device slots
+  sparse_summaries,   ///< cuda sparse: the page summaries, one per page id (cuda_page_selector)
+  sparse_workspace,   ///< cuda sparse: the selection's scoring workspace and tables at their largest
   sequence,           ///< the sequence's tokens
 };
 
@@ -245,6 +252,7 @@ inline std::int64_t slab_reserved(std::int64_t peak, std::int64_t slab, std::int
 constexpr std::size_t cuda_head_budget = std::size_t(256) << 20;    // cuda_backend::head_budget
 constexpr std::size_t cuda_gemm_workspace = std::size_t(32) << 20;  // gemm_context's default
 constexpr std::size_t cuda_upload_ring = std::size_t(1) << 20;      // cuda_backend's ring at start
+constexpr std::uint64_t kept_output_slots = 4;                      // attention_outputs::near_slots
 
 /// Elements (padding included) of each update group of the optimizer, in layout order: the
 /// embedding, layers 0 .. L-1, the final norm (with the head when it is not tied).
@@ -388,6 +396,42 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
     dev.push_back({plan_part::grad_near, std::uint64_t(o.near_pages) * grad_pair,
                    fmt::format("gradient near slots ({})", o.near_pages)});
   }
+  if (o.keep_attention_outputs) {
+    // attention_outputs: one block per (layer but the last, chunk), all held at the end of stage 1;
+    // o [n][hq*d] values then lse [hq][n] stats, each rounded up to 256 bytes (block_bytes).
+    const auto round_up = [](std::uint64_t b) { return (b + 255) / 256 * 256; };
+    const std::uint64_t block = round_up(std::uint64_t(n) * std::uint64_t(qd) * t) + round_up(std::uint64_t(n) * std::uint64_t(hq) * f);
+    const std::int64_t blocks = (L - 1) * chunks;
+    const std::string what = fmt::format("attention outputs kept for stage 2 ({} blocks of {} B: {} layers x {} chunks, o + lse)",
+                                         blocks, block, L - 1, chunks);
+    if (!o.offload) {
+      dev.push_back({plan_part::attention_outputs, std::uint64_t(blocks) * block, what + ", in place"});
+    } else {
+      home.push_back({plan_part::attention_outputs, std::uint64_t(blocks) * block, what + (cuda ? ", pinned homes" : ", homes")});
+      dev.push_back({plan_part::attention_outputs_near, kept_output_slots * block,
+                     fmt::format("attention output slots ({})", kept_output_slots)});
+    }
+  }
+  if (cuda && o.sparse) {
+    // cuda_page_selector: Quest keeps min and max, mean-key the mean ([ids][hkv][d] fp32 each) plus
+    // an int32 token count per id (device_page_summaries::bytes), for every page id in place or not.
+    const std::uint64_t stats = o.score == oomb::score_kind::quest ? 2 : 1;
+    const std::uint64_t per_id = stats * std::uint64_t(kvd) * f + sizeof(std::int32_t);
+    dev.push_back({plan_part::sparse_summaries, std::uint64_t(capacity) * per_id,
+                   fmt::format("sparse page summaries ({} ids of {} B, fp32)", capacity, per_id)});
+    // Its workspace (plan_tile_selection) grows by doubling the past it plans for, so at most twice
+    // the last chunk's past pages: query-tile summaries, two copies of the scored keys (8 B each),
+    // CUB's sort storage (counted as another copy and 1 MiB), and the selected pages (device and pinned).
+    const std::int64_t tiles = (n + o.tile - 1) / o.tile;
+    const std::int64_t past = 2 * ((in.tokens - 1) / n) * (n / P);
+    const std::int64_t scored = std::max<std::int64_t>(0, past - o.sink - o.local);
+    const std::uint64_t keys = std::uint64_t(tiles) * std::uint64_t(scored) * 8;
+    const std::uint64_t selected = std::uint64_t(tiles) * std::uint64_t(std::min<std::int64_t>(past, std::int64_t(o.budget) + o.sink + o.local)) * 4;
+    dev.push_back({plan_part::sparse_workspace,
+                   2 * std::uint64_t(tiles) * std::uint64_t(kvd) * f + 3 * keys + (std::uint64_t(1) << 20) + selected,
+                   fmt::format("sparse scoring workspace ({} tiles x {} scored pages at most, an estimate)", tiles, scored)});
+    home.push_back({plan_part::sparse_workspace, selected, "sparse selections read back (pinned)"});
+  }
   // Host records per page: the page table's id (4 B) and the gradient map's entry (4 B) of every
   // K/V page; per reserved id of both pools the free list, in-use flag and generation (9 B); with
   // offload, per reserved far page of both tiers a residency record and a copy-event handle.
@@ -499,11 +543,16 @@ inline memory_plan checked_memory_plan(const model_config& c, const chunk_option
                                                            plan_bytes(double(p.gpu_limit)))
                                              : std::string();
   const char* binds = !p.host_fits() && !p.gpu_fits() ? "GPU and host memory" : p.gpu_fits() ? "host memory" : "GPU memory";
+  const std::string state = p.device == "cuda" && !p.gpu_fits() && target.optimizer == optimizer_placement::gpu
+                                ? fmt::format(" (the optimizer state, {}, stays on the GPU: moving it to the host is not "
+                                              "implemented in the trainer yet)",
+                                              plan_bytes(double(p.on_gpu(plan_part::optimizer))))
+                                : std::string();
   const std::string fit = largest > 0 ? fmt::format("the largest sequence that fits is {} tokens", largest)
                                       : std::string("no sequence fits: the parts that do not grow with the context are too large");
   OOMB_FAIL(oomb::invalid_argument, "memory plan: ", tokens, " tokens need ", gpu, plan_bytes(double(p.host_total())),
             " of host memory, ", plan_bytes(double(p.host_allowed.bytes)), " allowed (", p.host_allowed.source,
-            "): not enough ", binds, "; ", fit, " (--plan prints the plan)");
+            "): not enough ", binds, state, "; ", fit, " (--plan prints the plan)");
 }
 
 inline std::string memory_plan::describe() const {

@@ -12,6 +12,8 @@
 
 #include <oomb/core/error.hpp>
 
+#include "trainer/train/memory_plan.hpp"
+
 namespace oomb_trainer {
 
 /// Everything oomb-train takes (see help_text()).
@@ -34,8 +36,13 @@ struct train_options {
   std::int64_t save_every = 0;  ///< 0: only at the end
   std::int64_t stop_after = 0;  ///< stop (and save) after this many steps of this run; 0: run to --steps
   std::int32_t kv_keys = 8, kv_values = 6, kv_queries = 8;  ///< --synthetic kv-recall's shape
+  bool keep_attention_outputs = false;  ///< stage 2 reads stage 1's attention outputs instead of attending again
   bool full_backprop = false;
   std::string device = "cpu";  ///< where the training state lives and the step runs: "cpu" or "cuda"
+  std::uint64_t host_memory = 0;  ///< bytes the run may take on the host; 0: host_memory_default()
+  std::uint64_t gpu_memory = 0;   ///< bytes the run may take on the GPU; 0: free memory less a margin (cuda)
+  std::int32_t keep_last = 2;     ///< checkpoint-<step> folders kept
+  bool plan = false;              ///< print the memory plan and exit
   bool quiet = false;
   bool help = false;
 
@@ -50,6 +57,7 @@ usage: oomb-train --config model.json (--data tokens.bin | --synthetic NAME) --s
                   --page P [--sparse-budget B --sink S --local L] [--offload --near-pages K]
                   --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
                   [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop] [--device cpu|cuda]
+                  [--keep-attention-outputs] [--plan] [--host-memory BYTES] [--gpu-memory BYTES]
 
 model and data
   --config FILE         HF config.json of a Qwen2 model (configs/tiny.json, configs/qwen2.5-0.5b.json, ...)
@@ -72,21 +80,31 @@ sequence and memory
   --chunk C             tokens per chunk: a multiple of the page size
   --page P              tokens per KV page: a power of two >= 16 (default 16)
   --sparse-budget B     page-sparse attention: each tile of --tile queries attends B scored past pages
-  --sink S              ... plus the first S pages (default 1)
-  --local L             ... plus the L most recent past pages (default 1)
-  --tile Q              queries per selection tile (default 128)
+                        (B + S + L must be fewer than the last chunk's past pages: else it is dense)
+  --sink S              ... plus the first S pages (default 1; needs --sparse-budget)
+  --local L             ... plus the L most recent past pages (default 1; needs --sparse-budget)
+  --tile Q              queries per selection tile (default 128; needs --sparse-budget; with --device
+                        cuda, Q times the GQA group must be a multiple of 128)
   --offload             stream K/V and gradient pages through a fixed near tier; homes in the far tier
   --near-pages K        near-tier slots for K/V pages, and as many for gradient pages
                         (default: twice a chunk's pages; at least a chunk's pages)
   --window-pages W      pages per attention window (default: K/2 with --offload, all without)
+  --keep-attention-outputs
+                        keep every layer's attention output and lse from stage 1 (in compute memory,
+                        or pinned homes through 4 device slots with --offload) and read them in
+                        stage 2 instead of attending again: less work, memory growing with the context
   --full-backprop       plain full-sequence backprop instead (the baseline; no oomb)
+  --plan                print the memory plan (GPU and host bytes, what goes where) and exit
+  --host-memory BYTES   host memory the run may take (e.g. 120G; default: MemAvailable, never MemTotal)
+  --gpu-memory BYTES    GPU memory the run may take (cuda; default: cudaMemGetInfo's free less 1 GiB);
+                        a run whose plan does not fit is refused before anything large is allocated
 
 device
   --device D            cpu (default) or cuda: where the training state lives and the step runs. cuda
                         keeps weights, AdamW moments and gradients on the GPU (clip and AdamW there
-                        too) and needs a CUDA build and a GPU, dense attention in place (no --offload,
-                        --sparse-budget or --full-backprop) and head_dim 64 or 128; checkpoints are
-                        the same files on both devices
+                        too) and needs a CUDA build, a GPU and head_dim 64 or 128 (no --full-backprop);
+                        --offload and --sparse-budget run there too; checkpoints are the same files
+                        on both devices
 
 optimisation
   --steps S             optimizer steps in all (the schedule's length; a resumed run continues to S)
@@ -96,10 +114,14 @@ optimisation
   --clip G              clip the global gradient norm to G; 0 disables (default 1)
 
 output
-  --out DIR             log.jsonl (one JSON object per step) and checkpoint/ (config.json,
-                        model.safetensors, optimizer.safetensors, trainer_state.json)
-  --save-every N        write the checkpoint every N steps (default: at the end only)
-  --stop-after N        stop after N steps of this run (a checkpoint is written): an interruption
+  --out DIR             options.json (the effective options), log.jsonl (one JSON object per step) and
+                        checkpoint-<step>/ folders (config.json, model.safetensors,
+                        optimizer.safetensors, trainer_state.json) with checkpoint -> the latest; an
+                        --out holding another run's log is refused unless --resume continues it
+  --save-every N        write a checkpoint every N steps (default: at the end only)
+  --keep-last K         checkpoint-<step> folders kept, the newest (default 2)
+  --stop-after N        stop after N steps of this run (a checkpoint is written): an interruption;
+                        SIGINT / SIGTERM do the same at the next step boundary (exit 130 / 143)
   --dump-grads FILE     write the first step's gradients (F32 safetensors, HF names)
   --quiet               no progress lines within steps
   --help                this text
@@ -129,6 +151,7 @@ inline double parse_double(const std::string& flag, const std::string& v) {
 /// Parses argv; throws oomb::invalid_argument naming the flag for anything wrong or missing.
 inline train_options parse_train_options(const std::vector<std::string>& args) {
   train_options o;
+  std::string sparse_only;  // the last of --sink / --local / --tile given
   constexpr std::int64_t i32max = std::numeric_limits<std::int32_t>::max();
   constexpr std::int64_t i64max = std::numeric_limits<std::int64_t>::max();
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -139,6 +162,11 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     };
     auto i32 = [&](std::int64_t lo) { return static_cast<std::int32_t>(detail::parse_int(f, value(), lo, i32max)); };
     auto i64 = [&](std::int64_t lo) { return detail::parse_int(f, value(), lo, i64max); };
+    auto bytes = [&] {
+      const std::uint64_t b = parse_bytes(value(), f);
+      OOMB_EXPECTS(b > 0, f, " must be more than 0 bytes");
+      return b;
+    };
     if (f == "--help" || f == "-h") o.help = true;
     else if (f == "--config") o.config = value();
     else if (f == "--data") o.data = value();
@@ -152,9 +180,9 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--chunk") o.chunk = i32(1);
     else if (f == "--page") o.page = i32(1);
     else if (f == "--sparse-budget") { o.sparse = true; o.budget = i32(0); }
-    else if (f == "--sink") o.sink = i32(0);
-    else if (f == "--local") o.local = i32(0);
-    else if (f == "--tile") o.tile = i32(1);
+    else if (f == "--sink") { o.sink = i32(0); sparse_only = f; }
+    else if (f == "--local") { o.local = i32(0); sparse_only = f; }
+    else if (f == "--tile") { o.tile = i32(1); sparse_only = f; }
     else if (f == "--offload") o.offload = true;
     else if (f == "--near-pages") o.near_pages = i32(1);
     else if (f == "--window-pages") o.window_pages = i32(1);
@@ -171,6 +199,11 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--kv-values") o.kv_values = i32(2);
     else if (f == "--kv-queries") o.kv_queries = i32(1);
     else if (f == "--full-backprop") o.full_backprop = true;
+    else if (f == "--keep-attention-outputs") o.keep_attention_outputs = true;
+    else if (f == "--plan") o.plan = true;
+    else if (f == "--host-memory") o.host_memory = bytes();
+    else if (f == "--gpu-memory") o.gpu_memory = bytes();
+    else if (f == "--keep-last") o.keep_last = i32(1);
     else if (f == "--device") o.device = value();
     else if (f == "--quiet") o.quiet = true;
     else OOMB_FAIL(oomb::invalid_argument, "unknown option '", f, "' (see --help)");
@@ -188,8 +221,18 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(o.warmup <= o.steps, "--warmup ", o.warmup, " is longer than --steps ", o.steps);
   OOMB_EXPECTS(!o.full_backprop || (!o.sparse && !o.offload), "--full-backprop runs neither sparse attention nor offload");
   OOMB_EXPECTS(o.device == "cpu" || o.device == "cuda", "--device: unknown device '", o.device, "' (known: cpu, cuda)");
-  OOMB_EXPECTS(o.device == "cpu" || (!o.offload && !o.sparse && !o.full_backprop), "--device cuda runs chunk-recurrent ",
-               "dense attention over pages in place only (not yet: --offload, --sparse-budget, --full-backprop)");
+  OOMB_EXPECTS(o.device == "cpu" || !o.full_backprop, "--device cuda runs chunk-recurrent training only (--full-backprop ",
+               "is the CPU's baseline)");
+  OOMB_EXPECTS(sparse_only.empty() || o.sparse, sparse_only, " shapes page-sparse attention: it needs --sparse-budget");
+  OOMB_EXPECTS(!o.keep_attention_outputs || !o.full_backprop, "--keep-attention-outputs is chunk-recurrent's (not --full-backprop)");
+  if (o.sparse && o.chunk > 0 && o.page > 0) {
+    // The most past pages a tile sees: those of every chunk before the last.
+    const std::int64_t past = (o.seq_len - 1) / o.chunk * (o.chunk / o.page);
+    const std::int64_t covered = std::int64_t(o.budget) + o.sink + o.local;
+    OOMB_EXPECTS(covered < past, "--sparse-budget ", o.budget, " + --sink ", o.sink, " + --local ", o.local, " = ", covered,
+                 " pages covers every past page (at most ", past, " at --seq-len ", o.seq_len, ", --chunk ", o.chunk,
+                 ", --page ", o.page, "): that is dense attention; leave out --sparse-budget");
+  }
   if (o.offload && o.near_pages == 0 && o.chunk > 0 && o.page > 0) o.near_pages = 2 * (o.chunk / o.page);
   return o;
 }

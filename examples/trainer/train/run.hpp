@@ -1,11 +1,14 @@
 // oomb trainer — the training loop behind oomb-train: data, the optimizer step, log, checkpoints.
 // Reads top to bottom: step() = sample a batch, the device trainer's step (loss and gradient of
-// each sequence, average, norm, clip, AdamW: train/device_trainer.hpp), log.
+// each sequence, average, norm, clip, AdamW: train/device_trainer.hpp), log. Before anything
+// large is allocated: the device's checks, the memory plan (train/memory_plan.hpp), --out's and
+// --resume's checks; then options.json, the log, checkpoint-<step> folders and `checkpoint`.
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -31,20 +34,11 @@
 #include "trainer/optim/schedule.hpp"
 #include "trainer/train/cpu_trainer.hpp"
 #include "trainer/train/device_trainer.hpp"
+#include "trainer/train/memory_plan.hpp"
 #include "trainer/train/options.hpp"
 #include "trainer/train/synthetic.hpp"
 
 namespace oomb_trainer {
-
-/// What one optimizer step did (also one line of log.jsonl).
-struct step_record {
-  std::int64_t step = 0;  ///< 0-based index of the step just taken
-  double loss = 0;  ///< mean over the batch of each sequence's mean loss
-  double lr = 0, grad_norm = 0, seconds = 0, tokens_per_second = 0;
-  std::int64_t tokens = 0;   ///< over the batch
-  chunk_step_stats chunked;  ///< summed over the batch; zeros with --full-backprop
-  tier_memory memory;
-};
 
 inline std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -54,6 +48,90 @@ inline std::string human_bytes(double b) {
     ++u;
   }
   return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+/// What one optimizer step did (also one line of log.jsonl).
+struct step_record {
+  std::int64_t step = 0;  ///< 0-based index of the step just taken
+  double loss = 0;  ///< mean over the batch of each sequence's mean loss
+  double lr = 0, grad_norm = 0, seconds = 0, tokens_per_second = 0;
+  std::int64_t tokens = 0;   ///< over the batch
+  chunk_step_stats chunked;  ///< summed over the batch; zeros with --full-backprop
+  tier_memory memory;
+  device_memory_use gpu;            ///< the device at the step's end (zeros on the CPU)
+  std::uint64_t gpu_used_peak = 0;  ///< the most the device had in use at a chunk's end or the step's
+};
+
+/// The effective options of a run as JSON (<out>/options.json): every flag's value after defaults.
+inline nlohmann::json options_json(const train_options& o) {
+  return {{"config", o.config},         {"data", o.data},
+          {"synthetic", o.synthetic},   {"init", o.init},
+          {"resume", o.resume},         {"out", o.out},
+          {"seq_len", o.seq_len},       {"batch", o.batch},
+          {"chunk", o.chunk},           {"page", o.page},
+          {"sparse", o.sparse},         {"sparse_budget", o.budget},
+          {"sink", o.sink},             {"local", o.local},
+          {"tile", o.tile},             {"offload", o.offload},
+          {"near_pages", o.near_pages}, {"window_pages", o.window_pages},
+          {"keep_attention_outputs", o.keep_attention_outputs},
+          {"full_backprop", o.full_backprop},
+          {"device", o.device},         {"steps", o.steps},
+          {"lr", o.lr},                 {"min_lr", o.effective_min_lr()},
+          {"warmup", o.warmup},         {"weight_decay", o.weight_decay},
+          {"clip", o.clip},             {"seed", o.seed},
+          {"save_every", o.save_every}, {"keep_last", o.keep_last},
+          {"stop_after", o.stop_after}, {"kv_keys", o.kv_keys},
+          {"kv_values", o.kv_values},   {"kv_queries", o.kv_queries},
+          {"host_memory", o.host_memory}, {"gpu_memory", o.gpu_memory}};
+}
+
+/// What a checkpoint records of the run that wrote it, checked against the command line on
+/// --resume (trainer_state.json's "extra").
+inline nlohmann::json run_identity(const train_options& o) {
+  return {{"seed", o.seed}, {"synthetic", o.synthetic}, {"data", o.data}, {"seq_len", o.seq_len},
+          {"batch", o.batch}, {"chunk", o.chunk}, {"page", o.page}};
+}
+
+/// Throws, naming the field, unless the checkpoint `dir` was written by a run of the same data,
+/// seed and shape of sequences as `o` (fields a checkpoint lacks, from an older trainer, pass).
+inline void check_resume_identity(const std::string& dir, const train_options& o) {
+  const std::string path = (std::filesystem::path(dir) / "trainer_state.json").string();
+  const trainer_state st = parse_trainer_state(detail::read_json_file(path, "trainer state"), path);
+  const nlohmann::json want = run_identity(o);
+  for (const auto& [key, value] : want.items()) {
+    const auto it = st.extra.find(key);
+    if (it == st.extra.end()) continue;
+    OOMB_CHECK(*it == value, oomb::invalid_argument, "--resume ", dir, ": the checkpoint's run had ", key, " ", it->dump(),
+               ", the command line says ", value.dump(), "; resume with the same ", key, " (or start a new --out)");
+  }
+}
+
+/// Margin left free on the GPU when --gpu-memory is not given: the CUDA context is already counted
+/// in cudaMemGetInfo's used bytes, this covers what the plan does not itemise (allocator rounding,
+/// cuBLASLt's handles, other libraries).
+inline constexpr std::uint64_t gpu_memory_margin = std::uint64_t(1) << 30;
+
+/// The limits the run's memory plan is checked against: --host-memory or host_memory_default();
+/// with cuda --gpu-memory or the device's free memory less gpu_memory_margin, and the optimizer
+/// state on the GPU (where cuda_trainer keeps it; splitting is not implemented there).
+inline plan_target plan_target_of(const train_options& o, const device_trainer_maker& device) {
+  plan_target t;
+  t.device = o.device;
+  t.host = o.host_memory > 0 ? host_limit{o.host_memory, "--host-memory"} : host_memory_default();
+  if (o.device != "cpu") {
+    t.optimizer = optimizer_placement::gpu;
+    if (o.gpu_memory > 0) {
+      t.gpu_bytes = o.gpu_memory;
+    } else {
+      OOMB_EXPECTS(bool(device.memory_use), "--device ", o.device, ": the device does not report its memory; pass --gpu-memory");
+      const device_memory_use m = device.memory_use();
+      OOMB_EXPECTS(m.free > gpu_memory_margin, "--device ", o.device, ": ", human_bytes(double(m.free)),
+                   " of GPU memory free, less than the margin of ", human_bytes(double(gpu_memory_margin)),
+                   " (another process holds the GPU?); pass --gpu-memory to plan anyway");
+      t.gpu_bytes = m.free - gpu_memory_margin;
+    }
+  }
+  return t;
 }
 
 /// Throws, before anything is allocated, unless the checkpoint folder `dir` is one of a model of
@@ -85,10 +163,17 @@ class training_run {
   explicit training_run(train_options o, std::function<void(const std::string&)> print = {},
                         device_trainer_maker device = {})
       : o_(std::move(o)), print_(std::move(print)), cfg_(checked_config(o_, device)),
-        schedule_(o_.lr, o_.effective_min_lr(), o_.warmup, o_.steps) {
+        schedule_(o_.lr, o_.effective_min_lr(), o_.warmup, o_.steps), 
+        memory_use_(o_.device != "cpu" ? device.memory_use : std::function<device_memory_use()>{}) {
     namespace fs = std::filesystem;
-    if (!o_.resume.empty()) check_checkpoint_matches(o_.resume, cfg_);  // before the state is allocated
+    // Everything that can refuse the run does so here, before the state is allocated.
     const trainer_setup setup = setup_of(o_, cfg_);
+    if (!o_.full_backprop) plan_ = checked_memory_plan(cfg_, setup.chunk, o_.seq_len, plan_target_of(o_, device));
+    check_out_is_ours(o_);
+    if (!o_.resume.empty()) {
+      check_checkpoint_matches(o_.resume, cfg_);
+      check_resume_identity(o_.resume, o_);
+    }
     trainer_ = o_.device == "cpu" ? std::make_unique<cpu_trainer>(setup) : device.make(setup);
     if (!o_.init.empty())
       trainer_->load_weights(o_.init);
@@ -112,8 +197,30 @@ class training_run {
                       static_cast<std::size_t>(o_.seq_len), false, data_position_);
     }
     fs::create_directories(o_.out);
-    log_.open(fs::path(o_.out) / "log.jsonl", std::ios::app);
+    detail::write_json_file((fs::path(o_.out) / "options.json").string(), options_json(o_));
+    const std::string log_path = (fs::path(o_.out) / "log.jsonl").string();
+    if (!o_.resume.empty()) keep_log_through(log_path, step_);
+    log_.open(log_path, std::ios::app);
     OOMB_CHECK(log_.good(), oomb::error, o_.out, "/log.jsonl: cannot open for appending");
+  }
+
+  /// What --plan prints: the device's checks, then the memory plan of `o` (not checked against
+  /// the limits: describe() marks what does not fit). Allocates nothing large.
+  static memory_plan plan(const train_options& o, const device_trainer_maker& device = {}) {
+    const model_config c = checked_config(o, device);
+    OOMB_EXPECTS(!o.full_backprop, "--plan: the memory plan is chunk-recurrent training's (not --full-backprop)");
+    return plan_memory(c, setup_of(o, c).chunk, o.seq_len, plan_target_of(o, device));
+  }
+  /// plan()'s text, with the largest context that fits when this one does not.
+  static std::string plan_text(const train_options& o, const device_trainer_maker& device = {}) {
+    const memory_plan p = plan(o, device);
+    std::string s = p.describe();
+    if (!p.fits()) {
+      const model_config c = load_model_config(o.config);
+      const std::int64_t largest = largest_fitting_tokens(c, setup_of(o, c).chunk, plan_target_of(o, device));
+      s += fmt::format("does not fit: the largest --seq-len that fits is {} tokens\n", largest);
+    }
+    return s;
   }
 
   const model_config& config() const noexcept { return cfg_; }
@@ -122,6 +229,8 @@ class training_run {
   bool done() const noexcept { return step_ >= o_.steps; }
   /// The master weights as a host copy (tests).
   qwen2_params<float> weights() const { return trainer_->weights(); }
+  /// The memory plan the run was checked against (empty with --full-backprop).
+  const std::optional<memory_plan>& memory() const noexcept { return plan_; }
 
   /// The next training sequence (advances the data position).
   sequence next_sequence() {
@@ -144,7 +253,9 @@ class training_run {
     s.lr = schedule_(step_);
     s.clip = o_.clip;
     if (!dumped_) s.dump_grads = o_.dump_grads;
-    last_progress_ = t0;
+    meter_ = {};
+    meter_.start = meter_.last_print = t0;
+    for (const auto& q : batch) meter_.total += static_cast<std::int64_t>(q.size());
     const step_measure m = trainer_->step(batch, s, [&](const chunk_progress& p) { progress(p); });
     dumped_ = true;
     step_record r;
@@ -152,30 +263,46 @@ class training_run {
     r.loss = m.loss;
     r.grad_norm = m.grad_norm;
     r.lr = s.lr;
-    for (const auto& q : batch) r.tokens += q.size();
+    r.tokens = meter_.total;
     r.chunked = trainer_->last_stats();
     r.memory = trainer_->memory();
+    sample_gpu();
+    r.gpu = meter_.gpu;
+    r.gpu_used_peak = meter_.gpu_peak;
     ++step_;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.tokens_per_second = static_cast<double>(r.tokens) / r.seconds;
+    if (r.chunked.stage1_seconds > 0 && r.chunked.stage2_seconds > 0) {
+      stage_weight_[0] = r.chunked.stage1_seconds;
+      stage_weight_[1] = r.chunked.stage2_seconds;
+    }
     log(r);
     if (o_.save_every > 0 && step_ % o_.save_every == 0 && !done()) save();
     return r;
   }
 
-  /// Runs to --steps (or --stop-after steps of this run), saving a checkpoint at the end.
-  void run() {
+  /// Runs to --steps (or --stop-after steps of this run), saving a checkpoint at the end. With
+  /// `stop` (a signal handler's flag: the signal's number once one came), stops at the next step
+  /// boundary after it is set, saves, and returns its number; 0 when the run ended otherwise.
+  int run(const volatile std::sig_atomic_t* stop = nullptr) {
     if (print_) print_(banner());
     std::int64_t taken = 0;
     std::int32_t kv_high = 0, grad_high = 0;
+    int signal = 0;
     while (!done() && (o_.stop_after == 0 || taken < o_.stop_after)) {
+      if (stop && *stop != 0) {
+        signal = static_cast<int>(*stop);
+        if (print_) print_(fmt::format("signal {}: stopping at step {}", signal, step_));
+        break;
+      }
       const step_record r = step();
       kv_high = std::max(kv_high, r.chunked.kv_pages_high_water);
       grad_high = std::max(grad_high, r.chunked.grad_pages_high_water);
       ++taken;
     }
-    if (print_ && !o_.full_backprop) print_(memory_summary(kv_high, grad_high));
+    if (print_ && !o_.full_backprop && taken > 0) print_(memory_summary(kv_high, grad_high));
     save();
+    return signal;
   }
 
   /// Memory per tier after a run: what the README's demo prints last.
@@ -191,15 +318,20 @@ class training_run {
                        human_bytes(double(m.far_kv_reserved + m.far_grad_reserved)), human_bytes(double(m.activation_bytes)));
   }
 
-  /// Writes <out>/checkpoint atomically: weights, AdamW moments, step and data position.
+  /// Writes <out>/checkpoint-<step> atomically (weights, AdamW moments, step, data position, the
+  /// run's identity), points <out>/checkpoint at it, and removes all but the newest --keep-last.
   void save() {
+    namespace fs = std::filesystem;
     trainer_state st;
     st.step = step_;
     st.data_position = data_position_;
-    st.extra = {{"seed", o_.seed}, {"synthetic", o_.synthetic}, {"data", o_.data}};
-    const auto dir = (std::filesystem::path(o_.out) / "checkpoint").string();
-    trainer_->save(dir, st);
-    if (print_) print_(fmt::format("checkpoint: {} (step {})", dir, step_));
+    st.extra = run_identity(o_);
+    const fs::path out(o_.out);
+    const std::string name = fmt::format("checkpoint-{}", step_);
+    trainer_->save((out / name).string(), st);
+    point_latest_at(out, name);
+    prune_checkpoints(out, o_.keep_last, name);
+    if (print_) print_(fmt::format("checkpoint: {} (step {})", (out / name).string(), step_));
   }
 
   std::string banner() const {
@@ -208,13 +340,22 @@ class training_run {
                                         : fmt::format("chunk-recurrent, chunk {} tokens, page {} tokens", o_.chunk, o_.page);
     if (o_.sparse) mode += fmt::format(", sparse (budget {} + sink {} + local {} pages per {}-query tile)", o_.budget, o_.sink, o_.local, o_.tile);
     if (o_.offload) mode += fmt::format(", offload (near tier {} + {} slots)", o_.near_pages, o_.near_pages);
+    if (o_.keep_attention_outputs) mode += ", attention outputs kept for stage 2";
     const std::string batch = o_.batch == 1 ? fmt::format("{} tokens per step", o_.seq_len)
                                             : fmt::format("{} sequences of {} tokens per step", o_.batch, o_.seq_len);
+    std::string plan;
+    if (plan_)
+      plan = plan_->device == "cuda"
+                 ? fmt::format("\n  memory plan: GPU {} of {}, pinned host {} of {}", human_bytes(double(plan_->gpu_total())),
+                               human_bytes(double(plan_->gpu_limit)), human_bytes(double(plan_->host_total())),
+                               human_bytes(double(plan_->host_allowed.bytes)))
+                 : fmt::format("\n  memory plan: host {} of {}", human_bytes(double(plan_->host_total())),
+                               human_bytes(double(plan_->host_allowed.bytes)));
     return fmt::format("oomb-train: {} layers, hidden {}, {} heads / {} KV heads, vocab {}, {} parameters\n"
-                       "  device: {}\n  {}, {}\n  data: {}; steps {} from {}",
+                       "  device: {}\n  {}, {}\n  data: {}; steps {} from {}{}",
                        c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size,
                        parameter_count(param_layout(c)), trainer_->describe(), batch, mode,
-                       o_.synthetic.empty() ? o_.data : "synthetic " + o_.synthetic, o_.steps, step_);
+                       o_.synthetic.empty() ? o_.data : "synthetic " + o_.synthetic, o_.steps, step_, plan);
   }
 
  private:
@@ -224,7 +365,7 @@ class training_run {
     if (o.device == "cpu") return c;
     OOMB_EXPECTS(device.name == o.device && device.require && device.make, "--device ", o.device,
                  ": this oomb-train was built without CUDA (configure with -DOOMB_ENABLE_CUDA=ON); use --device cpu");
-    device.require(c);
+    device.require(setup_of(o, c));
     return c;
   }
 
@@ -245,16 +386,120 @@ class training_run {
     co.sink = o.sink;
     co.local = o.local;
     co.tile = o.tile;
+    co.keep_attention_outputs = o.keep_attention_outputs;
     return s;
   }
 
+  /// An --out holding a log is another run's unless --resume continues one: never mixed silently.
+  static void check_out_is_ours(const train_options& o) {
+    namespace fs = std::filesystem;
+    if (!o.resume.empty()) return;
+    std::error_code ec;
+    const fs::path log = fs::path(o.out) / "log.jsonl";
+    OOMB_EXPECTS(!fs::exists(log, ec) || fs::file_size(log, ec) == 0, "--out ", o.out,
+                 " holds another run's log.jsonl: continue it with --resume ", (fs::path(o.out) / "checkpoint").string(),
+                 ", or give a new --out (nothing was written)");
+  }
+
+  /// Keeps the lines of the log at `path` up to step `step` (1-based "step" fields): the steps after
+  /// the checkpoint a run resumes from are taken again, and logged once.
+  static void keep_log_through(const std::string& path, std::int64_t step) {
+    std::ifstream in(path);
+    if (!in) return;
+    std::string kept, line;
+    bool dropped = false;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      const bool later = !j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+                         j["step"].get<std::int64_t>() > step;
+      if (later) dropped = true;
+      else kept += line + '\n';
+    }
+    in.close();
+    if (!dropped) return;
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << kept;
+      OOMB_CHECK(out.good(), oomb::error, tmp, ": cannot write");
+    }
+    std::filesystem::rename(tmp, path);
+  }
+
+  /// <out>/checkpoint becomes a link to `name` (replaced in one rename; a folder of that name from
+  /// an older trainer is removed first).
+  static void point_latest_at(const std::filesystem::path& out, const std::string& name) {
+    namespace fs = std::filesystem;
+    const fs::path latest = out / "checkpoint", tmp = out / "checkpoint.link-tmp";
+    std::error_code ec;
+    if (fs::is_directory(fs::symlink_status(latest, ec))) fs::remove_all(latest);
+    fs::remove(tmp, ec);
+    fs::create_directory_symlink(name, tmp);
+    fs::rename(tmp, latest);
+  }
+
+  /// Removes checkpoint-<step> folders of `out` but the newest `keep` (and `current`).
+  static void prune_checkpoints(const std::filesystem::path& out, std::int32_t keep, const std::string& current) {
+    namespace fs = std::filesystem;
+    std::vector<std::pair<std::int64_t, fs::path>> found;
+    for (const auto& e : fs::directory_iterator(out)) {
+      const std::string n = e.path().filename().string();
+      constexpr std::size_t prefix = sizeof("checkpoint-") - 1;
+      if (n.size() <= prefix || n.compare(0, prefix, "checkpoint-") != 0 || !e.is_directory()) continue;
+      const std::string digits = n.substr(prefix);
+      if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      found.emplace_back(std::stoll(digits), e.path());
+    }
+    std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1)); i < found.size(); ++i)
+      if (found[i].second.filename() != current) fs::remove_all(found[i].second);
+  }
+
+  /// Where a step is (for the progress lines): tokens through each stage, the device's memory.
+  struct step_meter {
+    std::chrono::steady_clock::time_point start, last_print;
+    std::int64_t total = 0;              ///< tokens of the batch
+    std::int64_t forward = 0, backward = 0;  ///< tokens through stage 1 / stage 2 so far
+    device_memory_use gpu;
+    std::uint64_t gpu_peak = 0;
+  };
+
+  void sample_gpu() {
+    if (!memory_use_) return;
+    meter_.gpu = memory_use_();
+    meter_.gpu_peak = std::max(meter_.gpu_peak, meter_.gpu.used);
+  }
+
+  /// Tokens done, work-weighted: each stage's tokens count by its share of the last step's time
+  /// (1 : 3 before a step is measured: stage 2 recomputes the forward, then runs the backward).
+  double tokens_done() const {
+    const double w1 = stage_weight_[0], w2 = stage_weight_[1];
+    return (w1 * double(meter_.forward) + w2 * double(meter_.backward)) / (w1 + w2);
+  }
+
   void progress(const chunk_progress& p) {
+    const std::int64_t n = std::min<std::int64_t>(o_.chunk, o_.seq_len - std::int64_t(p.chunk) * o_.chunk);
+    (p.stage == 1 ? meter_.forward : meter_.backward) += n;
+    sample_gpu();
     if (o_.quiet || !print_) return;
     const auto now = std::chrono::steady_clock::now();
-    if (std::chrono::duration<double>(now - last_progress_).count() < 2.0) return;
-    last_progress_ = now;
-    print_(fmt::format("  step {}: stage {} chunk {}/{}", step_ + 1, p.stage, p.stage == 1 ? p.chunk + 1 : p.chunks - p.chunk,
-                       p.chunks));
+    if (std::chrono::duration<double>(now - meter_.last_print).count() < 2.0) return;
+    meter_.last_print = now;
+    const double elapsed = std::chrono::duration<double>(now - meter_.start).count();
+    const double done = tokens_done(), rate = elapsed > 0 ? done / elapsed : 0;
+    const double eta = rate > 0 ? (double(meter_.total) - done) / rate : 0;
+    std::string line = fmt::format("  step {}: {:.0f}/{} tokens ({} chunk {}/{}) | {:.0f} tok/s | ETA {:.1f} s", step_ + 1,
+                                   done, meter_.total, p.stage == 1 ? "forward" : "backward",
+                                   p.stage == 1 ? p.chunk + 1 : p.chunks - p.chunk, p.chunks, rate, eta);
+    if (memory_use_)
+      line += fmt::format(" | GPU {} in use, peak {}", human_bytes(double(meter_.gpu.used)), human_bytes(double(meter_.gpu_peak)));
+    if (o_.device != "cpu" && o_.offload) line += fmt::format(" | pinned host {}", human_bytes(double(pinned_host_bytes(trainer_->memory()))));
+    print_(line);
+  }
+
+  /// Host memory the far tier holds with a GPU and offload (pinned): page homes, kept outputs.
+  static std::uint64_t pinned_host_bytes(const tier_memory& m) {
+    return m.far_kv_reserved + m.far_grad_reserved + m.far_outputs_reserved;
   }
 
   void log(const step_record& r) {
@@ -263,15 +508,20 @@ class training_run {
     const std::int64_t near = m.near_kv_slots + m.near_grad_slots;
     const std::int64_t far = std::int64_t(s.kv_pages_high_water) + s.grad_pages_high_water;
     const std::string loss_name = task_ ? "answer loss" : "loss";
+    const double h2d = double(s.bytes_to_near) / r.seconds / 1e9, d2h = double(s.bytes_to_far) / r.seconds / 1e9;
+    const bool pinned = o_.device != "cpu" && o_.offload;
     if (print_) {
-      std::string line = fmt::format("step {:>5}/{} | {} {:.4f} | {:>8.0f} tok/s | {:.2f} s", r.step + 1, o_.steps, loss_name,
-                                     r.loss, r.tokens_per_second, r.seconds);
+      std::string line = fmt::format("step {:>5}/{} | {} {:.4f} | grad norm {:.3g} | {:>8.0f} tok/s | {:.2f} s", r.step + 1,
+                                     o_.steps, loss_name, r.loss, r.grad_norm, r.tokens_per_second, r.seconds);
       if (!o_.full_backprop) {
         line += fmt::format(" | near {} pages ({}) | far {} pages ({})", near, human_bytes(double(m.near_bytes)), far,
                             human_bytes(double(s.kv_pages_high_water) * double(m.kv_pair_bytes) +
                                         double(s.grad_pages_high_water) * double(m.grad_pair_bytes)));
-        if (o_.offload) line += fmt::format(" | moved {}", human_bytes(double(s.bytes_to_near + s.bytes_to_far)));
+        if (o_.offload)
+          line += fmt::format(" | moved {} (H2D {:.1f} GB/s, D2H {:.1f} GB/s, exposed {:.3f} s)",
+                              human_bytes(double(s.bytes_to_near + s.bytes_to_far)), h2d, d2h, s.exposed_transfer_seconds);
       }
+      if (memory_use_) line += fmt::format(" | GPU peak {}", human_bytes(double(r.gpu_used_peak)));
       line += fmt::format(" | lr {:.2e}", r.lr);
       print_(line);
     }
@@ -292,13 +542,23 @@ class training_run {
       j["far_kv_pages"] = s.kv_pages_high_water;
       j["far_grad_pages"] = s.grad_pages_high_water;
       j["far_bytes_reserved"] = m.far_kv_reserved + m.far_grad_reserved;
+      j["far_attention_output_bytes"] = m.far_outputs_reserved;
       j["bytes_to_near"] = s.bytes_to_near;
       j["bytes_to_far"] = s.bytes_to_far;
+      j["h2d_gb_per_second"] = h2d;
+      j["d2h_gb_per_second"] = d2h;
+      j["exposed_transfer_seconds"] = s.exposed_transfer_seconds;
       j["activation_bytes"] = m.activation_bytes;
+      j["pinned_host_bytes"] = pinned ? pinned_host_bytes(m) : 0;
       if (o_.sparse) {
         j["sparse_pages_selected"] = s.sparse_pages_selected;
         j["sparse_pages_candidate"] = s.sparse_pages_candidate;
       }
+    }
+    if (memory_use_) {
+      j["gpu_bytes_in_use"] = r.gpu.used;
+      j["gpu_bytes_in_use_peak"] = r.gpu_used_peak;
+      j["gpu_bytes_total"] = r.gpu.total;
     }
     log_ << j.dump() << '\n';
     log_.flush();
@@ -308,6 +568,8 @@ class training_run {
   std::function<void(const std::string&)> print_;
   model_config cfg_;
   cosine_schedule schedule_;
+  std::function<device_memory_use()> memory_use_;
+  std::optional<memory_plan> plan_;
   std::unique_ptr<device_trainer> trainer_;
   std::int64_t step_ = 0;
   std::uint64_t data_position_ = 0;
@@ -315,7 +577,8 @@ class training_run {
   std::optional<token_windows> tokens_;
   std::ofstream log_;
   bool dumped_ = false;
-  std::chrono::steady_clock::time_point last_progress_{};
+  step_meter meter_;
+  double stage_weight_[2] = {1.0, 3.0};
 };
 
 }  // namespace oomb_trainer

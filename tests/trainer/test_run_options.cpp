@@ -1,0 +1,212 @@
+// oomb-train's run options: bad sparse input, --keep-attention-outputs, --plan, --host-memory /
+// --gpu-memory and the memory plan's refusal, --out's trust (options.json, no silent mixing),
+// checkpoint-<step> with --keep-last, resume checks, no duplicated log lines, the stop flag.
+// SPDX-License-Identifier: Apache-2.0
+#include <doctest/doctest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trainer/train/options.hpp"
+#include "trainer/train/run.hpp"
+#include "training_test_util.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using oomb_trainer::parse_train_options;
+using training_test::temp_dir;
+
+const std::string tiny = std::string(OOMB_TRAINER_SOURCE_DIR) + "/configs/tiny.json";
+
+/// A small kv-recall run into `out` (tiny.json: 16-dim heads, 64 tokens, 4 chunks of 16).
+std::vector<std::string> run_args(const std::string& out, std::vector<std::string> extra = {}) {
+  std::vector<std::string> a{"--config", tiny, "--synthetic", "kv-recall", "--seq-len", "64", "--chunk", "16",
+                             "--steps", "3", "--out", out, "--quiet"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+/// A "cuda" device that is the CPU's trainer behind the maker, reporting 8 GiB free: the GPU's
+/// plan and log paths, checkable anywhere.
+oomb_trainer::device_trainer_maker host_as_gpu() {
+  oomb_trainer::device_trainer_maker m;
+  m.name = "cuda";
+  m.require = [](const oomb_trainer::trainer_setup&) {};
+  m.make = [](const oomb_trainer::trainer_setup& s) -> std::unique_ptr<oomb_trainer::device_trainer> {
+    return std::make_unique<oomb_trainer::cpu_trainer>(s);
+  };
+  m.memory_use = [] { return oomb_trainer::device_memory_use{2ull << 30, 8ull << 30, 10ull << 30}; };
+  return m;
+}
+
+std::vector<nlohmann::json> log_lines(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("run options: sparse shape flags need --sparse-budget, and a budget covering every past page is dense") {
+  for (const char* flag : {"--sink", "--local", "--tile"}) {
+    const std::string message = std::string(flag) + " shapes page-sparse attention: it needs --sparse-budget";
+    CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {flag, "2"})), doctest::Contains(message.c_str()),
+                         oomb::invalid_argument);
+  }
+  // 64 tokens in chunks of 16, pages of 16: the last chunk's past is 3 pages.
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--sparse-budget", "1", "--sink", "1", "--local", "1"})),
+                       doctest::Contains("= 3 pages covers every past page (at most 3 at --seq-len 64"),
+                       oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--sparse-budget", "9"})), doctest::Contains("that is dense attention"),
+                       oomb::invalid_argument);
+  CHECK(parse_train_options(run_args("o", {"--sparse-budget", "0", "--sink", "1", "--local", "1"})).budget == 0);
+}
+
+TEST_CASE("run options: --keep-attention-outputs, --plan, --host-memory, --gpu-memory, --keep-last parse") {
+  const auto o = parse_train_options(run_args("o", {"--keep-attention-outputs", "--plan", "--host-memory", "12G",
+                                                    "--gpu-memory", "512MiB", "--keep-last", "5"}));
+  CHECK(o.keep_attention_outputs);
+  CHECK(o.plan);
+  CHECK(o.host_memory == (12ull << 30));
+  CHECK(o.gpu_memory == (512ull << 20));
+  CHECK(o.keep_last == 5);
+  const auto d = parse_train_options(run_args("o"));
+  CHECK_FALSE(d.keep_attention_outputs);
+  CHECK(d.host_memory == 0);  // host_memory_default() at plan time
+  CHECK(d.keep_last == 2);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--host-memory", "lots"})),
+                       doctest::Contains("--host-memory: 'lots' is not a byte count"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--gpu-memory", "0"})),
+                       doctest::Contains("--gpu-memory must be more than 0 bytes"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--keep-last", "0"})), doctest::Contains("--keep-last must be in [1, "),
+                       oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--keep-attention-outputs", "--full-backprop"})),
+                       doctest::Contains("--keep-attention-outputs is chunk-recurrent's"), oomb::invalid_argument);
+}
+
+TEST_CASE("run options: --plan prints the run's plan (kept outputs, the GPU's parts, the limits) and writes nothing") {
+  temp_dir tmp("plan");
+  const std::string out = tmp / "never";
+  const std::string cpu = oomb_trainer::training_run::plan_text(parse_train_options(run_args(out, {"--host-memory", "1G"})));
+  MESSAGE(cpu);
+  CHECK(cpu.find("memory plan: 64 tokens on cpu, chunk 16, page 16") != std::string::npos);
+  CHECK(cpu.find("1.00 GiB allowed (--host-memory)") != std::string::npos);
+  CHECK(cpu.find("attention outputs") == std::string::npos);
+  const std::string kept =
+      oomb_trainer::training_run::plan_text(parse_train_options(run_args(out, {"--keep-attention-outputs", "--offload"})));
+  // tiny.json: 2 layers, so 1 layer x 4 chunks of blocks; homes on the host, 4 slots.
+  CHECK(kept.find("attention outputs kept for stage 2 (4 blocks of") != std::string::npos);
+  CHECK(kept.find("attention output slots (4)") != std::string::npos);
+  const auto gpu_args = run_args(out, {"--seq-len", "128", "--device", "cuda", "--offload", "--sparse-budget", "1", "--gpu-memory", "4G"});
+  const auto gpu = oomb_trainer::training_run::plan(parse_train_options(gpu_args), host_as_gpu());
+  CHECK(gpu.gpu_limit == (4ull << 30));
+  CHECK(gpu.on_gpu(oomb_trainer::plan_part::sparse_summaries) > 0);
+  CHECK(gpu.on_gpu(oomb_trainer::plan_part::sparse_workspace) > 0);
+  CHECK(gpu.optimizer_groups_on_gpu == gpu.optimizer_groups);  // cuda_trainer keeps it all there
+  // Without --gpu-memory: the device's free bytes less the 1 GiB margin.
+  const auto free = oomb_trainer::training_run::plan(parse_train_options(run_args(out, {"--device", "cuda"})), host_as_gpu());
+  CHECK(free.gpu_limit == (8ull << 30) - oomb_trainer::gpu_memory_margin);
+  // Too long for the host: the plan says so and how long a sequence fits.
+  const std::string tight = oomb_trainer::training_run::plan_text(
+      parse_train_options(run_args(out, {"--seq-len", "65536", "--host-memory", "64M"})));
+  CHECK(tight.find("DOES NOT FIT") != std::string::npos);
+  CHECK(tight.find("does not fit: the largest --seq-len that fits is ") != std::string::npos);
+  CHECK_FALSE(fs::exists(out));
+}
+
+TEST_CASE("run options: a run whose plan does not fit is refused with both numbers before anything is written") {
+  temp_dir tmp("refused");
+  const std::string out = tmp / "never";
+  CHECK_THROWS_WITH_AS(oomb_trainer::training_run(parse_train_options(run_args(out, {"--seq-len", "65536", "--host-memory", "64M"}))),
+                       doctest::Contains("of host memory, 64.0 MiB allowed (--host-memory): not enough host memory; the largest "
+                                         "sequence that fits is "),
+                       oomb::invalid_argument);
+  // On the GPU, the optimizer state stays there: the refusal says so.
+  CHECK_THROWS_WITH_AS(oomb_trainer::training_run(parse_train_options(run_args(out, {"--device", "cuda", "--gpu-memory", "1M"})),
+                                                  {}, host_as_gpu()),
+                       doctest::Contains("of GPU memory, 1.0 MiB available"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(oomb_trainer::training_run(parse_train_options(run_args(out, {"--device", "cuda", "--gpu-memory", "1M"})),
+                                                  {}, host_as_gpu()),
+                       doctest::Contains("stays on the GPU: moving it to the host is not implemented"), oomb::invalid_argument);
+  CHECK_FALSE(fs::exists(out));
+}
+
+TEST_CASE("run options: options.json, checkpoint-<step> with --keep-last, checkpoint -> the latest, the log's fields") {
+  temp_dir tmp("checkpoints");
+  const fs::path out = tmp / "run";
+  auto o = parse_train_options(run_args(out.string(), {"--device", "cuda", "--steps", "5", "--save-every", "1", "--keep-last", "2", "--seed", "7"}));
+  oomb_trainer::training_run(o, {}, host_as_gpu()).run();
+  const auto opts = nlohmann::json::parse(std::ifstream(out / "options.json"));
+  CHECK(opts["seed"] == 7);
+  CHECK(opts["keep_last"] == 2);
+  CHECK(opts["seq_len"] == 64);
+  CHECK(opts["min_lr"] == doctest::Approx(1e-4));  // the effective value, not the "-1" default
+  CHECK_FALSE(fs::exists(out / "checkpoint-3"));
+  CHECK(fs::exists(out / "checkpoint-4" / "model.safetensors"));
+  CHECK(fs::exists(out / "checkpoint-5" / "model.safetensors"));
+  CHECK(fs::read_symlink(out / "checkpoint") == "checkpoint-5");
+  const auto log = log_lines(out / "log.jsonl");
+  REQUIRE(log.size() == 5);
+  for (const char* field : {"grad_norm", "exposed_transfer_seconds", "h2d_gb_per_second", "d2h_gb_per_second",
+                            "pinned_host_bytes", "gpu_bytes_in_use", "gpu_bytes_in_use_peak", "gpu_bytes_total"}) {
+    CAPTURE(field);
+    CHECK(log.back().contains(field));
+  }
+  CHECK(log.back()["gpu_bytes_in_use"] == (2ull << 30));
+}
+
+TEST_CASE("run options: an --out holding another run's log is refused; --resume continues it with no duplicated lines") {
+  temp_dir tmp("mixing");
+  const fs::path out = tmp / "run";
+  auto o = parse_train_options(run_args(out.string(), {"--steps", "4", "--save-every", "2", "--keep-last", "3", "--stop-after", "3"}));
+  oomb_trainer::training_run(o).run();  // checkpoints at 2 and 3, log of 3 steps
+  o.stop_after = 0;
+  CHECK_THROWS_WITH_AS(oomb_trainer::training_run{o}, doctest::Contains("holds another run's log.jsonl: continue it with --resume"),
+                       oomb::invalid_argument);
+  // Another seed is another run: refused by name.
+  auto other = o;
+  other.resume = (out / "checkpoint-2").string();
+  other.seed = 99;
+  CHECK_THROWS_WITH_AS(oomb_trainer::training_run{other}, doctest::Contains("the checkpoint's run had seed 1234, the command line says 99"),
+                       oomb::invalid_argument);
+  // Resuming from step 2 takes step 3 again: it is logged once.
+  o.resume = (out / "checkpoint-2").string();
+  oomb_trainer::training_run rest(o);
+  CHECK(rest.steps_taken() == 2);
+  rest.run();
+  const auto log = log_lines(out / "log.jsonl");
+  REQUIRE(log.size() == 4);
+  for (std::size_t i = 0; i < log.size(); ++i) CHECK(log[i]["step"] == i + 1);
+}
+
+TEST_CASE("run options: a stop request (SIGINT / SIGTERM's flag) ends the run at the next step boundary with a checkpoint") {
+  temp_dir tmp("signal");
+  const fs::path out = tmp / "run";
+  volatile std::sig_atomic_t stop = 0;
+  oomb_trainer::training_run run(parse_train_options(run_args(out.string(), {"--steps", "10"})), [&](const std::string& line) {
+    if (line.rfind("step ", 0) == 0) stop = SIGTERM;  // as the handler would, during step 1
+  });
+  CHECK(run.run(&stop) == SIGTERM);
+  CHECK(run.steps_taken() == 1);
+  CHECK(fs::read_symlink(out / "checkpoint") == "checkpoint-1");
+  CHECK(log_lines(out / "log.jsonl").size() == 1);
+}
+
+TEST_CASE("run options: a step's counters add up over the batch, exposed transfer time included") {
+  oomb_trainer::chunk_step_stats sum, a, b;
+  a.exposed_transfer_seconds = 0.25;
+  b.exposed_transfer_seconds = 0.5;
+  a.bytes_to_near = 3;
+  b.bytes_to_near = 4;
+  oomb_trainer::add_stats(sum, a);
+  oomb_trainer::add_stats(sum, b);
+  CHECK(sum.exposed_transfer_seconds == 0.75);
+  CHECK(sum.bytes_to_near == 7);
+}
