@@ -3,8 +3,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <future>
 #include <limits>
 #include <random>
@@ -908,5 +910,144 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
+  }
+}
+
+namespace {
+
+/// The trainer's sparse window tables (train/paged_attention.hpp, plan_windows): a past page that no
+/// query tile selected lies inside a window's range with id -1 and grad id -1, and its K/V are not
+/// in memory. Here every byte the kernels must not read is NaN: the unselected pages' old memory,
+/// the spare ids, and one page pair just before the pool (where id -1 points); grad_id[-1] names a
+/// spare gradient page, which must stay bitwise unchanged (as must every unselected page's).
+void check_unselected_pages_unread(const config& c, double keep) {
+  problem p(c);
+  // A fresh selection that leaves every third past page unselected by all tiles (the generator's
+  // tile 1 takes all), so 128-key blocks of 16-token pages mix selected and unselected pages.
+  const std::int32_t past = static_cast<std::int32_t>(c.q_start / c.page);
+  const std::int32_t ntiles = (c.sq + c.tile - 1) / c.tile;
+  std::mt19937_64 rng(c.seed + 5);
+  std::bernoulli_distribution on(keep);
+  std::vector<char> needed(static_cast<std::size_t>(p.npages), 0);
+  for (std::int32_t pg = past; pg < p.npages; ++pg) needed[static_cast<std::size_t>(pg)] = 1;  // own
+  p.tile_indptr.assign(1, 0);
+  p.tile_pages.clear();
+  for (std::int32_t t = 0; t < ntiles; ++t) {
+    for (std::int32_t pg = 0; pg < past; ++pg)
+      if (t > 0 && pg % 3 != 1 && on(rng)) {  // tile 0 selects nothing
+        p.tile_pages.push_back(pg);
+        needed[static_cast<std::size_t>(pg)] = 1;
+      }
+    p.tile_indptr.push_back(static_cast<std::int32_t>(p.tile_pages.size()));
+  }
+  if (p.tile_pages.empty()) p.tile_pages.push_back(0);
+  const auto unselected = std::count(needed.begin(), needed.end(), 0);
+  REQUIRE(unselected < past);
+  const cpu_result ref = run_cpu(p);  // the ids still valid: unselected pages contribute nothing
+
+  bf16 nan_bits;
+  const std::uint16_t nan16 = 0x7fc0;
+  std::memcpy(&nan_bits, &nan16, 2);
+  std::vector<char> live(static_cast<std::size_t>(p.n_ids), 0);
+  for (std::int32_t pg = 0; pg < p.npages; ++pg) {
+    const std::int32_t id = p.seq_ids[static_cast<std::size_t>(pg)];
+    if (needed[static_cast<std::size_t>(pg)]) {
+      live[static_cast<std::size_t>(id)] = 1;
+    } else {
+      p.grad_id[static_cast<std::size_t>(id)] = -1;
+      p.seq_ids[static_cast<std::size_t>(pg)] = -1;
+    }
+  }
+  const std::int64_t pair = p.shape.pair_elements();
+  for (std::int32_t id = 0; id < p.n_ids; ++id)
+    if (!live[static_cast<std::size_t>(id)])
+      std::fill_n(p.pool.begin() + id * pair, pair, nan_bits);
+  std::vector<bf16> guarded_pool(static_cast<std::size_t>(pair), nan_bits);
+  guarded_pool.insert(guarded_pool.end(), p.pool.begin(), p.pool.end());
+  std::vector<char> grad_used(static_cast<std::size_t>(p.n_grad), 0);
+  for (std::int32_t g : p.grad_id)
+    if (g >= 0) grad_used[static_cast<std::size_t>(g)] = 1;
+  const auto spare = std::find(grad_used.begin(), grad_used.end(), 0) - grad_used.begin();
+  std::vector<std::int32_t> guarded_grad_id{static_cast<std::int32_t>(spare)};
+  guarded_grad_id.insert(guarded_grad_id.end(), p.grad_id.begin(), p.grad_id.end());
+
+  device_problem dp(p);
+  dev<bf16> gpool(guarded_pool);
+  dev<std::int32_t> ggrad(guarded_grad_id);
+  auto args = [&](int w) {
+    auto a = dp.args(w);
+    a.kv.pool = oomb::page_pool_view<const bf16>::over(gpool.p + pair, p.shape);
+    return a;
+  };
+  const bool merged = p.windows.size() > 1;
+  const std::string name = c.name + " [" + std::to_string(unselected) + " of " + std::to_string(past) +
+                           " past pages unselected, " + std::to_string(p.windows.size()) + " windows";
+
+  // Forward through the public entry, windows merged.
+  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
+  dev<float> o_acc(std::vector<float>(qn, 0.0f)), lse_acc(std::vector<float>(ln, -INFINITY)), o_w(qn), lse_w(ln);
+  for (int w = merged ? 0 : -1; w < (merged ? int(p.windows.size()) : 0); ++w) {
+    o_w.fill_bytes(0xff);
+    lse_w.fill_bytes(0xff);
+    gpu::attention_forward(args(w), o_w.p, lse_w.p, nullptr);
+    gpu::attention_merge(c.sq, c.hq, c.d, o_acc.p, lse_acc.p, o_w.p, lse_w.p, nullptr);
+  }
+  sync();
+  check_forward(name + ", forward]", to_double(o_acc.download()), lse_acc.download(), ref);
+
+  // Backward through the given launcher, outputs starting random; returns what was added.
+  std::vector<bf16> o_in(qn);
+  for (std::size_t i = 0; i < qn; ++i) o_in[i] = bf16(float(ref.o_in[i]));
+  dev<bf16> o_dev(o_in);
+  dev<float> lse_dev(std::vector<float>(ref.lse_in.begin(), ref.lse_in.end())), delta(ln);
+  gpu::attention_backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
+  const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * pair);
+  auto backward = [&](const std::string& kernel, auto&& bwd) {
+    const auto dq0 = random_floats(qn, c.seed + 31), dk0 = random_floats(kn, c.seed + 32),
+               dv0 = random_floats(kn, c.seed + 33), g0 = random_floats(gn, c.seed + 34);
+    dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);
+    auto grads = dp.grads(gp.p);
+    grads.grad_id = ggrad.p + 1;
+    for (int w = merged ? 0 : -1; w < (merged ? int(p.windows.size()) : 0); ++w)
+      bwd(args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads);
+    sync();
+    gpu_result r;
+    r.o = ref.o;
+    r.lse.assign(ref.lse.begin(), ref.lse.end());
+    r.dq = minus(dq.download(), dq0);
+    r.dk_own = minus(dk.download(), dk0);
+    r.dv_own = minus(dv.download(), dv0);
+    const auto g1 = gp.download();
+    r.dgrad = minus(g1, g0);
+    for (std::size_t i = 0; i < gn; ++i)
+      if (ref.dgrad[i] == 0.0 && std::memcmp(&g1[i], &g0[i], sizeof(float)) != 0) r.untouched_ok = false;
+    check_errors(name + ", " + kernel + " backward]", compare(r, ref), r.untouched_ok);
+  };
+  backward("portable", [&](const gpu::attention_args& a, auto... rest) {
+    if (c.d == 128)
+      gpu::detail::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr);
+    else
+      gpu::detail::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr);
+  });
+  if (hopper_device() && c.page >= 128)
+    backward("sm90", [&](const gpu::attention_args& a, auto... rest) {
+      if (c.d == 128)
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, rest..., nullptr, 0);
+      else
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, rest..., nullptr, 0);
+    });
+}
+
+}  // namespace
+
+TEST_CASE("attention: sparse windows as the trainer builds them (unselected pages id -1, NaN memory) match") {
+  std::printf("sparse, unselected in-range pages id -1 and NaN-poisoned, vs CPU reference\n");
+  // page 16: the portable backward (8 pages per 128-key block, selected and unselected mixed);
+  // page 128: the Hopper backward (on sm90) and the portable one. Group 2 with tile 64, group 1 with 128.
+  for (int d : {64, 128}) {
+    const std::string dn = d == 64 ? " d64" : " d128";
+    check_unselected_pages_unread(windowed(sparse(make(("p16 g2" + dn).c_str(), 200, 16 * 37 + 5, 4, 2, d, 16), 64), 3), 0.4);
+    check_unselected_pages_unread(sparse(make(("p16 g1 one window" + dn).c_str(), 256, 16 * 40, 2, 2, d, 16), 128), 0.5);
+    check_unselected_pages_unread(windowed(sparse(make(("p128 g2" + dn).c_str(), 300, 128 * 9 + 40, 4, 2, d, 128), 64), 2), 0.5);
   }
 }

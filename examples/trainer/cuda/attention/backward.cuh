@@ -93,25 +93,19 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   const int page_mask = (1 << p.log_page) - 1;
   const auto base = reinterpret_cast<const std::uint16_t*>(p.pool.base);
 
-  // K and V of the block, once.
-  const int lrow = tid / CPR, lchunk = tid % CPR;
-  const std::uint32_t dst0 = swizzled<D>::offset(lrow, lchunk);
-#pragma unroll
-  for (int i = 0; i < BN / RPP; ++i) {
-    const std::int32_t s = s0 + lrow + i * RPP;
-    const bool ok = s < win.len;
-    const std::int64_t off = ok ? p.pool.offset(win.ids[s >> p.log_page], s & page_mask, kvh) + lchunk * 8 : 0;
-    cp_async_16(sK + dst0 + i * RPP * (D * 2), base + off, ok);
-    cp_async_16(sV + dst0 + i * RPP * (D * 2), base + off + (ok ? p.pool.v_offset : 0), ok);
-  }
-
   // Sparse: bit b of sBits[tile] says whether that query tile attends page j0 + b of the block.
   const bool sparse = p.tile_indptr != nullptr;
   const std::int32_t j0 = s0 >> p.log_page;
   const int npg = ((s_end - 1) >> p.log_page) - j0 + 1;
   const unsigned full_bits = (1u << npg) - 1u;
   const int tile_rows = p.tile * p.group;  // packed rows per query tile (a multiple of BM)
+  // read_bits: the block's pages some tile attends. The others (past pages no tile selected) are
+  // never read: their ids may be -1 and their memory anything, even NaN (a masked P = 0 would not
+  // stop a NaN K or V from reaching dS and dQ), so they load as zeros and get no gradient.
+  __shared__ unsigned read_bits;
   if (sparse) {
+    if (tid == 0) read_bits = 0;
+    __syncthreads();
     const std::int64_t p_own = first_own_page(p, win);
     const int ntiles = (p.sq + p.tile - 1) / p.tile;
     for (int t = tid; t < ntiles; t += THREADS) {
@@ -128,9 +122,25 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
         bits |= unsigned(on) << b;
       }
       sBits[t] = static_cast<std::uint8_t>(bits);
+      if (bits != 0) atomicOr(&read_bits, bits);
     }
     __syncthreads();
   }
+  const unsigned reads = sparse ? read_bits : full_bits;
+  auto read_page = [&](std::int32_t s) { return ((reads >> ((s >> p.log_page) - j0)) & 1u) != 0; };
+
+  // K and V of the block, once.
+  const int lrow = tid / CPR, lchunk = tid % CPR;
+  const std::uint32_t dst0 = swizzled<D>::offset(lrow, lchunk);
+#pragma unroll
+  for (int i = 0; i < BN / RPP; ++i) {
+    const std::int32_t s = s0 + lrow + i * RPP;
+    const bool ok = s < win.len && read_page(s);
+    const std::int64_t off = ok ? p.pool.offset(win.ids[s >> p.log_page], s & page_mask, kvh) + lchunk * 8 : 0;
+    cp_async_16(sK + dst0 + i * RPP * (D * 2), base + off, ok);
+    cp_async_16(sV + dst0 + i * RPP * (D * 2), base + off + (ok ? p.pool.v_offset : 0), ok);
+  }
+
   // `qsplit` blocks (blockIdx.z) share this key block's query tiles round-robin (more blocks when
   // keys are few); their dK/dV then meet through atomic adds. Next tile at or after b that is
   // this block's and has work for it:
@@ -282,14 +292,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               float pe = fast_exp2(fmaf(s[mt][nt][2 * h + c], p.scale_log2, -lref));
+              float ds = pe * (dp[mt][nt][2 * h + c] - dl);
               if constexpr (decltype(masked)::value) {
                 const int col = wn * Cfg::S_N + nt * 8 + 2 * t4 + c;
                 const std::int32_t sk = s0 + col;
                 const bool ok = sk < s_end && ((bits >> ((sk >> p.log_page) - j0)) & 1u) && col <= qlim;
-                if (!ok) pe = 0.0f;
+                if (!ok) pe = ds = 0.0f;  // exactly 0, whatever dP holds
               }
               pv[c] = pe;
-              dv[c] = pe * (dp[mt][nt][2 * h + c] - dl);
+              dv[c] = ds;
             }
             const std::uint32_t off = roff + (pd_chunk ^ static_cast<std::uint32_t>(nt << 4));
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + off), "r"(pack_bf16(pv[0], pv[1])));
@@ -385,6 +396,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
         dk = outp.dk_own + (row * p.hkv + kvh) * D;
         dv = outp.dv_own + (row * p.hkv + kvh) * D;
       } else {
+        if (!read_page(sk)) continue;  // unselected: id and grad id may be -1
         const std::int32_t gid = outp.dpast.grad_id[win.ids[sk >> p.log_page]];
         const std::int64_t off = outp.dpast.pool.offset(gid, sk & page_mask, kvh);
         dk = outp.dpast.pool.base + off;
