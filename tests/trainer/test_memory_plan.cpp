@@ -104,6 +104,33 @@ TEST_CASE("memory plan: pages, pools, near slots and activations are what the CP
   }
 }
 
+TEST_CASE("memory plan: kept attention outputs are the blocks the CPU trainer reserves, homes and slots") {
+  for (const bool offload : {false, true}) {
+    for (const std::int64_t tokens : {37, 200}) {
+      CAPTURE(offload);
+      CAPTURE(tokens);
+      const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 3, 13);
+      chunk_options o;
+      o.chunk = 16;
+      o.page = 16;
+      o.offload = offload;
+      o.near_pages = 2;
+      o.keep_attention_outputs = true;
+      const memory_plan plan = oomb_trainer::plan_memory(cfg, o, tokens, cpu_target());
+      oomb_trainer::qwen2_params<float> p(cfg), g(cfg);
+      oomb_trainer::init_perturbed(p, 7);
+      oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>, oomb::belady_eviction> trainer(cfg, o, tokens);
+      trainer.loss_and_grad(p, g, trainer_test::random_sequence(tokens, cfg.vocab_size, 3));
+      const auto m = trainer.memory();
+      CHECK(plan.on_host(plan_part::attention_outputs) > 0);
+      CHECK(plan.on_host(plan_part::attention_outputs) == m.far_outputs_reserved);
+      CHECK(plan.on_host(plan_part::kv_near) + plan.on_host(plan_part::grad_near) +
+                plan.on_host(plan_part::attention_outputs_near) == m.near_bytes);
+      CHECK((plan.on_host(plan_part::attention_outputs_near) > 0) == offload);
+    }
+  }
+}
+
 TEST_CASE("memory plan: page-sparse attention touches at most the dense plan's gradient pages") {
   const auto cfg = trainer_test::tiny_config(4, 2, true, 4, 2, 13);
   chunk_options o = offload_options(32, 16);

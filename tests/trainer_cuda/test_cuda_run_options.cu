@@ -83,7 +83,7 @@ TEST_CASE("oomb-train --device cuda --offload: the in-place run's losses, transf
   CHECK(last["h2d_gb_per_second"].get<double>() > 0);
   CHECK(last["exposed_transfer_seconds"].get<double>() >= 0);
   CHECK(last["pinned_host_bytes"].get<double>() > 0);
-  CHECK(last["gpu_bytes_in_use_peak"].get<double>() >= last["gpu_bytes_in_use"].get<double>() * 0.5);
+  CHECK(last["gpu_bytes_in_use_peak"].get<double>() >= last["gpu_bytes_in_use"].get<double>());  // the step's end is a sample
   CHECK(last["gpu_bytes_in_use"].get<double>() > 0);
   CHECK(last["gpu_bytes_total"].get<double>() > last["gpu_bytes_in_use"].get<double>());
 }
@@ -126,8 +126,10 @@ TEST_CASE("oomb-train --device cuda --sparse-budget: trains, selects fewer pages
     const auto last = log_lines(out / "log.jsonl").back();
     MESSAGE("sparse: " << last["sparse_pages_selected"] << " of " << last["sparse_pages_candidate"] << " past pages");
     CHECK(last["sparse_pages_selected"].get<double>() < last["sparse_pages_candidate"].get<double>());
+    // The plan's summaries are the selector's: Quest's min and max for every page id (2 layers x 16).
     REQUIRE(run.memory());
-    CHECK(run.memory()->on_gpu(oomb_trainer::plan_part::sparse_summaries) > 0);
+    CHECK(run.memory()->on_gpu(oomb_trainer::plan_part::sparse_summaries) ==
+          oomb::device_page_summaries::bytes(2 * 16, 2, 64, oomb::summary_stats_for(oomb::score_kind::quest)));
   }
   // GQA 2: a tile of 32 queries is 64 rows, not a whole 128-row block.
   const fs::path never = tmp.path / "never";

@@ -517,9 +517,9 @@ class training_run {
         line += fmt::format(" | near {} pages ({}) | far {} pages ({})", near, human_bytes(double(m.near_bytes)), far,
                             human_bytes(double(s.kv_pages_high_water) * double(m.kv_pair_bytes) +
                                         double(s.grad_pages_high_water) * double(m.grad_pair_bytes)));
-        if (o_.offload)
-          line += fmt::format(" | moved {} (H2D {:.1f} GB/s, D2H {:.1f} GB/s, exposed {:.3f} s)",
-                              human_bytes(double(s.bytes_to_near + s.bytes_to_far)), h2d, d2h, s.exposed_transfer_seconds);
+        if (o_.offload) line += fmt::format(" | moved {}", human_bytes(double(s.bytes_to_near + s.bytes_to_far)));
+        if (pinned)
+          line += fmt::format(" (H2D {:.1f} GB/s, D2H {:.1f} GB/s, exposed {:.3f} s)", h2d, d2h, s.exposed_transfer_seconds);
       }
       if (memory_use_) line += fmt::format(" | GPU peak {}", human_bytes(double(r.gpu_used_peak)));
       line += fmt::format(" | lr {:.2e}", r.lr);
