@@ -507,7 +507,7 @@ inline memory_plan plan_memory(const model_config& c, const chunk_options& opt, 
   p.optimizer_why = target.device == "cuda" ? why : "";
   // Growth: the slope over a stretch long enough that the host pools' slabs average out.
   const std::int64_t stretch = std::max<std::int64_t>(10000, 64 * std::int64_t(opt.chunk));
-  const std::int64_t ids_left = (std::numeric_limits<std::int32_t>::max() - 1) / c.num_hidden_layers * opt.page;
+  const std::int64_t ids_left = std::int64_t((std::numeric_limits<std::int32_t>::max() - 1) / c.num_hidden_layers) * opt.page;
   const std::int64_t a = tokens + stretch <= ids_left ? tokens : std::max<std::int64_t>(2, tokens - stretch);
   const memory_plan lo = detail::plan_at(c, opt, a, target, on_gpu), hi = detail::plan_at(c, opt, a + stretch, target, on_gpu);
   p.gpu_growth_per_10k = (double(hi.gpu_total()) - double(lo.gpu_total())) * 1e4 / double(stretch);
