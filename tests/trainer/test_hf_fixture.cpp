@@ -6,15 +6,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <fstream>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "hf_fixture.hpp"
 #include "test_util.hpp"
-#include "trainer/io/checkpoint.hpp"
-#include "trainer/io/safetensors.hpp"
-#include "trainer/io/tokens.hpp"
 #include "trainer/backend/cpu_backend.hpp"
 #include "trainer/train/chunk_recurrent.hpp"
 #include "trainer/train/full_sequence.hpp"
@@ -23,17 +18,12 @@ namespace {
 
 void check_against_fixture(const std::string& name) {
   CAPTURE(name);
-  const std::string dir = std::string(OOMB_TRAINER_FIXTURES) + "/" + name;
-  const auto cfg = oomb_trainer::load_model_config(dir + "/config.json");
-  oomb_trainer::qwen2_params<double> p(cfg);
-  oomb_trainer::load_weights(dir, p.named());
-  const auto reader = oomb_trainer::token_reader::open(dir + "/tokens.bin", static_cast<std::uint32_t>(cfg.vocab_size));
-  oomb_trainer::sequence seq;
-  seq.tokens = reader.read(0, reader.size());
-  std::ifstream in(dir + "/reference.json");
-  const auto ref = nlohmann::json::parse(in);
-  const double ref_loss = ref.at("loss").get<double>();
-  const auto grads_file = oomb_trainer::safetensors_file::open(dir + "/gradients.safetensors");
+  const auto fx = trainer_test::hf_fixture::load(std::string(OOMB_TRAINER_FIXTURES) + "/" + name);
+  const auto& cfg = fx.config;
+  const auto& p = fx.weights;
+  const auto& seq = fx.seq;
+  const double ref_loss = fx.loss;
+  const auto& grads_file = fx.gradients;
   CHECK(grads_file.tensors().size() == p.layout().entries().size());
 
   auto compare = [&](const std::string& path, double loss, oomb_trainer::qwen2_params<double>& g) {

@@ -22,23 +22,18 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "device_util.cuh"
+#include "hf_fixture.hpp"
 #include "model_util.hpp"
 #include "test_util.hpp"
 #include "trainer/backend/cpu_backend.hpp"
 #include "trainer/backend/cuda_backend.cuh"
-#include "trainer/io/checkpoint.hpp"
-#include "trainer/io/safetensors.hpp"
-#include "trainer/io/tokens.hpp"
 #include "trainer/train/chunk_recurrent.hpp"
 #include "trainer/train/full_sequence.hpp"
 
@@ -494,16 +489,13 @@ template <class Backend>
 void check_against_hf_fixture(const std::string& name, const oomb_trainer::chunk_options& opt) {
   const std::string dir = fixtures_dir() + "/" + name;
   CAPTURE(dir);
-  const auto cfg = oomb_trainer::load_model_config(dir + "/config.json");
+  const auto fx = trainer_test::hf_fixture::load(dir);
+  const auto& cfg = fx.config;
   REQUIRE(cfg.head_dim == 64);
-  oomb_trainer::qwen2_params<double> host(cfg);
-  oomb_trainer::load_weights(dir, host.named());
-  const auto reader = oomb_trainer::token_reader::open(dir + "/tokens.bin", static_cast<std::uint32_t>(cfg.vocab_size));
-  oomb_trainer::sequence seq;
-  seq.tokens = reader.read(0, reader.size());
-  std::ifstream in(dir + "/reference.json");
-  const double ref_loss = nlohmann::json::parse(in).at("loss").get<double>();
-  const auto grads_file = oomb_trainer::safetensors_file::open(dir + "/gradients.safetensors");
+  const auto& host = fx.weights;
+  const auto& seq = fx.seq;
+  const double ref_loss = fx.loss;
+  const auto& grads_file = fx.gradients;
 
   oomb_trainer::gpu::device_params<oomb::bf16> weights(cfg);
   oomb_trainer::gpu::copy_to_device(host, weights);
