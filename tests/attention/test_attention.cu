@@ -228,7 +228,8 @@ config windowed(config c, std::int32_t windows) {
 bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
 /// variant: 0 the chosen configuration, 1 bulk dQ reductions, 2 d128 dQ over own keys / d64 software-pipelined,
 /// 3 hb2 (dQ by red.add from the consumers, 64-row steps), 4 d128: the writer warp with dQ over each
-/// consumer's own keys, d64: the writer warp with 64-row steps (hb3).
+/// consumer's own keys, d64: the writer warp with 64-row steps (hb3); d128 only, dense only (skipped
+/// otherwise): 5 80-row steps with dQ^T = K^T dS^T, 6 the same with dK's dS^T from shared memory (hb5).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, int variant = 0);
 void check_backward_portable(const problem& p, const cpu_result& ref);
 
@@ -399,6 +400,7 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
 /// Backward of p through the Hopper kernel (all windows summed when p has several), outputs
 /// starting random, checked against the CPU oracle. split: forced query split (0 = policy).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int variant) {
+  if (variant >= 5 && (p.c.d != 128 || p.c.sparse)) return;  // the 80-row steps: d128 dense calls
   const bool merged = p.c.windows > 1;
   namespace x = gpu::experimental;
   const gpu_result g = run_backward(
@@ -411,6 +413,8 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
           if (variant == 2) run(x::backward_sm90_d128_own{});
           if (variant == 3) run(x::backward_sm90_d128_atomics{});
           if (variant == 4) run(x::backward_sm90_d128_writer_own{});
+          if (variant == 5) run(x::backward_sm90_d128_bm80{});
+          if (variant == 6) run(x::backward_sm90_d128_bm80_dk_smem{});
         } else {
           if (variant == 0) run(gpu::backward_sm90_config<64>::type{});
           if (variant == 1) run(x::backward_sm90_d64_bulk{});
@@ -423,7 +427,8 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
   static const char* const names[] = {" [sm90 backward", " [sm90 backward, bulk dQ",
                                       " [sm90 backward, dQ own keys (d128) / pipelined (d64)",
                                       " [sm90 backward, hb2 (red.add dQ, 64-row steps)",
-                                      " [sm90 backward, d128 writer warp with dQ over own keys / d64 64-row steps"};
+                                      " [sm90 backward, d128 writer warp with dQ over own keys / d64 64-row steps",
+                                      " [sm90 backward, d128 80-row steps", " [sm90 backward, d128 80-row steps, dK from shared dS"};
   std::string name = p.c.name + names[variant];
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
@@ -690,6 +695,8 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
+    check_backward_sm90(p, ref, 0, 5);
+    check_backward_sm90(p, ref, 0, 6);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -762,6 +769,8 @@ TEST_CASE("attention: Hopper forward and backward ignore non-finite data past th
     check_backward_sm90(p, ref);  // zero-filled keys: NaN in the tail must not reach dq
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
+    check_backward_sm90(p, ref, 0, 5);
+    check_backward_sm90(p, ref, 0, 6);
   }
 }
 
@@ -820,6 +829,16 @@ TEST_CASE("attention: the public forward picks the Hopper kernel only where it a
     gs.pool.page_size = 64;
     CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<HB>(small, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, gs, nullptr),
                     oomb::invalid_argument);
+    // 80-row steps straddle the 128-row sparse tiles: a sparse call is refused before any launch
+    dev<std::int32_t> tiles(std::size_t(c.sq) + 1);
+    tiles.fill_bytes(0);
+    auto sp = a;
+    sp.tile_indptr = tiles.p;
+    sp.tile_pages = tiles.p;
+    sp.tile = 128;
+    CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<gpu::experimental::backward_sm90_d128_bm80>(
+                        sp, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, dp.grads(buf.p), nullptr),
+                    oomb::invalid_argument);
   }
   // the Hopper launcher refuses pages shorter than its tile
   dev<bf16> o(p.q.size());
@@ -862,11 +881,15 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
       check_backward_sm90(p, ref, split);
       check_backward_sm90(p, ref, split, 3);
       check_backward_sm90(p, ref, split, 4);
+      check_backward_sm90(p, ref, split, 5);
+      check_backward_sm90(p, ref, split, 6);
     }
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
+    check_backward_sm90(p, ref, 0, 5);
+    check_backward_sm90(p, ref, 0, 6);
   }
 }
 
@@ -906,10 +929,14 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
     check_backward_sm90(p, ref, 2);
     check_backward_sm90(p, ref, 2, 3);
     check_backward_sm90(p, ref, 2, 4);
+    check_backward_sm90(p, ref, 2, 5);
+    check_backward_sm90(p, ref, 2, 6);
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
+    check_backward_sm90(p, ref, 0, 5);
+    check_backward_sm90(p, ref, 0, 6);
   }
 }
 

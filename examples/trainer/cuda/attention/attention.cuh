@@ -546,6 +546,9 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
   check_backward_outputs(a, lse, delta, d_o, dq, dk_own, dv_own, dpast);
   OOMB_EXPECTS(a.kv.pool.page_size >= Cfg::BN, "attention_backward (sm90): page_size must be >= ", Cfg::BN,
                ", got ", a.kv.pool.page_size);
+  if constexpr (!Cfg::SPARSE)
+    OOMB_EXPECTS(a.tile_indptr == nullptr, "attention_backward (sm90): steps of ", Cfg::BM,
+                 " rows straddle the 128-row sparse tiles; this configuration takes dense calls only");
   if (!sm90_backward_built<Cfg>())
     OOMB_FAIL(oomb::cuda_error, "attention_backward (sm90): this binary holds no sm_90a code for the kernel");
   OOMB_EXPECTS(split_hint >= 0 && split_hint <= 4, "attention_backward (sm90): split must be 0..4, got ", split_hint);

@@ -4,7 +4,8 @@
 //
 // Same contract, arguments and packed GQA rows as backward.cuh. One CTA owns BN = 128 keys of one
 // KV head (one page tile, page_size >= 128) and walks the packed query rows in steps of BM = 64
-// (128 for the d64 configuration).
+// (128 for the d64 configuration; 80 for the experimental d128 one, which computes dQ^T = K^T dS^T
+// so that head_dim is wgmma's M, and takes dense calls only).
 // Three warpgroups: warpgroup 0 is the producer (it loads the K/V tile once through the pool-wide
 // TMA maps, then streams Q, dO, lse and delta of each step into STAGES shared-memory stages with
 // cp.async: packed GQA rows are not a TMA box for group sizes that do not divide 64); warpgroups 1
@@ -24,7 +25,8 @@
 // consumers never wait for each other (measured +6-12%, docs/attention-notes.md hb2). dK/dV stay
 // in registers for the walk and are added once at the end (atomically when the query steps are
 // split over blocks). Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by
-// per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
+// per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE),
+// d128 80-row steps (BM = 80, optionally DK_SMEM).
 // Keys past the window's end read as zeros (the partial tile is loaded with zero-filling cp.async),
 // and masked entries are selected to 0, so stale page tails never reach dQ.
 #pragma once
@@ -50,11 +52,21 @@ enum class backward_dq {
 };
 
 template <int D_, int STAGES_, backward_dq DQ_ = backward_dq::atomics, bool DQ_OWN_ = false, bool PIPE_ = false,
-          int BM_ = 64>
+          int BM_ = 64, bool DK_SMEM_ = false>
 struct backward_sm90_tile {
   /// BM: packed query rows per step, 64, or 128 at d64 with the writer warp (FlashAttention-3's d64
-  /// tile: S^T products of n = 128, half the fixed per-step cost per FLOP; single dS buffer).
+  /// tile: S^T products of n = 128, half the fixed per-step cost per FLOP; single dS buffer), or 80
+  /// at d128 with the writer warp (FlashAttention-3's d128 tile: a quarter more work per step than 64).
   static constexpr int D = D_, BN = 128, BM = BM_, STAGES = STAGES_;
+  /// dQ^T = K^T dS^T, head_dim as wgmma's M: a step that is not a multiple of 64 rows cannot be M.
+  static constexpr bool DQ_SWAP = BM % 64 != 0;
+  /// Page-sparse calls select keys per 128-row tile: steps must not straddle tiles.
+  static constexpr bool SPARSE = 128 % BM == 0;
+  /// dK += dS^T Q reads dS^T from the dS buffer (M-major) instead of registers, so the A fragments
+  /// are free once dS is stored and dK may stay in flight into the next step's S and dP. With
+  /// register A, 80-row steps must wait for dK at the end of each step (else ptxas serialises
+  /// the products for want of registers, C7512).
+  static constexpr bool DK_SMEM = DK_SMEM_;
   /// Software pipelining across steps (S, dP of the next step issued before this step's dq
   /// additions); needs the registers of d64.
   static constexpr bool PIPE = PIPE_;
@@ -74,7 +86,7 @@ struct backward_sm90_tile {
   static constexpr int DQ_BUFS = D == 64 && BM == 64 ? 2 : 1;  // else no room for a second 32 KB tile
   /// dS is read by this consumer only when OWN_KEYS: the writer warp's order drains dQ within the
   /// step, so one buffer suffices where shared memory is short.
-  static constexpr int DS_BUFS = BM == 64 && !(DQ_WRITER && DQ_OWN) ? 2 : 1;
+  static constexpr int DS_BUFS = BM < 128 && !(DQ_WRITER && DQ_OWN) ? 2 : 1;
   static constexpr int DQ_UNIT_BYTES = BM * D * 4;
   static constexpr int DQ_PITCH = 64 * 4 + 16;  // row_bulk: one consumer's row of 64 fp32, padded against bank conflicts
   static constexpr int DQ_BYTES = DQ_BULK ? 2 * BM * DQ_PITCH : DQ_UNITS * DQ_BUFS * DQ_UNIT_BYTES;
@@ -89,7 +101,7 @@ struct backward_sm90_tile {
   static constexpr int KV_BYTES = BN * D * 2;
   static constexpr int Q_BYTES = BM * D * 2;   // one Q (or dO) stage
   static constexpr int DS_BYTES = BM * BN * 2; // one dS buffer (2 key panels of BM rows)
-  static constexpr int max_tiles = 4096;
+  static constexpr int max_tiles = SPARSE ? 4096 : 0;  // sparse: one selection byte per query tile
   static constexpr int tiles_bytes = 2 * KV_BYTES + 2 * STAGES * Q_BYTES + DS_BUFS * DS_BYTES;
   static constexpr int smem_bytes = 1024 /* alignment slack */ + tiles_bytes + DQ_BYTES + 2 * STAGES * BM * 4 + max_tiles;
   static constexpr int NBARS = 2 * STAGES + 1 + 2 * DQ_UNITS * DQ_BUFS;
@@ -100,7 +112,9 @@ struct backward_sm90_tile {
   static constexpr int PRODUCER_REGS = WIDE ? 24 : 56, CONSUMER_REGS = WIDE ? 240 : 224;
   static_assert(D == 64 || D == 128, "head_dim");
   static_assert(!DQ_WRITER || !PIPE, "writer warp: its own step order");
-  static_assert(BM == 64 || (BM == 128 && D == 64 && DQ_WRITER), "128-row steps: d64 with the writer warp only");
+  static_assert(BM == 64 || (BM == 128 && D == 64 && DQ_WRITER) || (BM == 80 && D == 128 && DQ_WRITER && !DQ_OWN),
+                "steps of 64 rows; 128 at d64 and 80 at d128 with the writer warp (d128: dQ over all keys)");
+  static_assert(!DK_SMEM || DQ_SWAP, "dK from shared dS: the 80-row configuration");
   static_assert(smem_bytes <= 227 * 1024, "shared memory");
   // setmaxnreg moves registers within the CTA: 384 threads start with 168 each (65536 / 384, rounded
   // down to 8), and an increase beyond what the producer released waits forever.
@@ -161,7 +175,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const std::int32_t page_id = win.ids[page_j];
 
   // Sparse: sBits[t] says whether query tile t attends this block's page.
-  const bool sparse = p.tile_indptr != nullptr;
+  const bool sparse = Cfg::SPARSE && p.tile_indptr != nullptr;  // the launcher refuses sparse otherwise
   if (sparse) {
     const std::int64_t p_own = first_own_page(p, win);
     const std::int64_t page = std::int64_t(p.first_page) + page_j;
@@ -363,11 +377,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // key kr0 + 8h, query column 8j + 2t4 + e), their bf16 A fragments, and dQ.
   // dq[qh]: query rows 64 qh .. 64 qh + 63 of the step.
   // The dQ tile in PARTS accumulators of 64 x 64: query halves (128-row steps) or column halves
-  // (d128 over own keys).
-  constexpr int NS = BM / 2, QH = BM / 64;
+  // (d128 over own keys). DQ_SWAP: one accumulator of dQ^T, columns 64c .. 64c + 63 as its 64 rows
+  // (element 4j + 2h + e is column 64c + 16w + g + 8h, query row 8j + 2t4 + e of the step).
+  constexpr int NS = BM / 2, QH = BM >= 64 && !Cfg::DQ_SWAP ? BM / 64 : 1;
   constexpr int HALVES = D == 128 && Cfg::DQ_OWN ? 2 : 1;
   constexpr int PARTS = QH > HALVES ? QH : HALVES;
-  float sacc[NS], dpacc[NS], dq[PARTS][32];
+  constexpr int NDQF = Cfg::DQ_SWAP ? BM / 2 : 32;  // dq floats per part and thread
+  float sacc[NS], dpacc[NS], dq[PARTS][NDQF];
   std::uint32_t pa[BM / 16][4], da[BM / 16][4];
 
   // S^T = K_c Q^T and dP^T = V_c dO^T for stage s: two commit groups.
@@ -380,6 +396,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       const std::uint32_t qoff = (k >> 2) * PANEL_Q + (k & 3) * 32;
       if constexpr (BM == 128)
         wgmma_ss_n128(sacc, sw128_desc(sK_c + off, 16, 1024), sw128_desc(sQ_s + qoff, 16, 1024), k > 0);
+      else if constexpr (BM == 80)
+        wgmma_ss_n80(sacc, sw128_desc(sK_c + off, 16, 1024), sw128_desc(sQ_s + qoff, 16, 1024), k > 0);
       else
         wgmma_ss_n64(sacc, sw128_desc(sK_c + off, 16, 1024), sw128_desc(sQ_s + qoff, 16, 1024), k > 0);
     }
@@ -390,6 +408,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       const std::uint32_t qoff = (k >> 2) * PANEL_Q + (k & 3) * 32;
       if constexpr (BM == 128)
         wgmma_ss_n128(dpacc, sw128_desc(sV_c + off, 16, 1024), sw128_desc(sdO_s + qoff, 16, 1024), k > 0);
+      else if constexpr (BM == 80)
+        wgmma_ss_n80(dpacc, sw128_desc(sV_c + off, 16, 1024), sw128_desc(sdO_s + qoff, 16, 1024), k > 0);
       else
         wgmma_ss_n64(dpacc, sw128_desc(sV_c + off, 16, 1024), sw128_desc(sdO_s + qoff, 16, 1024), k > 0);
     }
@@ -478,6 +498,19 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         wgmma_rs_n64(acc, frag[k], bd);
     }
   };
+  // dK += dS^T Q with dS^T from this consumer's key panel of dS buffer i (DK_SMEM). No commit.
+  auto issue_dk_smem = [&](int i, int s) {
+    if constexpr (Cfg::DK_SMEM) {
+      const std::uint32_t sdS_c = sdS + (i % Cfg::DS_BUFS) * DS_BYTES + c * PANEL_Q;
+#pragma unroll
+      for (int k = 0; k < BM / 16; ++k)
+        wgmma_ss_n128_tt(acc_dk, sw128_desc(sdS_c + k * 16 * 128, PANEL_Q, 1024),
+                         sw128_desc(sQ + s * Q_BYTES + k * 16 * 128, PANEL_Q, 1024));
+    } else {
+      (void)i;
+      (void)s;
+    }
+  };
   // dV += P^T dO, dK += dS^T Q: one commit group.
   auto issue_dkv = [&](int s) {
     wgmma_fence();
@@ -499,30 +532,41 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   auto colp_of = [&](int hf) { return D == 128 ? (Cfg::DQ_OWN ? hf : c) : 0; };  // 64-column panel of dQ and K
   // One commit group: parts lo .. hi - 1 of the dQ tile (hi < 0: all).
   auto issue_dq = [&](int i, int lo = 0, int hi = -1) {
-    constexpr int KQ = OWN ? 4 : BN / 16;
-    const int key_lo = OWN ? c * 64 : 0;
     const std::uint32_t sdS_b = sdS + (i % Cfg::DS_BUFS) * DS_BYTES;
     wgmma_fence();
+    if constexpr (Cfg::DQ_SWAP) {
+      // dQ^T (columns 64c..) = K^T dS^T over all 128 keys: A is K's column panel c read M-major
+      // ([key][d] rows), B the dS buffer ([query][key], K-major) with the step's BM queries as N.
+      (void)lo;
+      (void)hi;
 #pragma unroll
-    for (int part = 0; part < PARTS; ++part)
-      if (part >= lo && (hi < 0 || part < hi)) {
-        const int qh = QH > 1 ? part : 0;
-        const std::uint32_t kcol = colp_of(HALVES > 1 ? part : 0) * PANEL_K;
+      for (int k = 0; k < BN / 16; ++k)
+        wgmma_ss_n80_ta(dq[0], sw128_desc(sK + c * PANEL_K + 16 * k * 128, PANEL_K, 1024),
+                        sw128_desc(sdS_b + (k >> 2) * PANEL_Q + (k & 3) * 32, 16, 1024), k > 0);
+    } else {
+      constexpr int KQ = OWN ? 4 : BN / 16;
+      const int key_lo = OWN ? c * 64 : 0;
 #pragma unroll
-        for (int k = 0; k < KQ; ++k) {
-          const int key0 = key_lo + 16 * k;
-          wgmma_ss_n64_tb(dq[part],
-                          sw128_desc(sdS_b + (key0 >> 6) * PANEL_Q + qh * 64 * 128 + ((key0 & 63) >> 4) * 32, 16, 1024),
-                          sw128_desc(sK + kcol + key0 * 128, PANEL_K, 1024), k > 0);
+      for (int part = 0; part < PARTS; ++part)
+        if (part >= lo && (hi < 0 || part < hi)) {
+          const int qh = QH > 1 ? part : 0;
+          const std::uint32_t kcol = colp_of(HALVES > 1 ? part : 0) * PANEL_K;
+#pragma unroll
+          for (int k = 0; k < KQ; ++k) {
+            const int key0 = key_lo + 16 * k;
+            wgmma_ss_n64_tb(dq[part],
+                            sw128_desc(sdS_b + (key0 >> 6) * PANEL_Q + qh * 64 * 128 + ((key0 & 63) >> 4) * 32, 16, 1024),
+                            sw128_desc(sK + kcol + key0 * 128, PANEL_K, 1024), k > 0);
+          }
         }
-      }
+    }
     wgmma_commit();
   };
   auto fence_dq = [&] {
 #pragma unroll
     for (int part = 0; part < PARTS; ++part)
 #pragma unroll
-      for (int k = 0; k < 32; ++k) fence_operand(dq[part][k]);
+      for (int k = 0; k < NDQF; ++k) fence_operand(dq[part][k]);
   };
   auto fence_acc = [&] {
     fence_dq();
@@ -542,29 +586,47 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // 8 rows of a store instruction fall on distinct bank groups.
       (void)b;
       const int n = (OWN ? c : 0) * Cfg::DQ_BUFS + i % Cfg::DQ_BUFS;
-      const int qh = QH > 1 ? part : 0;
       if (part == 0) mbar_wait(dq_empty(n), (static_cast<std::uint32_t>(i / Cfg::DQ_BUFS) & 1u) ^ 1u);
+      if constexpr (Cfg::DQ_SWAP) {
+        // dQ^T: a thread holds columns col, col + 8 of rows 8j + 2t4 + e. The 4 lanes of one g
+        // share banks (rows are 512 B apart), so odd t4 stores its two columns in the other order:
+        // 16 distinct banks per store, 2 wavefronts, the minimum for 16 distinct columns.
+        const int odd = t4 & 1;
+        const std::uint32_t base = dq_tile(n) + static_cast<std::uint32_t>(2 * t4 * D * 4 + (64 * c + 16 * w + g) * 4);
+        const std::uint32_t first = base + 32u * odd, second = base + 32u * (1 - odd);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float2 v[8];
+        for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          v[j] = make_float2(dq[part][4 * j + 2 * h] * p.scale, dq[part][4 * j + 2 * h + 1] * p.scale);
+          for (int e = 0; e < 2; ++e) {
+            const float v0 = dq[0][4 * j + e] * p.scale, v1 = dq[0][4 * j + 2 + e] * p.scale;
+            const std::uint32_t row = static_cast<std::uint32_t>((8 * j + e) * D * 4);
+            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(first + row), "f"(odd ? v1 : v0) : "memory");
+            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(second + row), "f"(odd ? v0 : v1) : "memory");
+          }
+      } else {
+        const int qh = QH > 1 ? part : 0;
 #pragma unroll
-        for (int bit = 1; bit < 8; bit <<= 1) {  // v[k] = v[(k + g) & 7], one select stage per bit of g
-          const bool rot = (g & bit) != 0;
-          float2 t[8];
+        for (int h = 0; h < 2; ++h) {
+          float2 v[8];
 #pragma unroll
-          for (int k = 0; k < 8; ++k) t[k] = rot ? v[(k + bit) & 7] : v[k];
+          for (int j = 0; j < 8; ++j)
+            v[j] = make_float2(dq[part][4 * j + 2 * h] * p.scale, dq[part][4 * j + 2 * h + 1] * p.scale);
 #pragma unroll
-          for (int k = 0; k < 8; ++k) v[k] = t[k];
+          for (int bit = 1; bit < 8; bit <<= 1) {  // v[k] = v[(k + g) & 7], one select stage per bit of g
+            const bool rot = (g & bit) != 0;
+            float2 t[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) t[k] = rot ? v[(k + bit) & 7] : v[k];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[k] = t[k];
+          }
+          const std::uint32_t row =
+              dq_tile(n) + static_cast<std::uint32_t>((64 * qh + w * 16 + g + 8 * h) * D * 4 + colp * 256 + t4 * 8);
+#pragma unroll
+          for (int k = 0; k < 8; ++k)
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row + ((k + g) & 7) * 32), "f"(v[k].x), "f"(v[k].y)
+                         : "memory");
         }
-        const std::uint32_t row =
-            dq_tile(n) + static_cast<std::uint32_t>((64 * qh + w * 16 + g + 8 * h) * D * 4 + colp * 256 + t4 * 8);
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row + ((k + g) & 7) * 32), "f"(v[k].x), "f"(v[k].y)
-                       : "memory");
       }
       if (part < PARTS - 1) return;
       fence_proxy_async();
@@ -672,11 +734,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       if constexpr (PARTS == 1) {
         issue_dq(i);
         wgmma_fence();
-        issue_kv_product(acc_dk, da, sQ + s * Q_BYTES);
+        if constexpr (Cfg::DK_SMEM)
+          issue_dk_smem(i, s);
+        else
+          issue_kv_product(acc_dk, da, sQ + s * Q_BYTES);
         wgmma_commit();
         wgmma_wait<1>();  // dV and dQ done, dK in flight
         fence_dq();
         dq_out(b, i, 0);
+        if constexpr (Cfg::DQ_SWAP && !Cfg::DK_SMEM) wgmma_wait<0>();  // see DK_SMEM
       } else {  // two parts: the second after dK (registers)
         issue_dq(i, 0, 1);
         wgmma_fence();

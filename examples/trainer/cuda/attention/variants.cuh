@@ -81,6 +81,11 @@ using backward_sm90_d64_atomics = backward_sm90_config<64>::unaligned;
 using backward_sm90_d64_writer_bm64 = detail::backward_sm90_tile<64, 3, backward_dq::writer_warp>;
 // d128 writer warp with dQ over each consumer's own keys: no dS barrier between the consumers (hb4: -8%)
 using backward_sm90_d128_writer_own = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp, true>;
+// d128 with 80-row steps (FlashAttention-3's d128 tile): S^T, dP^T of n = 80 and dQ^T = K^T dS^T;
+// dense calls only (hb5)
+using backward_sm90_d128_bm80 = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp, false, false, 80>;
+// ... with dK's dS^T read from shared memory, so dK overlaps the next step's S and dP (hb5)
+using backward_sm90_d128_bm80_dk_smem = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp, false, false, 80, true>;
 }  // namespace experimental
 
 /// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
