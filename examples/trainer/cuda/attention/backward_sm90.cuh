@@ -742,7 +742,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         wgmma_wait<1>();  // dV and dQ done, dK in flight
         fence_dq();
         dq_out(b, i, 0);
-        if constexpr (Cfg::DQ_SWAP && !Cfg::DK_SMEM) wgmma_wait<0>();  // see DK_SMEM
+        if constexpr (Cfg::DQ_SWAP && !Cfg::DK_SMEM) {  // dK done here (see DK_SMEM): free the stage now
+          wgmma_wait<0>();
+          mbar_arrive(empty(s));
+        }
       } else {  // two parts: the second after dK (registers)
         issue_dq(i, 0, 1);
         wgmma_fence();
@@ -756,7 +759,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         fence_dq();
         dq_out(b, i, 1);
       }
-      s_prev = s;
+      s_prev = Cfg::DQ_SWAP && !Cfg::DK_SMEM ? -1 : s;  // else the next step's S wait retires dK
     }
     wgmma_wait<0>();
     fence_acc();
