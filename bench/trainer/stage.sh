@@ -13,7 +13,8 @@ competitor=${COMPETITOR:-../shared/tools/strong_baseline.py}
 [ -x "$build/bench/trainer/bench_trainer" ] || { echo "stage.sh: no $build/bench/trainer/bench_trainer (ninja -C $build bench_trainer)" >&2; exit 1; }
 [ -f "$competitor" ] || { echo "stage.sh: no competitor at $competitor (set COMPETITOR)" >&2; exit 1; }
 mkdir -p "$dir/configs"
-cp -f "$build/bench/trainer/bench_trainer" bench/trainer/run_gpu.sh bench/trainer/table.py "$competitor" "$dir/"
+cp -f "$build/bench/trainer/bench_trainer" bench/trainer/run_gpu.sh bench/trainer/table.py bench/trainer/split.sh \
+      bench/trainer/split.py "$competitor" "$dir/"
 cp configs/qwen2.5-0.5b.json configs/qwen2.5-7b.json "$dir/configs/"
 git describe --always --dirty --abbrev=12 > "$dir/COMMIT"
 echo "staged $(cat "$dir/COMMIT") in $dir ($(du -sh "$dir" | cut -f1))"
