@@ -81,7 +81,7 @@ struct result {
   timing bwd_sm90;         // the Hopper backward's configuration forced (0: not a Hopper device / no sm_90a code)
   timing bwd_other;        // hb2 forced: dQ by red.add from the consumers, 64-row steps
   timing bwd_hb4;          // forced: d128 writer warp with dQ over own keys, d64 writer warp with 64-row steps (hb3)
-  timing bwd_bm80, bwd_bm80_dk;  // forced, d128 only (hb5): 80-row steps; the same with dK's dS^T from shared memory
+  timing bwd_bm64;         // forced, d128 only: the sparse calls' configuration (64-row steps; the dense default before hb5)
   double bwd_sm90_alt_ms;  // alternative (--alt only): d128 dQ over each consumer's own keys, d64 software-pipelined
   double bwd_sm90_err;     // largest norm-wise difference Hopper (both) vs portable backward (dq, dk, dv, dpast), 16K only
 };
@@ -217,26 +217,16 @@ result time_one(const problem& p, int reps, bool alt) {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       hb4();
     });
-    namespace x = gpu::experimental;
-    auto bm80 = [&] {
-      gpu::detail::launch_backward_sm90<x::backward_sm90_d128_bm80>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads,
-                                                                   nullptr);
+    auto bm64 = [&] {
+      gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::sparse>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
+                                                                                 dv.p, grads, nullptr);
     };
-    auto bm80_dk = [&] {
-      gpu::detail::launch_backward_sm90<x::backward_sm90_d128_bm80_dk_smem>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
-                                                                           grads, nullptr);
-    };
-    const bool hb5 = c.d == 128 && !c.sparse;  // the 80-row steps take dense d128 calls only
-    if (hb5) {
-      r.bwd_bm80 = time_ms(1, reps, [&] {
+    const bool d128 = c.d == 128;
+    if (d128)
+      r.bwd_bm64 = time_ms(1, reps, [&] {
         gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-        bm80();
+        bm64();
       });
-      r.bwd_bm80_dk = time_ms(1, reps, [&] {
-        gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-        bm80_dk();
-      });
-    }
     if (alt) r.bwd_sm90_alt_ms = median_ms(1, reps, [&] {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       if (c.d == 128)
@@ -270,10 +260,9 @@ result time_one(const problem& p, int reps, bool alt) {
         r.bwd_sm90_err = std::max({r.bwd_sm90_err, rel_diff(hop[k], ref[k]), rel_diff(oth[k], ref[k])});
       const auto h4 = run(hb4);
       for (int k = 0; k < 4; ++k) r.bwd_sm90_err = std::max(r.bwd_sm90_err, rel_diff(h4[k], ref[k]));
-      if (hb5) {
-        const auto h5 = run(bm80), h5k = run(bm80_dk);
-        for (int k = 0; k < 4; ++k)
-          r.bwd_sm90_err = std::max({r.bwd_sm90_err, rel_diff(h5[k], ref[k]), rel_diff(h5k[k], ref[k])});
+      if (d128) {
+        const auto h64 = run(bm64);
+        for (int k = 0; k < 4; ++k) r.bwd_sm90_err = std::max(r.bwd_sm90_err, rel_diff(h64[k], ref[k]));
       }
     }
   }
@@ -490,11 +479,10 @@ int main(int argc, char** argv) {
       if (alt) std::printf("  [sm90 bwd alternative %s %lldK: %.1f TFLOP/s]\n", s.name, (long long)(past / 1024),
                            tfs(flops_bwd, paged.bwd_sm90_alt_ms));
       if (s.d == 128)
-        std::printf("  [sm90 bwd d128 hb5 %lldK: 80-row %.1f (contig %.1f) | 80-row dK from smem %.1f (contig %.1f) | "
-                    "default %.1f TFLOP/s]\n",
-                    (long long)(past / 1024), tfs(flops_bwd, paged.bwd_bm80.median), tfs(flops_bwd, contig.bwd_bm80.median),
-                    tfs(flops_bwd, paged.bwd_bm80_dk.median), tfs(flops_bwd, contig.bwd_bm80_dk.median),
-                    tfs(flops_bwd, paged.bwd_sm90.median));
+        std::printf("  [sm90 bwd d128 %lldK: 80-row (dense default) %.1f (contig %.1f) | 64-row (sparse calls) %.1f "
+                    "(contig %.1f) TFLOP/s]\n",
+                    (long long)(past / 1024), tfs(flops_bwd, paged.bwd_sm90.median), tfs(flops_bwd, contig.bwd_sm90.median),
+                    tfs(flops_bwd, paged.bwd_bm64.median), tfs(flops_bwd, contig.bwd_bm64.median));
       if (jf != nullptr) {  // TFLOP/s of the median, slowest and fastest call
         auto tri = [&](double flops, const timing& t) {
           return std::to_string(tfs(flops, t.median)) + ", " + std::to_string(tfs(flops, t.hi)) + ", " +
@@ -505,8 +493,8 @@ int main(int argc, char** argv) {
                      "\"tflops_median_min_max\": {\"fwd_paged\": [%s], \"fwd_contig\": [%s], \"fwd_portable\": %f, "
                      "\"bwd_public_paged\": [%s], \"bwd_public_contig\": [%s], \"bwd_sm90_config_paged\": [%s], "
                      "\"bwd_sm90_config_contig\": [%s], \"bwd_hb2_paged\": [%s], \"bwd_hb2_contig\": [%s], "
-                     "\"bwd_alt_paged\": [%s], \"bwd_alt_contig\": [%s], \"bwd_hb5_bm80_paged\": [%s], "
-                     "\"bwd_hb5_bm80_contig\": [%s], \"bwd_hb5_bm80_dk_smem_paged\": [%s], \"bwd_hb5_bm80_dk_smem_contig\": [%s]}, "
+                     "\"bwd_alt_paged\": [%s], \"bwd_alt_contig\": [%s], \"bwd_sm90_d128_bm64_paged\": [%s], "
+                     "\"bwd_sm90_d128_bm64_contig\": [%s]}, "
                      "\"bwd_vs_portable_err\": %g, \"backward_kernels\": \"%s\"}\n",
                      s.name, (long long)past, sq, r, prop.name, tri(flops_fwd, paged.fwd).c_str(),
                      tri(flops_fwd, contig.fwd).c_str(), tfs(flops_fwd, paged.fwd_portable_ms),
@@ -514,8 +502,7 @@ int main(int argc, char** argv) {
                      tri(flops_bwd, paged.bwd_sm90).c_str(), tri(flops_bwd, contig.bwd_sm90).c_str(),
                      tri(flops_bwd, paged.bwd_other).c_str(), tri(flops_bwd, contig.bwd_other).c_str(),
                      tri(flops_bwd, paged.bwd_hb4).c_str(), tri(flops_bwd, contig.bwd_hb4).c_str(),
-                     tri(flops_bwd, paged.bwd_bm80).c_str(), tri(flops_bwd, contig.bwd_bm80).c_str(),
-                     tri(flops_bwd, paged.bwd_bm80_dk).c_str(), tri(flops_bwd, contig.bwd_bm80_dk).c_str(),
+                     tri(flops_bwd, paged.bwd_bm64).c_str(), tri(flops_bwd, contig.bwd_bm64).c_str(),
                      std::max(paged.bwd_sm90_err, contig.bwd_sm90_err),
                      gpu::get_backward_kernels() == gpu::backward_kernels::portable ? "portable" : "automatic");
         std::fflush(jf);

@@ -226,10 +226,10 @@ config windowed(config c, std::int32_t windows) {
 }
 
 bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
-/// variant: 0 the chosen configuration, 1 bulk dQ reductions, 2 d128 dQ over own keys / d64 software-pipelined,
-/// 3 hb2 (dQ by red.add from the consumers, 64-row steps), 4 d128: the writer warp with dQ over each
-/// consumer's own keys, d64: the writer warp with 64-row steps (hb3); d128 only, dense only (skipped
-/// otherwise): 5 80-row steps with dQ^T = K^T dS^T, 6 the same with dK's dS^T from shared memory (hb5).
+/// variant: 0 the chosen configuration for the call (dense or sparse), 1 bulk dQ reductions, 2 d128 dQ
+/// over own keys / d64 software-pipelined, 3 hb2 (dQ by red.add from the consumers, 64-row steps),
+/// 4 d128: the writer warp with dQ over each consumer's own keys, d64: the writer warp with 64-row
+/// steps (hb3); 5 (d128 dense calls only, skipped otherwise): the sparse calls' 64-row writer warp.
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, int variant = 0);
 void check_backward_portable(const problem& p, const cpu_result& ref);
 
@@ -400,7 +400,7 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
 /// Backward of p through the Hopper kernel (all windows summed when p has several), outputs
 /// starting random, checked against the CPU oracle. split: forced query split (0 = policy).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int variant) {
-  if (variant >= 5 && (p.c.d != 128 || p.c.sparse)) return;  // the 80-row steps: d128 dense calls
+  if (variant == 5 && (p.c.d != 128 || p.c.sparse)) return;  // variant 0 runs it on sparse calls
   const bool merged = p.c.windows > 1;
   namespace x = gpu::experimental;
   const gpu_result g = run_backward(
@@ -408,13 +408,12 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
       [&](const gpu::attention_args& a, auto... rest) {
         auto run = [&](auto cfg) { gpu::detail::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split); };
         if (p.c.d == 128) {
-          if (variant == 0) run(gpu::backward_sm90_config<128>::type{});
+          if (variant == 0 && !p.c.sparse) run(gpu::backward_sm90_config<128>::type{});
+          if ((variant == 0 && p.c.sparse) || variant == 5) run(gpu::backward_sm90_config<128>::sparse{});
           if (variant == 1) run(x::backward_sm90_d128_bulk{});
           if (variant == 2) run(x::backward_sm90_d128_own{});
           if (variant == 3) run(x::backward_sm90_d128_atomics{});
           if (variant == 4) run(x::backward_sm90_d128_writer_own{});
-          if (variant == 5) run(x::backward_sm90_d128_bm80{});
-          if (variant == 6) run(x::backward_sm90_d128_bm80_dk_smem{});
         } else {
           if (variant == 0) run(gpu::backward_sm90_config<64>::type{});
           if (variant == 1) run(x::backward_sm90_d64_bulk{});
@@ -428,7 +427,7 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
                                       " [sm90 backward, dQ own keys (d128) / pipelined (d64)",
                                       " [sm90 backward, hb2 (red.add dQ, 64-row steps)",
                                       " [sm90 backward, d128 writer warp with dQ over own keys / d64 64-row steps",
-                                      " [sm90 backward, d128 80-row steps", " [sm90 backward, d128 80-row steps, dK from shared dS"};
+                                      " [sm90 backward, d128 64-row steps (the sparse calls' kernel)"};
   std::string name = p.c.name + names[variant];
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
@@ -696,7 +695,6 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
     check_backward_sm90(p, ref, 0, 5);
-    check_backward_sm90(p, ref, 0, 6);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -770,7 +768,6 @@ TEST_CASE("attention: Hopper forward and backward ignore non-finite data past th
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
     check_backward_sm90(p, ref, 0, 5);
-    check_backward_sm90(p, ref, 0, 6);
   }
 }
 
@@ -829,16 +826,34 @@ TEST_CASE("attention: the public forward picks the Hopper kernel only where it a
     gs.pool.page_size = 64;
     CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<HB>(small, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, gs, nullptr),
                     oomb::invalid_argument);
-    // 80-row steps straddle the 128-row sparse tiles: a sparse call is refused before any launch
+    // d128's dense configuration (80-row steps straddle the 128-row sparse tiles) refuses a sparse
+    // call before any launch
     dev<std::int32_t> tiles(std::size_t(c.sq) + 1);
     tiles.fill_bytes(0);
     auto sp = a;
     sp.tile_indptr = tiles.p;
     sp.tile_pages = tiles.p;
     sp.tile = 128;
-    CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<gpu::experimental::backward_sm90_d128_bm80>(
-                        sp, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, dp.grads(buf.p), nullptr),
+    CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<HB>(sp, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p,
+                                                          dp.grads(buf.p), nullptr),
                     oomb::invalid_argument);
+    // The public entry's choice: dense, sparse, and unaligned (dense or sparse) calls
+    using call = gpu::detail::backward_sm90_call;
+    float* const dq8 = buf.p + 2;  // cudaMalloc is 256-byte aligned: this is 8 mod 16
+    CHECK(gpu::detail::choose_backward_sm90(a, buf.p) == call::dense);
+    CHECK(gpu::detail::choose_backward_sm90(sp, buf.p) == call::sparse);
+    CHECK(gpu::detail::choose_backward_sm90(a, dq8) == call::unaligned);
+    CHECK(gpu::detail::choose_backward_sm90(sp, dq8) == call::unaligned);
+    // ... and the configurations they name (rows per step, how dQ leaves)
+    auto rows = [](call k) { return gpu::detail::with_backward_sm90_config<128>(k, [](auto cfg) { return decltype(cfg)::BM; }); };
+    auto dq_way = [](call k) { return gpu::detail::with_backward_sm90_config<128>(k, [](auto cfg) { return decltype(cfg)::DQ; }); };
+    CHECK(rows(call::dense) == 80);
+    CHECK(rows(call::sparse) == 64);
+    CHECK(rows(call::unaligned) == 64);
+    CHECK(dq_way(call::dense) == gpu::detail::backward_dq::writer_warp);
+    CHECK(dq_way(call::sparse) == gpu::detail::backward_dq::writer_warp);
+    CHECK(dq_way(call::unaligned) == gpu::detail::backward_dq::atomics);
+    CHECK(gpu::detail::with_backward_sm90_config<64>(call::sparse, [](auto cfg) { return decltype(cfg)::BM; }) == 128);
   }
   // the Hopper launcher refuses pages shorter than its tile
   dev<bf16> o(p.q.size());
@@ -882,36 +897,44 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
       check_backward_sm90(p, ref, split, 3);
       check_backward_sm90(p, ref, split, 4);
       check_backward_sm90(p, ref, split, 5);
-      check_backward_sm90(p, ref, split, 6);
     }
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
     check_backward_sm90(p, ref, 0, 5);
-    check_backward_sm90(p, ref, 0, 6);
   }
 }
 
-TEST_CASE("attention: public backward into a dq that is 8- but not 16-byte aligned matches") {
-  // On Hopper the public entry then takes the red.add configuration (the writer warp's bulk
-  // reductions need 16 bytes); elsewhere the portable kernel. Both must give the CPU oracle's dq.
+TEST_CASE("attention: public backward, dense and sparse, into a 16- and an 8-byte aligned dq, matches") {
+  // On Hopper the public entry takes a configuration per call (choose_backward_sm90): d128 dense
+  // 80-row steps, d128 sparse 64-row steps, red.add for a dq that is 8 but not 16 mod 16 (the
+  // writer warp's bulk reductions need 16); elsewhere the portable kernel. All must give the CPU
+  // oracle's gradients (a configuration that refused its call would throw here).
   using oomb::kv_layout;
-  for (const config& c : {make("unaligned dq g7 d128", 90, 300, 14, 2, 128, 128),
-                          sparse(make("unaligned dq sparse g5 d64 tm", 70, 500, 10, 2, 64, 128, kv_layout::token_major), 128)}) {
+  for (const config& c : {make("public g7 d128", 90, 300, 14, 2, 128, 128),
+                          sparse(make("public sparse g7 d128", 200, 700, 14, 2, 128, 128), 128),
+                          sparse(make("public sparse g5 d64 tm", 70, 500, 10, 2, 64, 128, kv_layout::token_major), 128)}) {
     const problem p(c);
     const cpu_result ref = run_cpu(p);
     const std::size_t qn = p.q.size();
-    const gpu_result g = run_backward(p, ref, [&](const gpu::attention_args& a, const float* lse, const float* delta,
-                                                  const bf16* d_o, float* dq, float* dk, float* dv, auto grads) {
-      dev<float> shifted(qn + 2);
-      float* const dq8 = shifted.p + 2;  // cudaMalloc is 256-byte aligned: this is 8 mod 16
-      REQUIRE((reinterpret_cast<std::uintptr_t>(dq8) & 15u) == 8u);
-      attn_test::cuda_check(cudaMemcpy(dq8, dq, qn * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
-      gpu::attention_backward(a, lse, delta, d_o, dq8, dk, dv, grads, nullptr);
-      attn_test::cuda_check(cudaMemcpy(dq, dq8, qn * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
-    });
-    check_errors(c.name + " [public backward]", compare(g, ref), g.untouched_ok);
+    for (const bool aligned : {true, false}) {
+      const gpu_result g = run_backward(p, ref, [&](const gpu::attention_args& a, const float* lse, const float* delta,
+                                                    const bf16* d_o, float* dq, float* dk, float* dv, auto grads) {
+        if (aligned) {
+          gpu::attention_backward(a, lse, delta, d_o, dq, dk, dv, grads, nullptr);
+          return;
+        }
+        dev<float> shifted(qn + 2);
+        float* const dq8 = shifted.p + 2;  // cudaMalloc is 256-byte aligned: this is 8 mod 16
+        REQUIRE((reinterpret_cast<std::uintptr_t>(dq8) & 15u) == 8u);
+        attn_test::cuda_check(cudaMemcpy(dq8, dq, qn * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
+        gpu::attention_backward(a, lse, delta, d_o, dq8, dk, dv, grads, nullptr);
+        attn_test::cuda_check(cudaMemcpy(dq, dq8, qn * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
+      });
+      check_errors(c.name + (aligned ? " [public backward]" : " [public backward, unaligned dq]"), compare(g, ref),
+                   g.untouched_ok);
+    }
   }
 }
 
@@ -930,13 +953,11 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
     check_backward_sm90(p, ref, 2, 3);
     check_backward_sm90(p, ref, 2, 4);
     check_backward_sm90(p, ref, 2, 5);
-    check_backward_sm90(p, ref, 2, 6);
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
     check_backward_sm90(p, ref, 0, 5);
-    check_backward_sm90(p, ref, 0, 6);
   }
 }
 
@@ -1059,9 +1080,9 @@ void check_unselected_pages_unread(const config& c, double keep) {
   if (hopper_device() && c.page >= 128)
     backward("sm90", [&](const gpu::attention_args& a, auto... rest) {
       if (c.d == 128)
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, rest..., nullptr, 0);
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::sparse>(a, rest..., nullptr, 0);
       else
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, rest..., nullptr, 0);
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::sparse>(a, rest..., nullptr, 0);
     });
 }
 

@@ -574,22 +574,44 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
 
 }  // namespace detail
 
+namespace detail {
+
+/// Which of backward_sm90_config<D>'s configurations the public backward takes on Hopper.
+enum class backward_sm90_call { dense, sparse, unaligned };
+
+inline backward_sm90_call choose_backward_sm90(const attention_args& a, const float* dq) {
+  if (!aligned16(dq)) return backward_sm90_call::unaligned;  // the writer warp's bulk reductions need 16 bytes
+  return a.tile_indptr != nullptr ? backward_sm90_call::sparse : backward_sm90_call::dense;
+}
+
+/// Calls f(Cfg{}) with the configuration of backward_sm90_config<D> for `call`.
+template <int D, class F>
+decltype(auto) with_backward_sm90_config(backward_sm90_call call, F&& f) {
+  using C = backward_sm90_config<D>;
+  switch (call) {
+    case backward_sm90_call::dense: return f(typename C::type{});
+    case backward_sm90_call::sparse: return f(typename C::sparse{});
+    default: return f(typename C::unaligned{});
+  }
+}
+
+}  // namespace detail
+
 /// Backward over one window (see the file comment). dq, dk_own, dv_own, gradient pages: fp32, added
 /// to, 8-byte aligned (a 16-byte aligned dq lets the Hopper kernel use its faster dQ path). Kernel
-/// choice: backward_kernels.
+/// choice: backward_kernels; on Hopper, the configuration for the kind of call (choose_backward_sm90).
 inline void attention_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
                                float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
                                cudaStream_t stream) {
   dispatch_head_dim(a.d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    using hopper = typename backward_sm90_config<D>::type;
-    if (detail::use_sm90_backward<hopper>(a)) {
-      if (detail::aligned16(dq))
-        detail::launch_backward_sm90<hopper>(a, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream);
-      else  // the writer warp's bulk reductions need a 16-byte aligned dq
-        detail::launch_backward_sm90<typename backward_sm90_config<D>::unaligned>(a, lse, delta, d_o, dq, dk_own, dv_own,
-                                                                                  dpast, stream);
-    } else
+    const bool hopper = detail::with_backward_sm90_config<D>(detail::choose_backward_sm90(a, dq), [&](auto cfg) {
+      using Cfg = decltype(cfg);
+      if (!detail::use_sm90_backward<Cfg>(a)) return false;
+      detail::launch_backward_sm90<Cfg>(a, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream);
+      return true;
+    });
+    if (!hopper)
       detail::launch_backward<typename backward_config<D>::type>(a, lse, delta, d_o, dq, dk_own, dv_own, dpast,
                                                                  stream);
   });

@@ -4,8 +4,8 @@
 //
 // Same contract, arguments and packed GQA rows as backward.cuh. One CTA owns BN = 128 keys of one
 // KV head (one page tile, page_size >= 128) and walks the packed query rows in steps of BM = 64
-// (128 for the d64 configuration; 80 for the experimental d128 one, which computes dQ^T = K^T dS^T
-// so that head_dim is wgmma's M, and takes dense calls only).
+// (128 for the d64 configurations; 80 for d128's dense one, which computes dQ^T = K^T dS^T so that
+// head_dim is wgmma's M, and takes dense calls only: 80-row steps straddle the 128-row sparse tiles).
 // Three warpgroups: warpgroup 0 is the producer (it loads the K/V tile once through the pool-wide
 // TMA maps, then streams Q, dO, lse and delta of each step into STAGES shared-memory stages with
 // cp.async: packed GQA rows are not a TMA box for group sizes that do not divide 64); warpgroups 1
@@ -25,8 +25,7 @@
 // consumers never wait for each other (measured +6-12%, docs/attention-notes.md hb2). dK/dV stay
 // in registers for the walk and are added once at the end (atomically when the query steps are
 // split over blocks). Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by
-// per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE),
-// d128 80-row steps (BM = 80, optionally DK_SMEM).
+// per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
 // Keys past the window's end read as zeros (the partial tile is loaded with zero-filling cp.async),
 // and masked entries are selected to 0, so stale page tails never reach dQ.
 #pragma once
@@ -52,21 +51,20 @@ enum class backward_dq {
 };
 
 template <int D_, int STAGES_, backward_dq DQ_ = backward_dq::atomics, bool DQ_OWN_ = false, bool PIPE_ = false,
-          int BM_ = 64, bool DK_SMEM_ = false>
+          int BM_ = 64>
 struct backward_sm90_tile {
   /// BM: packed query rows per step, 64, or 128 at d64 with the writer warp (FlashAttention-3's d64
   /// tile: S^T products of n = 128, half the fixed per-step cost per FLOP; single dS buffer), or 80
   /// at d128 with the writer warp (FlashAttention-3's d128 tile: a quarter more work per step than 64).
+  /// With 80 rows, dK += dS^T Q (A from registers) is waited for at the end of each step: keeping it
+  /// in flight into the next step needs registers the consumers lack (ptxas serialises the
+  /// products, C7512). Reading dS^T from shared memory instead frees them but measured 6-9% slower
+  /// on the H200 (docs/attention-notes.md hb5).
   static constexpr int D = D_, BN = 128, BM = BM_, STAGES = STAGES_;
   /// dQ^T = K^T dS^T, head_dim as wgmma's M: a step that is not a multiple of 64 rows cannot be M.
   static constexpr bool DQ_SWAP = BM % 64 != 0;
   /// Page-sparse calls select keys per 128-row tile: steps must not straddle tiles.
   static constexpr bool SPARSE = 128 % BM == 0;
-  /// dK += dS^T Q reads dS^T from the dS buffer (M-major) instead of registers, so the A fragments
-  /// are free once dS is stored and dK may stay in flight into the next step's S and dP. With
-  /// register A, 80-row steps must wait for dK at the end of each step (else ptxas serialises
-  /// the products for want of registers, C7512).
-  static constexpr bool DK_SMEM = DK_SMEM_;
   /// Software pipelining across steps (S, dP of the next step issued before this step's dq
   /// additions); needs the registers of d64.
   static constexpr bool PIPE = PIPE_;
@@ -114,7 +112,6 @@ struct backward_sm90_tile {
   static_assert(!DQ_WRITER || !PIPE, "writer warp: its own step order");
   static_assert(BM == 64 || (BM == 128 && D == 64 && DQ_WRITER) || (BM == 80 && D == 128 && DQ_WRITER && !DQ_OWN),
                 "steps of 64 rows; 128 at d64 and 80 at d128 with the writer warp (d128: dQ over all keys)");
-  static_assert(!DK_SMEM || DQ_SWAP, "dK from shared dS: the 80-row configuration");
   static_assert(smem_bytes <= 227 * 1024, "shared memory");
   // setmaxnreg moves registers within the CTA: 384 threads start with 168 each (65536 / 384, rounded
   // down to 8), and an increase beyond what the producer released waits forever.
@@ -498,19 +495,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         wgmma_rs_n64(acc, frag[k], bd);
     }
   };
-  // dK += dS^T Q with dS^T from this consumer's key panel of dS buffer i (DK_SMEM). No commit.
-  auto issue_dk_smem = [&](int i, int s) {
-    if constexpr (Cfg::DK_SMEM) {
-      const std::uint32_t sdS_c = sdS + (i % Cfg::DS_BUFS) * DS_BYTES + c * PANEL_Q;
-#pragma unroll
-      for (int k = 0; k < BM / 16; ++k)
-        wgmma_ss_n128_tt(acc_dk, sw128_desc(sdS_c + k * 16 * 128, PANEL_Q, 1024),
-                         sw128_desc(sQ + s * Q_BYTES + k * 16 * 128, PANEL_Q, 1024));
-    } else {
-      (void)i;
-      (void)s;
-    }
-  };
   // dV += P^T dO, dK += dS^T Q: one commit group.
   auto issue_dkv = [&](int s) {
     wgmma_fence();
@@ -734,15 +718,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       if constexpr (PARTS == 1) {
         issue_dq(i);
         wgmma_fence();
-        if constexpr (Cfg::DK_SMEM)
-          issue_dk_smem(i, s);
-        else
-          issue_kv_product(acc_dk, da, sQ + s * Q_BYTES);
+        issue_kv_product(acc_dk, da, sQ + s * Q_BYTES);
         wgmma_commit();
         wgmma_wait<1>();  // dV and dQ done, dK in flight
         fence_dq();
         dq_out(b, i, 0);
-        if constexpr (Cfg::DQ_SWAP && !Cfg::DK_SMEM) {  // dK done here (see DK_SMEM): free the stage now
+        if constexpr (Cfg::DQ_SWAP) {  // dK done here (see BM): free the stage now
           wgmma_wait<0>();
           mbar_arrive(empty(s));
         }
@@ -759,7 +740,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         fence_dq();
         dq_out(b, i, 1);
       }
-      s_prev = Cfg::DQ_SWAP && !Cfg::DK_SMEM ? -1 : s;  // else the next step's S wait retires dK
+      s_prev = Cfg::DQ_SWAP ? -1 : s;  // else the next step's S wait retires dK
     }
     wgmma_wait<0>();
     fence_acc();

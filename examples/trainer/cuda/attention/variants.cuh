@@ -7,7 +7,8 @@
 //   backward  head_dim 64, 128
 //   delta     output element oomb::bf16, float;  merge (float)
 //   forward, Hopper (forward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128  x  bf16, float
-//   backward, Hopper (backward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128
+//   backward, Hopper (backward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128  x  dense,
+//       sparse (d128: its own step height), unaligned dq
 // plus the alternative tile shapes in `experimental` (tests check them, the benchmark times
 // them against the chosen ones; docs/attention-notes.md has the numbers).
 // Adding a head size means one line in each table below and one case in dispatch_head_dim.
@@ -45,20 +46,26 @@ struct backward_config;
 template <> struct backward_config<64> { using type = detail::backward_tile<64, 128, 128, 8, 1, 4, 4, 4>; };
 template <> struct backward_config<128> { using type = detail::backward_tile<128, 128, 64, 8, 1, 2, 4, 2>; };
 
-/// Hopper backward (wgmma, warp-specialised; backward_sm90.cuh): Q/dO pipeline stages and the way dQ
-/// reaches global memory, per head size. Measured on the H200 (docs/attention-notes.md, hb3-hb4): the
-/// dQ writer warp +16-27% at d64 and 0-5% at d128 over red.add; d64 steps of 128 rows another +6-7%.
-/// `unaligned`: for a dq that is 8- but not 16-byte aligned (the writer's bulk reductions need 16):
-/// red.add from the consumers, 64-row steps (hb2).
+/// Hopper backward (wgmma, warp-specialised; backward_sm90.cuh): Q/dO pipeline stages, the way dQ
+/// reaches global memory and the query rows per step, per head size and kind of call (the public
+/// entry's choice: choose_backward_sm90 in attention.cuh). Measured on the H200
+/// (docs/attention-notes.md, hb3-hb5): the dQ writer warp +16-27% at d64 and 0-5% at d128 over
+/// red.add; d64 steps of 128 rows another +6-7%; d128 steps of 80 rows +12-18% over 64.
+/// `type`: dense calls. `sparse`: page-sparse calls, whose selection is per 128-row tile, so a step
+/// must not straddle tiles (d128: 64-row steps). `unaligned`: a dq that is 8- but not 16-byte
+/// aligned (the writer's bulk reductions need 16), dense or sparse: red.add from the consumers,
+/// 64-row steps (hb2).
 template <int D>
 struct backward_sm90_config;
 //                                                                D  stages dQ                            own keys pipe rows
 template <> struct backward_sm90_config<64> {
   using type = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_warp, false, false, 128>;
+  using sparse = type;
   using unaligned = detail::backward_sm90_tile<64, 3>;
 };
 template <> struct backward_sm90_config<128> {
-  using type = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp>;
+  using type = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp, false, false, 80>;
+  using sparse = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp>;
   using unaligned = detail::backward_sm90_tile<128, 3>;
 };
 
@@ -81,11 +88,6 @@ using backward_sm90_d64_atomics = backward_sm90_config<64>::unaligned;
 using backward_sm90_d64_writer_bm64 = detail::backward_sm90_tile<64, 3, backward_dq::writer_warp>;
 // d128 writer warp with dQ over each consumer's own keys: no dS barrier between the consumers (hb4: -8%)
 using backward_sm90_d128_writer_own = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp, true>;
-// d128 with 80-row steps (FlashAttention-3's d128 tile): S^T, dP^T of n = 80 and dQ^T = K^T dS^T;
-// dense calls only (hb5)
-using backward_sm90_d128_bm80 = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp, false, false, 80>;
-// ... with dK's dS^T read from shared memory, so dK overlaps the next step's S and dP (hb5)
-using backward_sm90_d128_bm80_dk_smem = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp, false, false, 80, true>;
 }  // namespace experimental
 
 /// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
