@@ -1,8 +1,9 @@
 // oomb-train --device cuda through training_run (train/run.hpp + train/cuda_training.cuh): the
-// whole training state on the GPU. Three steps against the CPU run from the same weights (--batch 1
-// and 2), a checkpoint round trip CPU -> GPU -> CPU, resume on the GPU against the uninterrupted
-// GPU run, the NaN stop, a mismatched checkpoint and a head_dim the kernels do not take refused
-// before anything is allocated.
+// training state on the GPU. Three steps against the CPU run from the same weights (--batch 1 and
+// 2), a checkpoint round trip CPU -> GPU -> CPU, resume on the GPU against the uninterrupted GPU
+// run, the optimizer state split to pinned host memory (--optimizer-gpu-memory) against all of it
+// on the GPU and its checkpoints, the NaN stop, a mismatched checkpoint and a head_dim the kernels
+// do not take refused before anything is allocated.
 // SPDX-License-Identifier: Apache-2.0
 //
 // Tolerances against the CPU (float): the first step's loss differs only by bf16 compute (and the
@@ -178,6 +179,73 @@ TEST_CASE("oomb-train --device cuda: resume on the GPU continues within toleranc
   const double err = weight_err(rest, whole);
   MESSAGE("resumed GPU weights against the uninterrupted GPU run: rel " << err << " (dQ's atomics only)");
   CHECK(err <= 1e-3);
+}
+
+TEST_CASE("oomb-train --device cuda: a forced optimizer split trains as the all-GPU run; its checkpoints load bit for bit") {
+  temp_dir tmp("cuda-split");
+  const std::string config = write_config(tmp.path, 64);
+  const std::string init = write_init(tmp.path, config);
+  // 2 MiB of state on the GPU: the embedding's (0.9 MB) and layer 0's first few tensors; the
+  // rest in pinned host memory, streamed every step (the pieces themselves: test_optim.cu).
+  constexpr std::int64_t cap = std::int64_t(2) << 20;
+  const auto split_options = [&](const fs::path& out, const std::string& from) {
+    auto o = options(config, out, "cuda", from);
+    o.optimizer_gpu_memory = cap;
+    return o;
+  };
+  oomb_trainer::training_run all(options(config, tmp.path / "all", "cuda", init), {}, oomb_trainer::cuda_device_trainer());
+  oomb_trainer::training_run split(split_options(tmp.path / "split", init), {}, oomb_trainer::cuda_device_trainer());
+  const auto& plan = *split.memory();
+  MESSAGE(split.banner());
+  REQUIRE(plan.optimizer_groups_on_gpu > 0);
+  REQUIRE(plan.optimizer_groups_on_gpu < plan.optimizer_groups);
+  CHECK(plan.on_gpu(oomb_trainer::plan_part::optimizer) <= std::uint64_t(cap));
+  CHECK(all.memory()->optimizer_groups_on_gpu == all.memory()->optimizer_groups);
+  CHECK(split.banner().find("optimizer state: the first " + std::to_string(plan.optimizer_groups_on_gpu) + " of ") !=
+        std::string::npos);
+  CHECK(split.banner().find("in pinned host memory, streamed through") != std::string::npos);  // the trainer's own line
+  CHECK(weight_err(split, all) == 0.0);
+  std::vector<double> losses;
+  for (int s = 0; s < 3; ++s) {
+    const double want = all.step().loss, got = split.step().loss;
+    losses.push_back(got);
+    MESSAGE("step " << s + 1 << ": loss all-GPU " << want << ", split " << got << " (rel " << rel(got, want) << ")");
+    if (s == 0) CHECK(got == want);  // the same weights: the same forward, bit for bit
+    CHECK(rel(got, want) <= 1e-3);  // later: the same update, gradients apart by dQ's atomics only
+  }
+  const double err = weight_err(split, all);
+  MESSAGE("split against all-GPU weights after 3 steps: rel " << err);
+  CHECK(err <= 1e-3);
+
+  // A split run's checkpoint: loaded by a split run and by an all-GPU one, masters exact, and
+  // saved again to the same bytes; the next step within the resume tolerance.
+  auto first = split_options(tmp.path / "part", init);
+  first.stop_after = 1;
+  oomb_trainer::qwen2_params<float> at_save(oomb_trainer::load_model_config(config));
+  {
+    oomb_trainer::training_run run(first, {}, oomb_trainer::cuda_device_trainer());
+    run.step();
+    run.save();
+    at_save = run.weights();
+  }
+  const fs::path saved = tmp.path / "part" / "checkpoint-1";
+  for (const std::int64_t resumed_cap : {cap, std::int64_t(-1)}) {
+    CAPTURE(resumed_cap);
+    const fs::path out = tmp.path / ("resumed" + std::to_string(resumed_cap));
+    auto o = options(config, out, "cuda");
+    o.optimizer_gpu_memory = resumed_cap;
+    o.resume = (tmp.path / "part" / "checkpoint").string();
+    oomb_trainer::training_run rest(o, {}, oomb_trainer::cuda_device_trainer());
+    CHECK((rest.memory()->optimizer_groups_on_gpu < rest.memory()->optimizer_groups) == (resumed_cap > 0));
+    const auto loaded = rest.weights();
+    CHECK(std::memcmp(loaded.data(), at_save.data(), at_save.size() * sizeof(float)) == 0);
+    rest.save();
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+      CHECK(training_test::file_bytes((out / "checkpoint-1" / file).string()) == training_test::file_bytes((saved / file).string()));
+    const double loss = rest.step().loss;
+    MESSAGE("resumed step 2 (cap " << resumed_cap << "): loss " << loss << ", uninterrupted split " << losses[1]);
+    CHECK(rel(loss, losses[1]) <= 1e-3);
+  }
 }
 
 TEST_CASE("oomb-train --device cuda: a NaN weight stops the run at its step, before the update, the checkpoint intact") {

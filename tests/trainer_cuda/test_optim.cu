@@ -1,18 +1,24 @@
 // AdamW and the gradient norm / clipping factor on the GPU against optim/adamw.hpp and
-// optim/clip.hpp (float), over several steps, with and without weight decay.
+// optim/clip.hpp (float), over several steps, with and without weight decay; the optimizer state
+// split between device and pinned host memory (backend/adamw_state.cuh) against all of it on the
+// device, bit for bit.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include <oomb/core/error.hpp>
 
+#include "trainer/backend/adamw_state.cuh"
 #include "trainer/cuda/ops/adamw.cuh"
 #include "trainer/cuda/ops/grad_norm.cuh"
 #include "trainer/optim/adamw.hpp"
 #include "trainer/optim/clip.hpp"
 
 #include "device_util.cuh"
+#include "model_util.hpp"
 
 namespace {
 
@@ -112,4 +118,93 @@ TEST_CASE("grad_norm: the global norm and clipping factor equal optim/clip.hpp, 
   CHECK(std::isnan(nan_run[0]));
   CHECK(nan_run[1] == 1.0f);  // as clip_grad_norm: a non-finite norm leaves the gradients be
   CHECK_THROWS_AS(ops::grad_norm_finish(partials.get(), NAN, out.get(), nullptr, stream.view()), oomb::invalid_argument);
+}
+
+TEST_CASE("adamw_state: a split state (host part streamed in pieces) updates to the same bits as all of it on the GPU") {
+  test_stream stream;
+  oomb_trainer::adamw_options opt;
+  opt.weight_decay = 0.1;
+  const auto cfg = trainer_test::tiny_config(4, 2, false, 16, 2, 40);
+  const oomb_trainer::param_layout layout(cfg);
+  const auto& entries = layout.entries();
+  const std::size_t n = layout.total();
+  const auto master0 = random_vector<float>(n, 11), m0 = random_vector<float>(n, 12);
+  auto v0 = random_vector<float>(n, 13, 0.0, 1e-2);  // a second moment is >= 0
+  const auto coefficients = [&](int t) {
+    std::vector<ops::adamw_coefficients> c;
+    for (const auto& e : entries) c.push_back(ops::adamw_step_coefficients(opt, 1e-2 * t, t, e.shape.size() >= 2));
+    return c;
+  };
+  device_array<float> scale(std::vector<float>{0.75f});
+  // The reference: every tensor in place on the device, as the unsplit trainer updates it.
+  device_array<float> rp(master0), rm(m0), rv(v0);
+  device_array<bf16> rc(std::vector<bf16>(n, bf16(0.0f)));
+  std::vector<std::vector<float>> grads;
+  for (int t = 1; t <= 3; ++t) {
+    grads.push_back(random_vector<float>(n, 100 + t));
+    device_array<float> g(grads.back());
+    const auto c = coefficients(t);
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const auto& e = entries[i];
+      ops::adamw_update(std::int64_t(e.numel), rp.get() + e.offset, rm.get() + e.offset, rv.get() + e.offset, g.get() + e.offset,
+                        rc.get() + e.offset, c[i], scale.get(), stream.view());
+    }
+  }
+  const auto want_p = rp.download(), want_m = rm.download(), want_v = rv.download();
+  const auto want_c = rc.download();
+
+  // Splits: everything on the host, mid-layer, only the last tensor on the host, none; pieces
+  // that cross tensor boundaries and wrap the three-slot ring many times, and one larger than the
+  // host part.
+  const std::size_t mid = 1 + oomb_trainer::param_layout::per_layer + 5;
+  for (const std::size_t on_gpu : {std::size_t(0), mid, entries.size() - 1, entries.size()}) {
+    for (const std::size_t piece : {std::size_t(7), std::size_t(1000), n}) {
+      CAPTURE(on_gpu);
+      CAPTURE(piece);
+      oomb_trainer::gpu::adamw_state state(cfg, on_gpu, piece);
+      const auto& split = state.split();
+      CHECK(split.host_offset == (on_gpu == entries.size() ? n : entries[on_gpu].offset));
+      // Masters from a device array, moments through the checkpoint view (staging + pinned).
+      device_array<float> full(master0);
+      state.set_masters(full.get(), stream.view());
+      {
+        oomb_trainer::gpu::adamw_checkpoint_view view(state);
+        for (std::size_t i = 0; i < entries.size(); ++i) {
+          const auto& e = entries[i];
+          std::copy(m0.begin() + e.offset, m0.begin() + e.offset + e.numel, view.moments()[2 * i].data);
+          std::copy(v0.begin() + e.offset, v0.begin() + e.offset + e.numel, view.moments()[2 * i + 1].data);
+        }
+        view.upload();
+      }
+      // Padding between tensors is never updated; the reference's moments there are the initial ones.
+      device_array<bf16> compute(std::vector<bf16>(n, bf16(0.0f)));
+      for (int t = 1; t <= 3; ++t) {
+        device_array<float> g(grads[t - 1]);
+        state.update(g.get(), compute.get(), coefficients(t), scale.get(), stream.view());
+        OOMB_CUDA_CHECK(cudaStreamSynchronize(stream.view().get()), "adamw_state test");
+        const auto u = state.last_update();
+        CHECK(u.bytes_to_device == 12 * split.host_elements());
+        CHECK(u.bytes_to_host == 12 * split.host_elements());
+        CHECK(u.seconds >= 0.0);
+      }
+      std::vector<float> got_p(n);
+      state.masters_to_host(got_p.data(), stream.view());
+      CHECK(trainer_test::same_bits(got_p, want_p));
+      CHECK(trainer_test::same_bits(compute.download(), want_c));
+      oomb_trainer::gpu::adamw_checkpoint_view view(state);
+      view.download();
+      bool moments_equal = true;
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        const auto& e = entries[i];
+        moments_equal = moments_equal &&
+                        std::memcmp(view.moments()[2 * i].data, want_m.data() + e.offset, e.numel * sizeof(float)) == 0 &&
+                        std::memcmp(view.moments()[2 * i + 1].data, want_v.data() + e.offset, e.numel * sizeof(float)) == 0 &&
+                        std::memcmp(view.masters()[i].data, want_p.data() + e.offset, e.numel * sizeof(float)) == 0;
+      }
+      CHECK(moments_equal);
+    }
+  }
+  // The masters moved: the test compares updated values, not the start.
+  CHECK_FALSE(trainer_test::same_bits(want_p, master0));
+  CHECK_THROWS_AS(oomb_trainer::gpu::adamw_state(cfg, entries.size() + 1), oomb::invalid_argument);
 }

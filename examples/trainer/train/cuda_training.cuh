@@ -1,16 +1,22 @@
-// oomb trainer — --device cuda: the whole training state on the GPU and the optimizer step there,
-// for training_run (train/run.hpp) through device_trainer (train/device_trainer.hpp).
+// oomb trainer — --device cuda: the training state on the GPU (the optimizer's where it fits) and
+// the optimizer step there, for training_run (train/run.hpp) through device_trainer
+// (train/device_trainer.hpp).
 // SPDX-License-Identifier: Apache-2.0
 //
-// On the device: fp32 master weights, fp32 AdamW moments, bf16 compute weights, fp32 gradients
-// (18 bytes per parameter), one chunk_recurrent over the CUDA backend (pages in place, or homes in
-// pinned host memory streamed through device slots with --offload). A step zeroes the gradients,
-// adds each sequence's (chunk_recurrent), scales by 1 / batch, takes the global norm and the
-// clipping factor on the device (cuda/ops/grad_norm.cuh), reads back the norm (4 bytes; the
-// losses come back from the head), stops if either is not finite, and runs the fused AdamW
-// (cuda/ops/adamw.cuh), which writes the bf16 compute weights from the new masters. Weights and
-// moments cross to the host only in save() / load() / load_weights(), through host staging of
-// the whole model (3 floats per parameter while it lasts), and are the CPU's files.
+// On the device: bf16 compute weights and fp32 gradients (6 bytes per parameter), one
+// chunk_recurrent over the CUDA backend (pages in place, or homes in pinned host memory streamed
+// through device slots with --offload), and AdamW's state (fp32 masters and moments, 12 bytes per
+// parameter) of the first trainer_setup::optimizer_gpu_tensors tensors; the rest of that state in
+// pinned host memory, streamed through a device ring by the update (backend/adamw_state.cuh; the
+// memory plan decides the split). A step zeroes the gradients, adds each sequence's
+// (chunk_recurrent), scales by 1 / batch, takes the global norm and the clipping factor on the
+// device (cuda/ops/grad_norm.cuh), reads back the norm (4 bytes; the losses come back from the
+// head), stops if either is not finite, and runs the fused AdamW over every tensor (cuda/ops/
+// adamw.cuh), which writes the bf16 compute weights from the new masters. The gradient buffer
+// doubles as the full fp32 masters on the device while weights are initialised or loaded (every
+// step zeroes it first). Weights and moments cross to the host only in save() / load() /
+// load_weights(), the device part through host staging (3 floats per element of it while it
+// lasts; --init stages the whole model's weights), and are the CPU's files.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +33,7 @@
 #include <oomb/cuda/error.hpp>
 #include <oomb/cuda/stream.hpp>
 
+#include "trainer/backend/adamw_state.cuh"
 #include "trainer/backend/cuda_backend.cuh"
 #include "trainer/backend/device_buffer.cuh"
 #include "trainer/backend/device_init.cuh"
@@ -55,36 +62,37 @@ template <class B>
 class cuda_trainer final : public device_trainer {
  public:
   explicit cuda_trainer(const trainer_setup& s)
-      : config_(s.config), adam_(s.adam), master_(s.config), exp_avg_(s.config), exp_avg_sq_(s.config),
-        compute_(s.config), grads_(s.config), chunked_(s.config, s.chunk, s.max_tokens),
-        partials_(gpu::ops::grad_norm_partials), norm_and_scale_(2) {}
+      : config_(s.config), adam_(s.adam), state_(s.config, optimizer_gpu_tensors(s)), compute_(s.config), grads_(s.config),
+        chunked_(s.config, s.chunk, s.max_tokens), partials_(gpu::ops::grad_norm_partials), norm_and_scale_(2) {}
 
   void init(std::uint64_t seed) override {
-    gpu::init_qwen2(master_, compute_, seed, stream_);
-    zero_moments();
-    stream_.synchronize();
+    gpu::init_qwen2(grads_, compute_, seed, stream_);
+    state_.set_masters(grads_.data(), stream_);
+    state_.zero_moments(stream_);
   }
 
   void load_weights(const std::string& path) override {
     qwen2_params<float> staged(config_);
     oomb_trainer::load_weights(path, staged.named());
-    upload_weights(staged);
+    gpu::copy_to_device(staged, grads_);
+    gpu::refresh_compute(grads_, compute_, stream_);
+    state_.set_masters(grads_.data(), stream_);
   }
 
   trainer_state load(const std::string& dir) override {
-    qwen2_params<float> staged(config_);
-    std::vector<float> m(staged.size()), v(staged.size());
-    const trainer_state st = load_checkpoint(dir, config_, staged.named(), moment_tensors(staged.layout(), m.data(), v.data()));
-    upload_weights(staged);
-    copy_up(m, exp_avg_);
-    copy_up(v, exp_avg_sq_);
+    gpu::adamw_checkpoint_view view(state_);
+    const trainer_state st = load_checkpoint(dir, config_, view.masters(), view.moments());
+    view.upload();
+    state_.masters_to_device(grads_.data(), stream_);
+    gpu::refresh_compute(grads_, compute_, stream_);
+    stream_.synchronize();
     return st;
   }
 
   void save(const std::string& dir, const trainer_state& state) override {
-    qwen2_params<float> staged = weights();
-    std::vector<float> m = copy_down(exp_avg_), v = copy_down(exp_avg_sq_);
-    save_checkpoint(dir, config_, staged.named(), moment_tensors(staged.layout(), m.data(), v.data()), state);
+    gpu::adamw_checkpoint_view view(state_);
+    view.download();
+    save_checkpoint(dir, config_, view.masters(), view.moments(), state);
   }
 
   step_measure step(const std::vector<sequence>& batch, const step_settings& s,
@@ -127,23 +135,37 @@ class cuda_trainer final : public device_trainer {
       non_finite_grads_ = host_copy(grads_);
       return std::as_const(*non_finite_grads_).named();
     });
-    for (const auto& e : master_.layout().entries()) {
+    std::vector<gpu::ops::adamw_coefficients> c;
+    for (const auto& e : state_.layout().entries()) {
       const bool decay = e.shape.size() >= 2 || adam_.decay_vectors;
-      const auto c = gpu::ops::adamw_step_coefficients(adam_, s.lr, s.step + 1, decay);
-      gpu::ops::adamw_update(static_cast<std::int64_t>(e.numel), master_.data() + e.offset, exp_avg_.data() + e.offset,
-                        exp_avg_sq_.data() + e.offset, grads_.data() + e.offset, compute_.data() + e.offset, c, scale,
-                        stream_);
+      c.push_back(gpu::ops::adamw_step_coefficients(adam_, s.lr, s.step + 1, decay));
     }
+    state_.update(grads_.data(), compute_.data(), c, scale, stream_);
     stream_.synchronize();
     return r;
   }
 
   chunk_step_stats last_stats() const override { return stats_; }
   tier_memory memory() const override { return chunked_.memory(); }
-  qwen2_params<float> weights() const override { return host_copy(master_); }
-  std::string describe() const override {
-    return "cuda (fp32 master weights, AdamW moments and gradients, bf16 compute weights; clip and AdamW on the GPU)";
+  qwen2_params<float> weights() const override {
+    qwen2_params<float> h(config_);
+    state_.masters_to_host(h.data(), stream_);
+    return h;
   }
+  std::string describe() const override {
+    const optimizer_split& sp = state_.split();
+    const std::string where =
+        sp.all_on_gpu() ? std::string("on the GPU")
+                        : fmt::format("on the GPU for the first {} of {} tensors, the rest ({:.1f} MiB) in pinned host memory, "
+                                      "streamed through a {:.0f} MiB device ring each step",
+                                      sp.gpu_tensors, sp.tensors, double(sp.host_bytes()) / double(1 << 20),
+                                      double(sp.ring_bytes()) / double(1 << 20));
+    return "cuda (fp32 master weights, AdamW moments and gradients, bf16 compute weights; clip and AdamW on the GPU; "
+           "optimizer state " + where + ")";
+  }
+  /// The last step's optimizer update: bytes each way between host and device, its time.
+  gpu::adamw_update_stats last_optimizer_update() const { return state_.last_update(); }
+  const optimizer_split& optimizer_state_split() const noexcept { return state_.split(); }
 
  private:
   qwen2_params<float> host_copy(const gpu::device_params<float>& d) const {
@@ -151,31 +173,18 @@ class cuda_trainer final : public device_trainer {
     gpu::copy_to_host(d, h);
     return h;
   }
-  std::vector<float> copy_down(const gpu::device_params<float>& d) const {
-    std::vector<float> h(d.size());
-    OOMB_CUDA_CHECK(cudaDeviceSynchronize(), "cuda_trainer: download");
-    OOMB_CUDA_CHECK(cudaMemcpy(h.data(), d.data(), h.size() * sizeof(float), cudaMemcpyDeviceToHost), "cuda_trainer: download");
-    return h;
-  }
-  void copy_up(const std::vector<float>& h, gpu::device_params<float>& d) {
-    OOMB_CUDA_CHECK(cudaDeviceSynchronize(), "cuda_trainer: upload");
-    OOMB_CUDA_CHECK(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice), "cuda_trainer: upload");
-  }
-  void upload_weights(const qwen2_params<float>& staged) {
-    gpu::copy_to_device(staged, master_);
-    gpu::refresh_compute(master_, compute_, stream_);
-    stream_.synchronize();
-  }
-  void zero_moments() {
-    OOMB_CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.size() * sizeof(float), stream_.get()), "cuda_trainer: moments");
-    OOMB_CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.size() * sizeof(float), stream_.get()),
-                    "cuda_trainer: moments");
+  /// trainer_setup's split (-1: every tensor on the GPU), checked against the model.
+  static std::size_t optimizer_gpu_tensors(const trainer_setup& s) {
+    const std::size_t n = param_layout(s.config).entries().size();
+    OOMB_EXPECTS(s.optimizer_gpu_tensors >= -1 && s.optimizer_gpu_tensors <= std::int64_t(n), "cuda_trainer: ",
+                 s.optimizer_gpu_tensors, " tensors' optimizer state on the GPU, the model has ", n);
+    return s.optimizer_gpu_tensors < 0 ? n : static_cast<std::size_t>(s.optimizer_gpu_tensors);
   }
 
   model_config config_;
   adamw_options adam_;
   oomb::cuda_stream stream_;
-  gpu::device_params<float> master_, exp_avg_, exp_avg_sq_;
+  gpu::adamw_state state_;
   gpu::device_params<oomb::bf16> compute_;
   gpu::device_params<float> grads_;
   chunk_recurrent<B, oomb::belady_eviction> chunked_;  // the CPU's policy with --offload

@@ -36,6 +36,9 @@ struct trainer_setup {
   bool full_backprop = false;  ///< plain full-sequence backprop (the CPU's baseline)
   std::int64_t max_tokens = 0; ///< tokens of the longest sequence
   adamw_options adam;
+  /// cuda: the tensors (layout order) whose optimizer state is on the GPU, the rest in pinned host
+  /// memory: the memory plan's split (train/optimizer_split.hpp); -1: all of them.
+  std::int64_t optimizer_gpu_tensors = -1;
 };
 
 /// One step's inputs besides the sequences.

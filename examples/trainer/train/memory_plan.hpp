@@ -42,6 +42,7 @@
 #include "trainer/model/block.hpp"
 #include "trainer/model/params.hpp"
 #include "trainer/train/chunk_options.hpp"
+#include "trainer/train/optimizer_split.hpp"
 
 namespace oomb_trainer {
 
@@ -119,20 +120,21 @@ inline std::uint64_t parse_bytes(const std::string& text, const std::string& wha
   return std::uint64_t(n) << shift;
 }
 
-/// Where the optimizer state (fp32 master weights and AdamW's two moments) lives with --device cuda.
-/// The state is split into update groups (optimizer_groups: the embedding, each layer, the final
-/// norm with the head), each wholly on the GPU or in pinned host memory.
+/// Where the optimizer state (fp32 master weights and AdamW's two moments) lives with --device cuda:
+/// cut at a tensor boundary, the layout's first tensors on the GPU, the rest in pinned host memory
+/// streamed through a device ring by the update (train/optimizer_split.hpp).
 enum class optimizer_placement {
-  automatic,  ///< all on the GPU when everything fits there, else all in pinned host memory
-  gpu,
-  host,       ///< pinned host memory, updated layer by layer
-  split,      ///< all on the GPU when it fits, else as many groups as fit there (first fit, in layout order), the rest on the host
+  split,  ///< as many tensors as fit on the GPU beside the rest of the plan (all when they do), in layout order
+  gpu,    ///< all on the GPU
+  host,   ///< all in pinned host memory
 };
 
 /// What the plan is for and the limits it is checked against.
 struct plan_target {
   std::string device = "cpu";  ///< "cpu" (everything in host memory) or "cuda"
-  optimizer_placement optimizer = optimizer_placement::automatic;  ///< cuda only
+  optimizer_placement optimizer = optimizer_placement::split;  ///< cuda only
+  /// split: at most this many bytes of optimizer state on the GPU (--optimizer-gpu-memory).
+  std::uint64_t optimizer_gpu_cap = std::numeric_limits<std::uint64_t>::max();
   std::uint64_t gpu_bytes = 0;  ///< device memory the run may take (cuda; e.g. cudaMemGetInfo's free)
   host_limit host;              ///< host memory the run may take (pinned with cuda)
   /// cuda: count the host staging a checkpoint takes while it is written or read (the weights and
@@ -146,7 +148,7 @@ enum class plan_part {
   weights,            ///< the parameters the kernels read (bf16 on the GPU, float on the CPU)
   gradients,          ///< parameter gradients (fp32)
   optimizer,          ///< AdamW state: fp32 master + 2 moments (GPU), 2 moments (CPU: the weights are fp32)
-  optimizer_staging,  ///< pinned buffers of the layer-by-layer host update
+  optimizer_staging,  ///< the device ring the host part of the optimizer state streams through
   checkpoint_staging, ///< host copies of the weights and moments while a checkpoint is written
   activations,        ///< block_acts of one chunk, every layer
   chunk_buffers,      ///< the chunk's hidden state and its gradient (x, dx)
@@ -179,8 +181,9 @@ struct memory_plan {
   std::int64_t tokens = 0;
   std::string device;
   chunk_options options;
-  std::int32_t optimizer_groups = 0;         ///< update groups (cuda)
-  std::int32_t optimizer_groups_on_gpu = 0;  ///< of them on the GPU (cuda), the rest in pinned host memory
+  std::int32_t optimizer_groups = 0;         ///< update groups (cuda): the layout's tensors
+  std::int32_t optimizer_groups_on_gpu = 0;  ///< the first of them, on the GPU (cuda); the rest in pinned host memory
+  std::string optimizer_first_on_host;       ///< the first tensor whose state is on the host (cuda; empty: none)
   std::string optimizer_why;                 ///< why it is where it is (cuda)
   std::int64_t kv_pages = 0;      ///< K/V page pairs of the sequence, all layers (the stage-1 high water)
   std::int64_t grad_pages = 0;    ///< gradient page pairs in use at the stage-2 peak, all layers
@@ -209,6 +212,8 @@ struct memory_plan {
 
   /// The plan, one line per item, totals against the limits and where the host limit came from.
   std::string describe() const;
+  /// cuda: where the optimizer state is and why (one line, no newline).
+  std::string optimizer_summary() const;
 };
 
 namespace detail {
@@ -254,24 +259,12 @@ constexpr std::size_t cuda_gemm_workspace = std::size_t(32) << 20;  // gemm_cont
 constexpr std::size_t cuda_upload_ring = std::size_t(1) << 20;      // cuda_backend's ring at start
 constexpr std::uint64_t kept_output_slots = 4;                      // attention_outputs::near_slots
 
-/// Elements (padding included) of each update group of the optimizer, in layout order: the
-/// embedding, layers 0 .. L-1, the final norm (with the head when it is not tied).
-inline std::vector<std::uint64_t> optimizer_groups(const param_layout& layout) {
-  std::vector<std::size_t> starts = {0};
-  for (std::int32_t l = 0; l < layout.layers(); ++l) starts.push_back(layout.entries()[layout.layer_entry(l, 0)].offset);
-  starts.push_back(layout.entries()[layout.final_norm_entry()].offset);
-  starts.push_back(layout.total());
-  std::vector<std::uint64_t> spans;
-  for (std::size_t i = 0; i + 1 < starts.size(); ++i) spans.push_back(starts[i + 1] - starts[i]);
-  return spans;
-}
-
 struct plan_inputs {
   const model_config& c;
   const chunk_options& o;
   std::int64_t tokens;
   bool cuda;
-  const std::vector<bool>& optimizer_on_gpu;  ///< per update group (cuda)
+  const optimizer_split& optimizer;  ///< cuda: where the optimizer state is
   bool checkpoint_staging;
 };
 
@@ -311,33 +304,22 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
   if (!cuda) {
     dev.push_back({plan_part::optimizer, 2 * params * f, "AdamW moments (2 x fp32; the fp32 weights are the master)"});
   } else {
-    const auto groups = optimizer_groups(layout);
-    std::uint64_t near = 0, far = 0, largest_far = 0;
-    std::size_t far_groups = 0;
-    for (std::size_t i = 0; i < groups.size(); ++i) {
-      if (in.optimizer_on_gpu[i]) {
-        near += groups[i];
-      } else {
-        far += groups[i];
-        largest_far = std::max(largest_far, groups[i]);
-        ++far_groups;
-      }
+    const optimizer_split& s = in.optimizer;
+    const auto of = [&](std::size_t k) { return k == s.tensors ? std::string() : fmt::format(", {} of {} tensors", k, s.tensors); };
+    if (s.gpu_tensors > 0)
+      dev.push_back({plan_part::optimizer, s.gpu_bytes(), "optimizer: fp32 master weights + 2 AdamW moments" + of(s.gpu_tensors)});
+    if (!s.all_on_gpu()) {
+      home.push_back({plan_part::optimizer, s.host_bytes(),
+                      "optimizer: fp32 master weights + 2 AdamW moments (pinned" + of(s.tensors - s.gpu_tensors) + ")"});
+      // backend/adamw_state.cuh: the host part goes up and down through these slots every step.
+      dev.push_back({plan_part::optimizer_staging, s.ring_bytes(),
+                     fmt::format("optimizer ring: {} slots of {} elements x (master + 2 moments), the host part streams through",
+                                 optimizer_ring_slots, s.piece_elements())});
     }
-    const auto of = [&](std::size_t k) { return k == groups.size() ? std::string() : fmt::format(", {} of {} groups", k, groups.size()); };
-    if (near > 0)
-      dev.push_back({plan_part::optimizer, 3 * near * f,
-                     "optimizer: fp32 master weights + 2 AdamW moments" + of(groups.size() - far_groups)});
-    if (far > 0) {
-      home.push_back({plan_part::optimizer, 3 * far * f,
-                      "optimizer: fp32 master weights + 2 AdamW moments (pinned" + of(far_groups) + ")"});
-      // Updated group by group: one group's fp32 gradients down and bf16 weights up, double-buffered.
-      home.push_back({plan_part::optimizer_staging, 2 * largest_far * (f + sizeof(oomb::bf16)),
-                      "optimizer staging: 2 x the largest host group, fp32 gradients down + bf16 weights up"});
-    }
-    // A checkpoint crosses from the GPU through host copies (cuda_training.cuh's save / load);
-    // groups at home on the host are written from where they are.
-    if (in.checkpoint_staging && near > 0)
-      home.push_back({plan_part::checkpoint_staging, 3 * near * f,
+    // A checkpoint crosses from the GPU through host copies (adamw_checkpoint_view); the state at
+    // home on the host is written and read where it is.
+    if (in.checkpoint_staging && s.gpu_tensors > 0)
+      home.push_back({plan_part::checkpoint_staging, s.gpu_bytes(),
                       "checkpoint staging while one is written (the GPU's weights + 2 moments as fp32, pageable)"});
   }
 
@@ -456,18 +438,19 @@ inline void check_plan_inputs(const model_config& c, const chunk_options& o, std
 }
 
 inline memory_plan plan_at(const model_config& c, const chunk_options& o, std::int64_t tokens, const plan_target& target,
-                           const std::vector<bool>& optimizer_on_gpu) {
+                           const optimizer_split& optimizer) {
   memory_plan p;
   p.tokens = tokens;
   p.device = target.device;
   p.options = o;
   if (target.device == "cuda") {
-    p.optimizer_groups = static_cast<std::int32_t>(optimizer_on_gpu.size());
-    p.optimizer_groups_on_gpu = static_cast<std::int32_t>(std::count(optimizer_on_gpu.begin(), optimizer_on_gpu.end(), true));
+    p.optimizer_groups = static_cast<std::int32_t>(optimizer.tensors);
+    p.optimizer_groups_on_gpu = static_cast<std::int32_t>(optimizer.gpu_tensors);
+    if (!optimizer.all_on_gpu()) p.optimizer_first_on_host = param_layout(c).entries()[optimizer.gpu_tensors].name;
   }
   p.gpu_limit = target.device == "cuda" ? target.gpu_bytes : 0;
   p.host_allowed = target.host;
-  plan_items({c, o, tokens, target.device == "cuda", optimizer_on_gpu, target.checkpoint_staging}, p);
+  plan_items({c, o, tokens, target.device == "cuda", optimizer, target.checkpoint_staging}, p);
   return p;
 }
 
@@ -479,30 +462,30 @@ inline memory_plan plan_at(const model_config& c, const chunk_options& o, std::i
 inline memory_plan plan_memory(const model_config& c, const chunk_options& opt, std::int64_t tokens, const plan_target& target) {
   using detail::plan_bytes;
   detail::check_plan_inputs(c, opt, tokens, target);
-  const auto groups = detail::optimizer_groups(param_layout(c));
+  const param_layout layout(c);
+  const std::size_t tensors = layout.entries().size();
   const auto placement = target.device == "cuda" ? target.optimizer : optimizer_placement::gpu;
-  std::vector<bool> on_gpu(groups.size(), placement != optimizer_placement::host);
+  optimizer_split on_gpu = split_after(layout, placement == optimizer_placement::host ? 0 : tensors);
   memory_plan p = detail::plan_at(c, opt, tokens, target, on_gpu);
   std::string why = "as asked";
-  if (placement == optimizer_placement::automatic || placement == optimizer_placement::split) {
+  if (placement == optimizer_placement::split) {
+    // The rest: everything but the optimizer state, which fills what the rest leaves (and the cap
+    // allows), with the ring its host part then needs.
     const std::uint64_t state = p.on_gpu(plan_part::optimizer), rest = p.gpu_total() - state;
-    if (p.gpu_fits()) {
+    const std::uint64_t room = target.gpu_bytes > rest ? target.gpu_bytes - rest : 0;
+    on_gpu = split_fitting(layout, room, target.optimizer_gpu_cap);
+    const bool capped = target.optimizer_gpu_cap < room;
+    if (on_gpu.all_on_gpu()) {
       why = "it fits beside the rest";
-    } else if (placement == optimizer_placement::automatic) {
-      why = fmt::format("{} of it do not fit beside the rest's {} in {}", plan_bytes(double(state)), plan_bytes(double(rest)),
-                        plan_bytes(double(target.gpu_bytes)));
-      on_gpu.assign(groups.size(), false);
     } else {
-      std::uint64_t room = target.gpu_bytes > rest ? target.gpu_bytes - rest : 0;
-      for (std::size_t i = 0; i < groups.size(); ++i) {
-        const std::uint64_t b = 3 * groups[i] * sizeof(float);
-        on_gpu[i] = b <= room;
-        if (on_gpu[i]) room -= b;
-      }
-      why = fmt::format("{} of it do not fit beside the rest's {} in {}: the groups that fit stay", plan_bytes(double(state)),
-                        plan_bytes(double(rest)), plan_bytes(double(target.gpu_bytes)));
+      const std::string limit = capped ? fmt::format("--optimizer-gpu-memory caps it at {}", plan_bytes(double(target.optimizer_gpu_cap)))
+                                       : fmt::format("{} of it do not fit beside the rest's {} in {}", plan_bytes(double(state)),
+                                                     plan_bytes(double(rest)), plan_bytes(double(target.gpu_bytes)));
+      why = fmt::format("{}: the first tensors' {} stay on the GPU, the other {} stream through the {} ring each step", limit,
+                        plan_bytes(double(on_gpu.gpu_bytes())), plan_bytes(double(on_gpu.host_bytes())),
+                        plan_bytes(double(on_gpu.ring_bytes())));
+      p = detail::plan_at(c, opt, tokens, target, on_gpu);
     }
-    if (!p.gpu_fits()) p = detail::plan_at(c, opt, tokens, target, on_gpu);
   }
   p.optimizer_why = target.device == "cuda" ? why : "";
   // Growth: the slope over a stretch long enough that the host pools' slabs average out.
@@ -543,11 +526,7 @@ inline memory_plan checked_memory_plan(const model_config& c, const chunk_option
                                                            plan_bytes(double(p.gpu_limit)))
                                              : std::string();
   const char* binds = !p.host_fits() && !p.gpu_fits() ? "GPU and host memory" : p.gpu_fits() ? "host memory" : "GPU memory";
-  const std::string state = p.device == "cuda" && !p.gpu_fits() && target.optimizer == optimizer_placement::gpu
-                                ? fmt::format(" (the optimizer state, {}, stays on the GPU: moving it to the host is not "
-                                              "implemented in the trainer yet)",
-                                              plan_bytes(double(p.on_gpu(plan_part::optimizer))))
-                                : std::string();
+  const std::string state = p.device == "cuda" ? fmt::format(" (optimizer state: {})", p.optimizer_summary()) : std::string();
   const std::string fit = largest > 0 ? fmt::format("the largest sequence that fits is {} tokens", largest)
                                       : std::string("no sequence fits: the parts that do not grow with the context are too large");
   OOMB_FAIL(oomb::invalid_argument, "memory plan: ", tokens, " tokens need ", gpu, plan_bytes(double(p.host_total())),
@@ -572,16 +551,22 @@ inline std::string memory_plan::describe() const {
   if (device == "cuda") block("GPU", gpu, gpu_limit, "available", gpu_growth_per_10k);
   block(device == "cuda" ? "host (pinned)" : "host", host, host_allowed.bytes,
         fmt::format("allowed ({})", host_allowed.source), host_growth_per_10k);
-  if (device == "cuda") {
-    const std::string where = optimizer_groups_on_gpu == optimizer_groups ? std::string("on the GPU")
-                              : optimizer_groups_on_gpu == 0
-                                  ? std::string("in pinned host memory, which the page homes cannot use")
-                                  : fmt::format("{} of {} update groups on the GPU, {} in pinned host memory (which the page homes "
-                                                "cannot use)",
-                                                optimizer_groups_on_gpu, optimizer_groups, optimizer_groups - optimizer_groups_on_gpu);
-    s += fmt::format("optimizer state: {} ({})\n", where, optimizer_why);
-  }
+  if (device == "cuda") s += fmt::format("optimizer state: {}\n", optimizer_summary());
   return s;
+}
+
+inline std::string memory_plan::optimizer_summary() const {
+  using detail::plan_bytes;
+  const std::string pinned = plan_bytes(double(on_host(plan_part::optimizer)));
+  const std::string where =
+      optimizer_groups_on_gpu == optimizer_groups ? std::string("on the GPU")
+      : optimizer_groups_on_gpu == 0
+          ? fmt::format("all {} in pinned host memory, which the page homes cannot use", pinned)
+          : fmt::format("the first {} of {} tensors on the GPU ({}), from {} on {} in pinned host memory, which the page "
+                        "homes cannot use",
+                        optimizer_groups_on_gpu, optimizer_groups, plan_bytes(double(on_gpu(plan_part::optimizer))),
+                        optimizer_first_on_host, pinned);
+  return fmt::format("{} ({})", where, optimizer_why);
 }
 
 }  // namespace oomb_trainer

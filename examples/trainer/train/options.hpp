@@ -41,6 +41,7 @@ struct train_options {
   std::string device = "cpu";  ///< where the training state lives and the step runs: "cpu" or "cuda"
   std::uint64_t host_memory = 0;  ///< bytes the run may take on the host; 0: host_memory_default()
   std::uint64_t gpu_memory = 0;   ///< bytes the run may take on the GPU; 0: free memory less a margin (cuda)
+  std::int64_t optimizer_gpu_memory = -1;  ///< most bytes of optimizer state on the GPU (cuda); -1: all that fits
   std::int32_t keep_last = 2;     ///< checkpoint-<step> folders kept
   bool plan = false;              ///< print the memory plan and exit
   bool quiet = false;
@@ -58,6 +59,7 @@ usage: oomb-train --config model.json (--data tokens.bin | --synthetic NAME) --s
                   --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
                   [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop] [--device cpu|cuda]
                   [--keep-attention-outputs] [--plan] [--host-memory BYTES] [--gpu-memory BYTES]
+                  [--optimizer-gpu-memory BYTES]
 
 model and data
   --config FILE         HF config.json of a Qwen2 model (configs/tiny.json, configs/qwen2.5-0.5b.json, ...)
@@ -98,11 +100,15 @@ sequence and memory
   --host-memory BYTES   host memory the run may take (e.g. 120G; default: MemAvailable, never MemTotal)
   --gpu-memory BYTES    GPU memory the run may take (cuda; default: cudaMemGetInfo's free less 1 GiB);
                         a run whose plan does not fit is refused before anything large is allocated
+  --optimizer-gpu-memory BYTES
+                        most of the optimizer state (fp32 masters + 2 moments, 12 B a parameter) kept on
+                        the GPU (cuda; default: all that fits beside the rest); the tensors past it, in
+                        model order, live in pinned host memory and stream through the GPU each step
 
 device
   --device D            cpu (default) or cuda: where the training state lives and the step runs. cuda
-                        keeps weights, AdamW moments and gradients on the GPU (clip and AdamW there
-                        too) and needs a CUDA build, a GPU and head_dim 64 or 128 (no --full-backprop);
+                        keeps weights, gradients and the AdamW state on the GPU (the state's part that
+                        does not fit in pinned host memory; clip and AdamW on the GPU) and needs a CUDA build, a GPU and head_dim 64 or 128 (no --full-backprop);
                         --offload and --sparse-budget run there too; checkpoints are the same files
                         on both devices
 
@@ -203,6 +209,11 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--plan") o.plan = true;
     else if (f == "--host-memory") o.host_memory = bytes();
     else if (f == "--gpu-memory") o.gpu_memory = bytes();
+    else if (f == "--optimizer-gpu-memory") {
+      const std::uint64_t b = parse_bytes(value(), f);  // 0: all of it on the host
+      OOMB_EXPECTS(b <= std::uint64_t(i64max), f, " ", b, " bytes is too large");
+      o.optimizer_gpu_memory = static_cast<std::int64_t>(b);
+    }
     else if (f == "--keep-last") o.keep_last = i32(1);
     else if (f == "--device") o.device = value();
     else if (f == "--quiet") o.quiet = true;
@@ -225,6 +236,8 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
                "is the CPU's baseline)");
   OOMB_EXPECTS(sparse_only.empty() || o.sparse, sparse_only, " shapes page-sparse attention: it needs --sparse-budget");
   OOMB_EXPECTS(!o.keep_attention_outputs || !o.full_backprop, "--keep-attention-outputs is chunk-recurrent's (not --full-backprop)");
+  OOMB_EXPECTS(o.optimizer_gpu_memory < 0 || o.device == "cuda", "--optimizer-gpu-memory places the optimizer state on a GPU: "
+               "it needs --device cuda");
   if (o.sparse && o.chunk > 0 && o.page > 0) {
     // The most past pages a tile sees: those of every chunk before the last.
     const std::int64_t past = (o.seq_len - 1) / o.chunk * (o.chunk / o.page);

@@ -82,7 +82,8 @@ inline nlohmann::json options_json(const train_options& o) {
           {"save_every", o.save_every}, {"keep_last", o.keep_last},
           {"stop_after", o.stop_after}, {"kv_keys", o.kv_keys},
           {"kv_values", o.kv_values},   {"kv_queries", o.kv_queries},
-          {"host_memory", o.host_memory}, {"gpu_memory", o.gpu_memory}};
+          {"host_memory", o.host_memory}, {"gpu_memory", o.gpu_memory},
+          {"optimizer_gpu_memory", o.optimizer_gpu_memory}};
 }
 
 /// What a checkpoint records of the run that wrote it, checked against the command line on
@@ -113,13 +114,14 @@ inline constexpr std::uint64_t gpu_memory_margin = std::uint64_t(1) << 30;
 
 /// The limits the run's memory plan is checked against: --host-memory or host_memory_default();
 /// with cuda --gpu-memory or the device's free memory less gpu_memory_margin, and the optimizer
-/// state on the GPU (where cuda_trainer keeps it; splitting is not implemented there).
+/// state split where it fits (capped by --optimizer-gpu-memory), as cuda_trainer keeps it.
 inline plan_target plan_target_of(const train_options& o, const device_trainer_maker& device) {
   plan_target t;
   t.device = o.device;
   t.host = o.host_memory > 0 ? host_limit{o.host_memory, "--host-memory"} : host_memory_default();
   if (o.device != "cpu") {
-    t.optimizer = optimizer_placement::gpu;
+    t.optimizer = optimizer_placement::split;
+    if (o.optimizer_gpu_memory >= 0) t.optimizer_gpu_cap = static_cast<std::uint64_t>(o.optimizer_gpu_memory);
     if (o.gpu_memory > 0) {
       t.gpu_bytes = o.gpu_memory;
     } else {
@@ -167,8 +169,9 @@ class training_run {
         memory_use_(o_.device != "cpu" ? device.memory_use : std::function<device_memory_use()>{}) {
     namespace fs = std::filesystem;
     // Everything that can refuse the run does so here, before the state is allocated.
-    const trainer_setup setup = setup_of(o_, cfg_);
+    trainer_setup setup = setup_of(o_, cfg_);
     if (!o_.full_backprop) plan_ = checked_memory_plan(cfg_, setup.chunk, o_.seq_len, plan_target_of(o_, device));
+    if (plan_ && plan_->device == "cuda") setup.optimizer_gpu_tensors = plan_->optimizer_groups_on_gpu;
     check_out_is_ours(o_);
     if (!o_.resume.empty()) {
       check_checkpoint_matches(o_.resume, cfg_);
@@ -346,9 +349,10 @@ class training_run {
     std::string plan;
     if (plan_)
       plan = plan_->device == "cuda"
-                 ? fmt::format("\n  memory plan: GPU {} of {}, pinned host {} of {}", human_bytes(double(plan_->gpu_total())),
-                               human_bytes(double(plan_->gpu_limit)), human_bytes(double(plan_->host_total())),
-                               human_bytes(double(plan_->host_allowed.bytes)))
+                 ? fmt::format("\n  memory plan: GPU {} of {}, pinned host {} of {}\n  optimizer state: {}",
+                               human_bytes(double(plan_->gpu_total())), human_bytes(double(plan_->gpu_limit)),
+                               human_bytes(double(plan_->host_total())), human_bytes(double(plan_->host_allowed.bytes)),
+                               plan_->optimizer_summary())
                  : fmt::format("\n  memory plan: host {} of {}", human_bytes(double(plan_->host_total())),
                                human_bytes(double(plan_->host_allowed.bytes)));
     return fmt::format("oomb-train: {} layers, hidden {}, {} heads / {} KV heads, vocab {}, {} parameters\n"
