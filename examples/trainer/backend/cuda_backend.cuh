@@ -33,8 +33,9 @@
 // uploads the chunk-layer's selection with its window table and the kernels read only the
 // selected past pages. Scratch grows on first use (the first step) and is kept.
 // Each op opens an NVTX range named "<kind>/<op>" (gemm/, attention/, head/, elementwise/,
-// embedding/, pages/) in the "oomb" domain, so Nsight Systems attributes the GPU time of a step to
-// its parts (bench/trainer/split.sh); with no profiler attached a range costs a branch.
+// embedding/, pages/) in the "oomb_trainer" domain (NVTX3's scoped ranges), so Nsight Systems
+// attributes the GPU time of a step to its parts (bench/trainer/split.sh); with no profiler
+// attached a range costs a branch.
 #pragma once
 
 #include <algorithm>
@@ -44,13 +45,13 @@
 #include <vector>
 
 #include <cuda_runtime.h>
+#include <nvtx3/nvtx3.hpp>
 
 #include <oomb/core/bf16.hpp>
 #include <oomb/core/error.hpp>
 #include <oomb/core/id_span.hpp>
 #include <oomb/cuda/device_resource.hpp>
 #include <oomb/cuda/error.hpp>
-#include <oomb/cuda/nvtx.hpp>
 #include <oomb/cuda/pinned_resource.hpp>
 #include <oomb/cuda/residency.cuh>
 #include <oomb/cuda/stream.hpp>
@@ -104,6 +105,11 @@ __global__ void add_sum_kernel(std::int64_t n, const float* v, double* sum) {
 }
 
 }  // namespace gpu::detail
+
+/// The NVTX domain of the trainer's ranges.
+struct nvtx_domain {
+  static constexpr const char* name{"oomb_trainer"};
+};
 
 /// The CUDA trainer backend (see trainer_backend.hpp for what each member guarantees, and the top
 /// of this file for what this one does); Far: the resource of the pages' homes (device memory:
@@ -184,7 +190,7 @@ class basic_cuda_backend {
   // ---- dense ops ----
   void embedding_forward(std::int64_t n, std::int32_t H, std::int32_t vocab, const std::int32_t* tokens, const bf16* table,
                          bf16* x) {
-    const oomb::nvtx_range range("embedding/forward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("embedding/forward");
     vocab_ = vocab;
     const auto t = ring_.upload(tokens, static_cast<std::size_t>(n), compute());
     gpu::ops::embedding_forward(n, H, vocab, t.data, table, x, bad_.data() + bad_token, compute());
@@ -192,7 +198,7 @@ class basic_cuda_backend {
   }
   /// The vocabulary is the last embedding_forward's (the seam does not pass it here).
   void embedding_backward(std::int64_t n, std::int32_t H, const std::int32_t* tokens, const bf16* dx, float* dtable) {
-    const oomb::nvtx_range range("embedding/backward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("embedding/backward");
     OOMB_EXPECTS(vocab_ > 0, "cuda_backend::embedding_backward before any embedding_forward");
     const auto t = ring_.upload(tokens, static_cast<std::size_t>(n), compute());
     const std::size_t bytes = gpu::ops::embedding_backward_workspace_bytes(n, vocab_);
@@ -203,20 +209,20 @@ class basic_cuda_backend {
     return rope_type(ring_, compute(), first, count, d, theta);
   }
   void rope_forward(std::int64_t n, std::int32_t heads, std::int32_t d, bf16* x, const rope_type& r) {
-    const oomb::nvtx_range range("elementwise/rope_forward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/rope_forward");
     gpu::ops::rope_forward(n, heads, d, x, r.view(), compute());
   }
   void rope_backward(std::int64_t n, std::int32_t heads, std::int32_t d, bf16* dx, const rope_type& r) {
-    const oomb::nvtx_range range("elementwise/rope_backward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/rope_backward");
     gpu::ops::rope_backward(n, heads, d, dx, r.view(), compute());
   }
   void rmsnorm_forward(std::int64_t n, std::int32_t H, const bf16* x, const bf16* w, float eps, bf16* y, float* rstd) {
-    const oomb::nvtx_range range("elementwise/rmsnorm_forward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/rmsnorm_forward");
     gpu::ops::rmsnorm_forward(n, H, x, w, eps, y, rstd, compute());
   }
   void rmsnorm_backward(std::int64_t n, std::int32_t H, const bf16* x, const bf16* w, const float* rstd, const bf16* dy,
                         bf16* dx, float* dw) {
-    const oomb::nvtx_range range("elementwise/rmsnorm_backward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/rmsnorm_backward");
     float* dx32 = widen(f32_[0], n * H, dx);
     const std::size_t bytes = gpu::ops::rmsnorm_backward_workspace_bytes(n, H);
     gpu::ops::rmsnorm_backward(n, H, x, w, rstd, dy, dx32, dw, workspace(bytes), bytes, compute());
@@ -224,22 +230,22 @@ class basic_cuda_backend {
   }
   void linear_forward(std::int64_t n, std::int32_t in, std::int32_t out, const bf16* x, const bf16* W, const bf16* b,
                       bf16* y) {
-    const oomb::nvtx_range range("gemm/linear_forward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("gemm/linear_forward");
     gpu::ops::linear_forward(gemm_, n, in, out, x, W, b, y, compute());
   }
   void linear_backward(std::int64_t n, std::int32_t in, std::int32_t out, const bf16* x, const bf16* W, const bf16* dy,
                        bf16* dx, float* dW, float* db) {
-    const oomb::nvtx_range range("gemm/linear_backward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("gemm/linear_backward");
     if (dx != nullptr) gpu::ops::linear_backward_input(gemm_, n, in, out, dy, W, dx, /*accumulate=*/true, compute());
     if (dW != nullptr) gpu::ops::linear_backward_weight(gemm_, n, in, out, x, dy, dW, compute());
     if (db != nullptr) gpu::ops::bias_backward(n, out, dy, db, compute());
   }
   void swiglu_forward(std::int64_t n, const bf16* g, const bf16* u, bf16* h) {
-    const oomb::nvtx_range range("elementwise/swiglu_forward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/swiglu_forward");
     gpu::ops::swiglu_forward(n, g, u, h, compute());
   }
   void swiglu_backward(std::int64_t n, const bf16* g, const bf16* u, const bf16* dh, bf16* dg, bf16* du) {
-    const oomb::nvtx_range range("elementwise/swiglu_backward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/swiglu_backward");
     gpu::ops::swiglu_backward(n, g, u, dh, dg, du, compute());
   }
   template <class X>
@@ -254,7 +260,7 @@ class basic_cuda_backend {
     copy(n, src, dst);
   }
   void add(std::int64_t n, const bf16* src, bf16* dst) {
-    const oomb::nvtx_range range("elementwise/add");
+    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/add");
     gpu::ops::add_into(n, src, dst, compute());
   }
   template <class X>
@@ -265,7 +271,7 @@ class basic_cuda_backend {
   }
   void head_loss_and_grad(const params_type& p, grads_type* grads, std::int64_t n, const bf16* x,
                           const std::int32_t* targets, float scale, bf16* dx) {
-    const oomb::nvtx_range range("head/loss_and_grad");
+    const nvtx3::scoped_range_in<nvtx_domain> range("head/loss_and_grad");
     const auto& c = p.config();
     const std::int32_t H = c.hidden_size, V = c.vocab_size;
     const auto eps = static_cast<float>(c.rms_norm_eps);
@@ -340,7 +346,7 @@ class basic_cuda_backend {
   // ---- page ops ----
   void write_pages(const oomb::page_pool_view<bf16>& pool, oomb::id_span where, std::int64_t n, const bf16* k,
                    const bf16* v) {
-    const oomb::nvtx_range range("pages/write");
+    const nvtx3::scoped_range_in<nvtx_domain> range("pages/write");
     const auto pages = page_list(where, n, pool.page_size, "write_pages");
     gpu::paging::write_kv_pages(n, pool.kv_heads, pool.head_dim, k, v, pages.data, any_page, pool,
                                 bad_.data() + bad_page, compute());
@@ -348,7 +354,7 @@ class basic_cuda_backend {
   }
   void add_from_pages(const oomb::page_pool_view<const float>& pool, oomb::id_span where, std::int64_t n, bf16* dk,
                       bf16* dv) {
-    const oomb::nvtx_range range("pages/add_own_grads");
+    const nvtx3::scoped_range_in<nvtx_domain> range("pages/add_own_grads");
     const std::int32_t P = pool.page_size;
     const std::int64_t count = check_rows(where, n, P, "add_from_pages");
     // The kernel maps page i of the chunk through grad_id[i]: the list is 0 .. count-1, the map `where`.
@@ -380,7 +386,7 @@ class basic_cuda_backend {
   // ---- attention over one window ----
   void attention_forward(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv, const window_table& w,
                          bf16* o_acc, float* lse_acc) {
-    const oomb::nvtx_range range("attention/forward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("attention/forward");
     const auto t = upload_window(c, w, false);
     const auto a = args(c, kv, w, t.data, false);
     const std::int64_t od = std::int64_t(c.sq) * c.hq * c.d;
@@ -393,14 +399,14 @@ class basic_cuda_backend {
     gpu::ops::convert(od, static_cast<const float*>(o32), o_acc, compute());
   }
   void attention_backward_begin(const attention_chunk<bf16>& c, const bf16* o, const bf16* d_o) {
-    const oomb::nvtx_range range("attention/backward_delta");
+    const nvtx3::scoped_range_in<nvtx_domain> range("attention/backward_delta");
     delta_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
     gpu::attention_backward_delta(c.sq, c.hq, c.d, o, d_o, delta_.data(), compute_.get());
   }
   void attention_backward(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
                           const window_table& w, const oomb::page_pool_view<float>& grads, const bf16*, const float* lse,
                           const bf16* d_o, bf16* dq, bf16* dk, bf16* dv) {
-    const oomb::nvtx_range range("attention/backward");
+    const nvtx3::scoped_range_in<nvtx_domain> range("attention/backward");
     OOMB_EXPECTS(w.grad_ids != nullptr, "cuda_backend::attention_backward: the window has no grad_ids");
     const auto t = upload_window(c, w, true);
     const auto a = args(c, kv, w, t.data, true);
