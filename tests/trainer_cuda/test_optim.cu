@@ -158,7 +158,7 @@ TEST_CASE("adamw_state: a split state (host part streamed in pieces) updates to 
   // host part.
   const std::size_t mid = 1 + oomb_trainer::param_layout::per_layer + 5;
   for (const std::size_t on_gpu : {std::size_t(0), mid, entries.size() - 1, entries.size()}) {
-    for (const std::size_t piece : {std::size_t(7), std::size_t(1000), n}) {
+    for (const std::size_t piece : {std::size_t(61), std::size_t(1000), n}) {
       CAPTURE(on_gpu);
       CAPTURE(piece);
       oomb_trainer::gpu::adamw_state state(cfg, on_gpu, piece);
