@@ -281,7 +281,8 @@ class fwd_bwd_runner {
   static constexpr const char* phase = "fwd_bwd";
   static constexpr auto optimizer = oomb_trainer::optimizer_placement::host;  // for the plan: there is none
 
-  fwd_bwd_runner(const model_config& c, const chunk_options& opt, std::int64_t tokens, std::uint64_t, device_model* m)
+  fwd_bwd_runner(const model_config& c, const chunk_options& opt, std::int64_t tokens, std::uint64_t, device_model* m,
+                 const oomb_trainer::memory_plan&)
       : m_(m), trainer_(c, opt, tokens) {}
   /// Untimed: the gradients are zeroed.
   void prepare(const oomb_trainer::sequence& s) {
@@ -301,15 +302,17 @@ class fwd_bwd_runner {
 };
 
 /// Phase step: cuda_trainer's optimizer step over one sequence (its own weights, initialised on
-/// the GPU; AdamW at a small constant rate, clipping at norm 1, as a real run would).
+/// the GPU; AdamW at a small constant rate, clipping at norm 1, as a real run would), its state
+/// split between the GPU and pinned host memory where the plan puts it (as oomb-train does).
 template <class B>
 class step_runner {
  public:
   static constexpr const char* phase = "step";
-  static constexpr auto optimizer = oomb_trainer::optimizer_placement::gpu;
+  static constexpr auto optimizer = oomb_trainer::optimizer_placement::split;
 
-  step_runner(const model_config& c, const chunk_options& opt, std::int64_t tokens, std::uint64_t seed, device_model*)
-      : trainer_(setup(c, opt, tokens)) {
+  step_runner(const model_config& c, const chunk_options& opt, std::int64_t tokens, std::uint64_t seed, device_model*,
+              const oomb_trainer::memory_plan& plan)
+      : trainer_(setup(c, opt, tokens, plan)) {
     trainer_.init(seed);
   }
   void prepare(const oomb_trainer::sequence& s) { batch_.assign(1, s); }
@@ -324,11 +327,13 @@ class step_runner {
   oomb_trainer::tier_memory memory() const { return trainer_.memory(); }
 
  private:
-  static oomb_trainer::trainer_setup setup(const model_config& c, const chunk_options& opt, std::int64_t tokens) {
+  static oomb_trainer::trainer_setup setup(const model_config& c, const chunk_options& opt, std::int64_t tokens,
+                                           const oomb_trainer::memory_plan& plan) {
     oomb_trainer::trainer_setup s;
     s.config = c;
     s.chunk = opt;
     s.max_tokens = tokens;
+    s.optimizer_gpu_tensors = plan.optimizer_groups_on_gpu;
     return s;
   }
   oomb_trainer::cuda_trainer<B> trainer_;
@@ -342,17 +347,23 @@ template <class Runner>
 double measure(const bench_options& o, const model_config& cfg, const chunk_options& opt, std::int64_t tokens,
                device_model* m, device_memory_probe& mem, const clock_type::time_point start) {
   // What train/memory_plan.hpp expects this point to take on the GPU (fwd_bwd: the optimizer
-  // state planned on the host, since there is none), beside what is measured.
+  // state planned on the host, since there is none; step: split where the free memory less
+  // oomb-train's margin ends), beside what is measured.
   oomb_trainer::plan_target target;
   target.device = "cuda";
   target.optimizer = Runner::optimizer;
   target.gpu_bytes = std::numeric_limits<std::uint64_t>::max();
+  if (Runner::optimizer == oomb_trainer::optimizer_placement::split) {
+    std::size_t free = 0, total = 0;
+    OOMB_CUDA_CHECK(cudaMemGetInfo(&free, &total), "bench_trainer: cudaMemGetInfo");
+    target.gpu_bytes = free > oomb_trainer::gpu_memory_margin ? free - oomb_trainer::gpu_memory_margin : 0;
+  }
   target.host = {std::numeric_limits<std::uint64_t>::max(), "not limited (bench_trainer)"};
   target.checkpoint_staging = false;  // the benchmark writes no checkpoint
   const oomb_trainer::memory_plan plan = oomb_trainer::plan_memory(cfg, opt, tokens, target);
   mem.reset();
   const auto t_build = clock_type::now();
-  Runner trainer(cfg, opt, tokens, o.seed, m);
+  Runner trainer(cfg, opt, tokens, o.seed, m, plan);
   mem.sample();
   const double build_s = seconds_since(t_build);
 

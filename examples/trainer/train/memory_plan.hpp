@@ -129,6 +129,11 @@ enum class optimizer_placement {
   host,   ///< all in pinned host memory
 };
 
+/// Margin left free on the GPU when --gpu-memory is not given: the CUDA context is already counted
+/// in cudaMemGetInfo's used bytes, this covers what the plan does not itemise (allocator rounding,
+/// cuBLASLt's handles, other libraries).
+inline constexpr std::uint64_t gpu_memory_margin = std::uint64_t(1) << 30;
+
 /// What the plan is for and the limits it is checked against.
 struct plan_target {
   std::string device = "cpu";  ///< "cpu" (everything in host memory) or "cuda"

@@ -107,11 +107,6 @@ inline void check_resume_identity(const std::string& dir, const train_options& o
   }
 }
 
-/// Margin left free on the GPU when --gpu-memory is not given: the CUDA context is already counted
-/// in cudaMemGetInfo's used bytes, this covers what the plan does not itemise (allocator rounding,
-/// cuBLASLt's handles, other libraries).
-inline constexpr std::uint64_t gpu_memory_margin = std::uint64_t(1) << 30;
-
 /// The limits the run's memory plan is checked against: --host-memory or host_memory_default();
 /// with cuda --gpu-memory or the device's free memory less gpu_memory_margin, and the optimizer
 /// state split where it fits (capped by --optimizer-gpu-memory), as cuda_trainer keeps it.
