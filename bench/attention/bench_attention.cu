@@ -82,6 +82,7 @@ struct result {
   timing bwd_other;        // hb2 forced: dQ by red.add from the consumers, 64-row steps
   timing bwd_hb4;          // forced: d128 writer warp with dQ over own keys, d64 writer warp with 64-row steps (hb3)
   timing bwd_bm64;         // forced, d128 only: the sparse calls' configuration (64-row steps; the dense default before hb5)
+  timing bwd_tma;          // forced: the dense configuration with Q/dO as TMA boxes of whole queries (hb6)
   double bwd_sm90_alt_ms;  // alternative (--alt only): d128 dQ over each consumer's own keys, d64 software-pipelined
   double bwd_sm90_err;     // largest norm-wise difference Hopper (both) vs portable backward (dq, dk, dv, dpast), 16K only
 };
@@ -227,6 +228,19 @@ result time_one(const problem& p, int reps, bool alt) {
         gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
         bm64();
       });
+    auto tma_q = [&] {
+      namespace x = gpu::experimental;
+      if (d128)
+        gpu::detail::launch_backward_sm90<x::backward_sm90_d128_tma_q>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
+                                                                       grads, nullptr);
+      else
+        gpu::detail::launch_backward_sm90<x::backward_sm90_d64_tma_q>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
+                                                                      grads, nullptr);
+    };
+    r.bwd_tma = time_ms(1, reps, [&] {
+      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      tma_q();
+    });
     if (alt) r.bwd_sm90_alt_ms = median_ms(1, reps, [&] {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       if (c.d == 128)
@@ -259,7 +273,9 @@ result time_one(const problem& p, int reps, bool alt) {
       for (int k = 0; k < 4; ++k)
         r.bwd_sm90_err = std::max({r.bwd_sm90_err, rel_diff(hop[k], ref[k]), rel_diff(oth[k], ref[k])});
       const auto h4 = run(hb4);
-      for (int k = 0; k < 4; ++k) r.bwd_sm90_err = std::max(r.bwd_sm90_err, rel_diff(h4[k], ref[k]));
+      const auto ht = run(tma_q);
+      for (int k = 0; k < 4; ++k)
+        r.bwd_sm90_err = std::max({r.bwd_sm90_err, rel_diff(h4[k], ref[k]), rel_diff(ht[k], ref[k])});
       if (d128) {
         const auto h64 = run(bm64);
         for (int k = 0; k < 4; ++k) r.bwd_sm90_err = std::max(r.bwd_sm90_err, rel_diff(h64[k], ref[k]));
@@ -483,6 +499,11 @@ int main(int argc, char** argv) {
                     "(contig %.1f) TFLOP/s]\n",
                     (long long)(past / 1024), tfs(flops_bwd, paged.bwd_sm90.median), tfs(flops_bwd, contig.bwd_sm90.median),
                     tfs(flops_bwd, paged.bwd_bm64.median), tfs(flops_bwd, contig.bwd_bm64.median));
+      std::printf("  [sm90 bwd %s %lldK: dense configuration %.1f (contig %.1f) | with Q/dO by TMA, whole-query steps "
+                  "(hb6) %.1f (contig %.1f) TFLOP/s]\n",
+                  s.name, (long long)(past / 1024), tfs(flops_bwd, paged.bwd_sm90.median),
+                  tfs(flops_bwd, contig.bwd_sm90.median), tfs(flops_bwd, paged.bwd_tma.median),
+                  tfs(flops_bwd, contig.bwd_tma.median));
       if (jf != nullptr) {  // TFLOP/s of the median, slowest and fastest call
         auto tri = [&](double flops, const timing& t) {
           return std::to_string(tfs(flops, t.median)) + ", " + std::to_string(tfs(flops, t.hi)) + ", " +
@@ -494,7 +515,7 @@ int main(int argc, char** argv) {
                      "\"bwd_public_paged\": [%s], \"bwd_public_contig\": [%s], \"bwd_sm90_config_paged\": [%s], "
                      "\"bwd_sm90_config_contig\": [%s], \"bwd_hb2_paged\": [%s], \"bwd_hb2_contig\": [%s], "
                      "\"bwd_alt_paged\": [%s], \"bwd_alt_contig\": [%s], \"bwd_sm90_d128_bm64_paged\": [%s], "
-                     "\"bwd_sm90_d128_bm64_contig\": [%s]}, "
+                     "\"bwd_sm90_d128_bm64_contig\": [%s], \"bwd_sm90_tma_q_paged\": [%s], \"bwd_sm90_tma_q_contig\": [%s]}, "
                      "\"bwd_vs_portable_err\": %g, \"backward_kernels\": \"%s\"}\n",
                      s.name, (long long)past, sq, r, prop.name, tri(flops_fwd, paged.fwd).c_str(),
                      tri(flops_fwd, contig.fwd).c_str(), tfs(flops_fwd, paged.fwd_portable_ms),
@@ -503,6 +524,7 @@ int main(int argc, char** argv) {
                      tri(flops_bwd, paged.bwd_other).c_str(), tri(flops_bwd, contig.bwd_other).c_str(),
                      tri(flops_bwd, paged.bwd_hb4).c_str(), tri(flops_bwd, contig.bwd_hb4).c_str(),
                      tri(flops_bwd, paged.bwd_bm64).c_str(), tri(flops_bwd, contig.bwd_bm64).c_str(),
+                     tri(flops_bwd, paged.bwd_tma).c_str(), tri(flops_bwd, contig.bwd_tma).c_str(),
                      std::max(paged.bwd_sm90_err, contig.bwd_sm90_err),
                      gpu::get_backward_kernels() == gpu::backward_kernels::portable ? "portable" : "automatic");
         std::fflush(jf);

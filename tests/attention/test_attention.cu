@@ -401,6 +401,7 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
 /// starting random, checked against the CPU oracle. split: forced query split (0 = policy).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int variant) {
   if (variant == 5 && (p.c.d != 128 || p.c.sparse)) return;  // variant 0 runs it on sparse calls
+  if (variant == 6 && p.c.sparse) return;  // TMA Q/dO: whole-query steps straddle the sparse tiles
   const bool merged = p.c.windows > 1;
   namespace x = gpu::experimental;
   const gpu_result g = run_backward(
@@ -414,12 +415,14 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
           if (variant == 2) run(x::backward_sm90_d128_own{});
           if (variant == 3) run(x::backward_sm90_d128_atomics{});
           if (variant == 4) run(x::backward_sm90_d128_writer_own{});
+          if (variant == 6) run(x::backward_sm90_d128_tma_q{});
         } else {
           if (variant == 0) run(gpu::backward_sm90_config<64>::type{});
           if (variant == 1) run(x::backward_sm90_d64_bulk{});
           if (variant == 2) run(x::backward_sm90_d64_pipe{});
           if (variant == 3) run(x::backward_sm90_d64_atomics{});
           if (variant == 4) run(x::backward_sm90_d64_writer_bm64{});
+          if (variant == 6) run(x::backward_sm90_d64_tma_q{});
         }
       },
       merged);
@@ -427,7 +430,8 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
                                       " [sm90 backward, dQ own keys (d128) / pipelined (d64)",
                                       " [sm90 backward, hb2 (red.add dQ, 64-row steps)",
                                       " [sm90 backward, d128 writer warp with dQ over own keys / d64 64-row steps",
-                                      " [sm90 backward, d128 64-row steps (the sparse calls' kernel)"};
+                                      " [sm90 backward, d128 64-row steps (the sparse calls' kernel)",
+                                      " [sm90 backward, Q/dO by TMA, whole-query steps"};
   std::string name = p.c.name + names[variant];
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
@@ -695,6 +699,7 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
     check_backward_sm90(p, ref, 0, 5);
+    check_backward_sm90(p, ref, 0, 6);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -768,6 +773,7 @@ TEST_CASE("attention: Hopper forward and backward ignore non-finite data past th
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
     check_backward_sm90(p, ref, 0, 5);
+    check_backward_sm90(p, ref, 0, 6);
   }
 }
 
@@ -837,6 +843,10 @@ TEST_CASE("attention: the public forward picks the Hopper kernel only where it a
     CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<HB>(sp, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p,
                                                           dp.grads(buf.p), nullptr),
                     oomb::invalid_argument);
+    // so does the TMA Q/dO variant (hb6: its whole-query steps straddle them too)
+    CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<gpu::experimental::backward_sm90_d128_tma_q>(
+                        sp, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, dp.grads(buf.p), nullptr),
+                    oomb::invalid_argument);
     // The public entry's choice: dense, sparse, and unaligned (dense or sparse) calls
     using call = gpu::detail::backward_sm90_call;
     float* const dq8 = buf.p + 2;  // cudaMalloc is 256-byte aligned: this is 8 mod 16
@@ -897,12 +907,14 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
       check_backward_sm90(p, ref, split, 3);
       check_backward_sm90(p, ref, split, 4);
       check_backward_sm90(p, ref, split, 5);
+      check_backward_sm90(p, ref, split, 6);
     }
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
     check_backward_sm90(p, ref, 0, 5);
+    check_backward_sm90(p, ref, 0, 6);
   }
 }
 
@@ -945,6 +957,7 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
   }
   using oomb::kv_layout;
   for (const config& c : {make("sanitize sm90 bwd g7 d128", 40, 300, 14, 2, 128, 128),
+                          make("sanitize sm90 bwd g7 d64", 40, 300, 14, 2, 64, 128),
                           sparse(make("sanitize sm90 bwd sparse g5 d64 tm", 70, 500, 10, 2, 64, 128, kv_layout::token_major), 128)}) {
     const problem p(c);
     const cpu_result ref = run_cpu(p);
@@ -953,11 +966,13 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
     check_backward_sm90(p, ref, 2, 3);
     check_backward_sm90(p, ref, 2, 4);
     check_backward_sm90(p, ref, 2, 5);
+    check_backward_sm90(p, ref, 2, 6);
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);
     check_backward_sm90(p, ref, 0, 4);
     check_backward_sm90(p, ref, 0, 5);
+    check_backward_sm90(p, ref, 0, 6);
   }
 }
 

@@ -297,6 +297,26 @@ inline CUtensorMap make_kv_tensor_map(const oomb::page_pool_view<const oomb::bf1
             pool.stride_head, ", pair ", pool.pair_stride, ")");
 }
 
+/// A tensor map over a [sq][hq][d] bf16 tensor (Q or dO) as (d, head in group, KV head, query): box
+/// (64 columns, `group` heads, `queries` queries), 128-byte swizzle. The box's shared-memory image
+/// is the packed GQA rows query * group + head of whole queries (the Hopper backward's TMA_Q);
+/// queries past sq read as zeros.
+inline CUtensorMap make_query_tensor_map(const oomb::bf16* t, int sq, int hq, int group, int d, int queries) {
+  const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(group), cuuint64_t(hq / group), cuuint64_t(sq)};
+  const cuuint64_t strides[3] = {cuuint64_t(d) * 2, cuuint64_t(group) * d * 2, cuuint64_t(hq) * d * 2};
+  const cuuint32_t box[4] = {64, cuuint32_t(group), 1, cuuint32_t(queries)};
+  const cuuint32_t estride[4] = {1, 1, 1, 1};
+  CUtensorMap map{};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<oomb::bf16*>(t), dims,
+                                          strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    OOMB_FAIL(oomb::cuda_error, "attention: cuTensorMapEncodeTiled failed (", int(r), ") for a query tensor of sq ", sq,
+              ", hq ", hq, ", group ", group, ", head_dim ", d, ", box of ", queries, " queries");
+  return map;
+}
+
 /// Whether `kernel` holds real sm_90a code: only that build declares its mbarriers in static shared
 /// memory (forward_sm90.cuh). Cached per instantiation; no launch, no synchronisation.
 template <class Cfg, class O>
@@ -552,6 +572,11 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
   if (!sm90_backward_built<Cfg>())
     OOMB_FAIL(oomb::cuda_error, "attention_backward (sm90): this binary holds no sm_90a code for the kernel");
   OOMB_EXPECTS(split_hint >= 0 && split_hint <= 4, "attention_backward (sm90): split must be 0..4, got ", split_hint);
+  if constexpr (Cfg::TMA_Q)
+    OOMB_EXPECTS(p.group <= Cfg::BM, "attention_backward (sm90, TMA Q/dO): a step holds whole queries, so the group (",
+                 p.group, ") must be <= ", Cfg::BM);
+  // TMA_Q: a step is BM / group whole queries (see backward_sm90_tile).
+  const int step_rows = Cfg::TMA_Q ? Cfg::BM / p.group * p.group : Cfg::BM;
   if constexpr (Cfg::DQ != backward_dq::atomics)
     OOMB_EXPECTS(aligned16(dq), "attention_backward (sm90, bulk dQ): dq must be 16-byte aligned");
   const backward_outputs out{dq, dk_own, dv_own, dpast};
@@ -560,13 +585,16 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
   const std::int64_t keys = std::int64_t(a.window_pages) * a.kv.pool.page_size;
   const int key_blocks = static_cast<int>((keys + Cfg::BN - 1) / Cfg::BN);
   if (key_blocks == 0) return;
-  const int query_tiles = static_cast<int>((std::int64_t(a.sq) * p.group + Cfg::BM - 1) / Cfg::BM);
+  const int query_tiles = static_cast<int>((std::int64_t(a.sq) * p.group + step_rows - 1) / step_rows);
   const int qsplit = backward_split(key_blocks * a.hkv, resident_blocks(kernel, Cfg::THREADS, Cfg::smem_bytes),
                                     query_tiles, split_hint);
   const CUtensorMap tk = make_kv_tensor_map(a.kv.pool, Cfg::D, Cfg::BN, false);
   const CUtensorMap tv = make_kv_tensor_map(a.kv.pool, Cfg::D, Cfg::BN, true);
+  // Without TMA_Q the kernel never reads the query maps: K's stands in.
+  const CUtensorMap tq = Cfg::TMA_Q ? make_query_tensor_map(a.q, a.sq, a.hq, p.group, Cfg::D, Cfg::BM / p.group) : tk;
+  const CUtensorMap tdo = Cfg::TMA_Q ? make_query_tensor_map(d_o, a.sq, a.hq, p.group, Cfg::D, Cfg::BM / p.group) : tk;
   const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(a.hkv), static_cast<unsigned>(qsplit));
-  kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, tk, tv, lse, delta,
+  kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, tk, tv, tq, tdo, lse, delta,
                                                           reinterpret_cast<const std::uint16_t*>(d_o), out,
                                                           kv_token_dim1(a.kv.pool) ? 1 : 0, qsplit);
   check_launch("attention_backward (sm90)");

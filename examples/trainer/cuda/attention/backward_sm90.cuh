@@ -25,7 +25,8 @@
 // consumers never wait for each other (measured +6-12%, docs/attention-notes.md hb2). dK/dV stay
 // in registers for the walk and are added once at the end (atomically when the query steps are
 // split over blocks). Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by
-// per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
+// per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE),
+// Q/dO by TMA boxes of whole queries (TMA_Q).
 // Keys past the window's end read as zeros (the partial tile is loaded with zero-filling cp.async),
 // and masked entries are selected to 0, so stale page tails never reach dQ.
 #pragma once
@@ -51,7 +52,7 @@ enum class backward_dq {
 };
 
 template <int D_, int STAGES_, backward_dq DQ_ = backward_dq::atomics, bool DQ_OWN_ = false, bool PIPE_ = false,
-          int BM_ = 64>
+          int BM_ = 64, bool TMA_Q_ = false>
 struct backward_sm90_tile {
   /// BM: packed query rows per step, 64, or 128 at d64 with the writer warp (FlashAttention-3's d64
   /// tile: S^T products of n = 128, half the fixed per-step cost per FLOP; single dS buffer), or 80
@@ -63,8 +64,14 @@ struct backward_sm90_tile {
   static constexpr int D = D_, BN = 128, BM = BM_, STAGES = STAGES_;
   /// dQ^T = K^T dS^T, head_dim as wgmma's M: a step that is not a multiple of 64 rows cannot be M.
   static constexpr bool DQ_SWAP = BM % 64 != 0;
+  /// TMA_Q (hb6, experimental): Q and dO arrive as one TMA box per 64-column panel, (64 columns,
+  /// group heads, BM / group queries) of the [sq][hq][d] tensor, whose shared-memory image is the
+  /// packed rows of whole queries. A step then covers floor(BM / group) * group rows (the launcher
+  /// needs group <= BM); the rows after them stay zero (written once) and contribute nothing. One
+  /// producer warp loads lse/delta and issues the boxes, instead of 96 threads of cp.async.
+  static constexpr bool TMA_Q = TMA_Q_;
   /// Page-sparse calls select keys per 128-row tile: steps must not straddle tiles.
-  static constexpr bool SPARSE = 128 % BM == 0;
+  static constexpr bool SPARSE = 128 % BM == 0 && !TMA_Q;
   /// Software pipelining across steps (S, dP of the next step issued before this step's dq
   /// additions); needs the registers of d64.
   static constexpr bool PIPE = PIPE_;
@@ -91,6 +98,10 @@ struct backward_sm90_tile {
   static constexpr int THREADS = 384;  // producer warpgroup + 2 consumer warpgroups
   /// Producer threads that load Q/dO (the writer warp, when there is one, is not among them).
   static constexpr int LOADERS = DQ_WRITER ? 96 : 128;
+  /// Producer threads that load each step (TMA_Q: one warp; its thread 0 also announces the boxes'
+  /// bytes, one arrival more on the full barrier).
+  static constexpr int STEP_LOADERS = TMA_Q ? 32 : LOADERS;
+  static constexpr int FULL_ARRIVALS = TMA_Q ? STEP_LOADERS + 1 : STEP_LOADERS;
   /// The writer_warp order frees a stage only in the next step (its dK reads Q), so with two
   /// stages the loaders must release each step as soon as it lands: a lag of one step would wait
   /// on a stage that only the step it holds back can free.
@@ -112,6 +123,7 @@ struct backward_sm90_tile {
   static_assert(!DQ_WRITER || !PIPE, "writer warp: its own step order");
   static_assert(BM == 64 || (BM == 128 && D == 64 && DQ_WRITER) || (BM == 80 && D == 128 && DQ_WRITER && !DQ_OWN),
                 "steps of 64 rows; 128 at d64 and 80 at d128 with the writer warp (d128: dQ over all keys)");
+  static_assert(!TMA_Q || (DQ_WRITER && LOAD_LAG == 0), "TMA_Q: the writer warp's two-stage pipeline");
   static_assert(smem_bytes <= 227 * 1024, "shared memory");
   // setmaxnreg moves registers within the CTA: 384 threads start with 168 each (65536 / 384, rounded
   // down to 8), and an increase beyond what the producer released waits forever.
@@ -121,7 +133,8 @@ struct backward_sm90_tile {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     attention_backward_sm90_kernel(const __grid_constant__ kernel_params p, const __grid_constant__ CUtensorMap tmap_k,
-                                   const __grid_constant__ CUtensorMap tmap_v, const float* __restrict__ lse,
+                                   const __grid_constant__ CUtensorMap tmap_v, const __grid_constant__ CUtensorMap tmap_q,
+                                   const __grid_constant__ CUtensorMap tmap_do, const float* __restrict__ lse,
                                    const float* __restrict__ delta, const std::uint16_t* __restrict__ d_o,
                                    const backward_outputs outp, int token_dim1, int qsplit) {
 #if OOMB_ATTENTION_SM90A
@@ -164,7 +177,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const std::int64_t pos0 = std::int64_t(p.first_page) << p.log_page;
   const std::int64_t kmin = pos0 + s0, kmax = pos0 + s_end - 1;
   const int rows = p.sq * p.group;
-  const int nqb = (rows + BM - 1) / BM;
+  // Packed rows per step: BM, or (TMA_Q) the whole queries that fit, BM / group of them.
+  const int step_q = Cfg::TMA_Q ? BM / p.group : 0;
+  const int RS = Cfg::TMA_Q ? step_q * p.group : BM;
+  const int nqb = (rows + RS - 1) / RS;
   const std::int64_t first_q = kmin - p.q_start;
   if (first_q >= p.sq) return;
   const int page_mask = (1 << p.log_page) - 1;
@@ -194,16 +210,16 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     b = mine(b);
     if (sparse)
       while (b < nqb) {
-        const std::uint32_t t = p.tile_rows_div.div(static_cast<std::uint32_t>(b * BM));
+        const std::uint32_t t = p.tile_rows_div.div(static_cast<std::uint32_t>(b * RS));
         if (sBits[t] != 0) break;
-        b = mine(static_cast<int>((t + 1) * static_cast<std::uint32_t>(p.tile * p.group) / BM));
+        b = mine(static_cast<int>((t + 1) * static_cast<std::uint32_t>(p.tile * p.group) / RS));
       }
     return b;
   };
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full(s), Cfg::LOADERS);
+      mbar_init(full(s), Cfg::FULL_ARRIVALS);
       mbar_init(empty(s), 256);
     }
     mbar_init(kv_bar, 1);
@@ -216,7 +232,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   __syncthreads();  // barriers and sBits
 
   const std::int64_t q0 = first_q > 0 ? first_q : 0;
-  const int b_first = next_block(static_cast<int>((q0 * p.group) / BM));
+  const int b_first = next_block(static_cast<int>((q0 * p.group) / RS));
   if (b_first >= nqb) return;  // uniform: no step of this block's share sees these keys
   const int head0 = kvh * p.group;
 
@@ -231,7 +247,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         // free the tile once the reductions have read it.
         int i = 0;
         for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
-          const int r0 = b * BM, r1 = r0 + BM < rows ? r0 + BM : rows;
+          const int r0 = b * RS, r1 = r0 + RS < rows ? r0 + RS : rows;
           const int qa = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r0)));
           const int qb = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r1 - 1)));
           const int nb = i % Cfg::DQ_BUFS;
@@ -297,34 +313,61 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     // flight).
     constexpr int CPR = D / 8;
     constexpr int LOAD_UNROLL = Cfg::WIDE ? 1 : 4;  // with 24 registers the unrolled loop spills
+    if constexpr (Cfg::TMA_Q) {
+      if (pt >= Cfg::STEP_LOADERS) return;
+      // The rows after the step's RS stay zero: no box writes them (whole 128-byte rows, so the
+      // swizzle does not matter).
+      const int pad = (BM - RS) * 8;  // 16-byte chunks after the step's rows, per 64-column panel
+      for (int e = pt; e < 2 * S * PANELS * pad; e += Cfg::STEP_LOADERS) {
+        const int panel = e / pad, chunk = RS * 8 + e % pad;  // panel: (Q | dO, stage, column panel)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(sQ + panel * PANEL_Q + chunk * 16), "r"(0)
+                     : "memory");
+      }
+      fence_proxy_async();
+      if (pt == 0) {
+        prefetch_tensor_map(&tmap_q);
+        prefetch_tensor_map(&tmap_do);
+      }
+    }
     int i = 0, prev_s = -1;
     for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
       const int s = i % S;
       mbar_wait(empty(s), (static_cast<std::uint32_t>(i / S) & 1u) ^ 1u);
+      if constexpr (Cfg::TMA_Q) {
+        if (pt == 0) {  // box (64 columns, group heads, one KV head, step_q queries); queries past sq read as 0
+          mbar_expect_tx(full(s), static_cast<std::uint32_t>(2 * PANELS * RS * 128));
+#pragma unroll
+          for (int c = 0; c < PANELS; ++c) {
+            tma_load_4d(sQ + s * Q_BYTES + c * PANEL_Q, &tmap_q, full(s), c * 64, 0, kvh, b * step_q);
+            tma_load_4d(sdO + s * Q_BYTES + c * PANEL_Q, &tmap_do, full(s), c * 64, 0, kvh, b * step_q);
+          }
+        }
+      } else {
 #pragma unroll LOAD_UNROLL
-      for (int e = pt; e < BM * CPR; e += Cfg::LOADERS) {
-        const int r = e / CPR, chunk = e % CPR;
-        const int R = b * BM + r;
-        const bool ok = R < rows;
-        const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(ok ? R : 0)));
-        const std::int64_t off = ok ? (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + chunk * 8 : 0;
-        const std::uint32_t dst = s * Q_BYTES + (chunk >> 3) * PANEL_Q + r * 128 +
-                                  ((static_cast<std::uint32_t>(chunk & 7) ^ (r & 7)) << 4);
-        cp_async_16(sQ + dst, p.q + off, ok);
-        cp_async_16(sdO + dst, d_o + off, ok);
+        for (int e = pt; e < BM * CPR; e += Cfg::LOADERS) {
+          const int r = e / CPR, chunk = e % CPR;
+          const int R = b * RS + r;
+          const bool ok = R < rows;
+          const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(ok ? R : 0)));
+          const std::int64_t off = ok ? (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + chunk * 8 : 0;
+          const std::uint32_t dst = s * Q_BYTES + (chunk >> 3) * PANEL_Q + r * 128 +
+                                    ((static_cast<std::uint32_t>(chunk & 7) ^ (r & 7)) << 4);
+          cp_async_16(sQ + dst, p.q + off, ok);
+          cp_async_16(sdO + dst, d_o + off, ok);
+        }
       }
-      auto load_stats = [&](int r) {  // lse and delta of row r of the step
-        const int R = b * BM + r;
-        const bool ok = R < rows;
+      auto load_stats = [&](int r) {  // lse and delta of row r of the step (past RS: zeros, P^T = 1, dS^T = 0)
+        const int R = b * RS + r;
+        const bool ok = R < rows && r < RS;
         const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(ok ? R : 0)));
         const std::int64_t off = ok ? std::int64_t(head0 + (R - qi * p.group)) * p.sq + qi : 0;
         cp_async_4(smem_addr(sL + s * BM + r), lse + off, ok);
         cp_async_4(smem_addr(sDl + s * BM + r), delta + off, ok);
       };
-      if constexpr (BM <= Cfg::LOADERS) {
+      if constexpr (BM <= Cfg::STEP_LOADERS) {
         if (pt < BM) load_stats(pt);
       } else {
-        for (int r = pt; r < BM; r += Cfg::LOADERS) load_stats(r);
+        for (int r = pt; r < BM; r += Cfg::STEP_LOADERS) load_stats(r);
       }
       cp_async_commit();
       if constexpr (Cfg::LOAD_LAG == 0) {
@@ -419,8 +462,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   auto softmax_ds = [&](int b, int s, int i, int release) {
     const float* sLs = sL + s * BM;
     const float* sDs = sDl + s * BM;
-    const bool masked = valid_keys < BN || (b + 1) * BM > rows ||
-                        kmax > p.q_start + std::int64_t(p.group_div.div(static_cast<std::uint32_t>(b * BM)));
+    const bool masked = valid_keys < BN || (b + 1) * RS > rows ||
+                        kmax > p.q_start + std::int64_t(p.group_div.div(static_cast<std::uint32_t>(b * RS)));
     wgmma_wait<1>();
 #pragma unroll
     for (int k = 0; k < NS; ++k) fence_operand(sacc[k]);
@@ -442,7 +485,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int R = b * BM + 8 * j + 2 * t4 + e;
+          const int R = b * RS + 8 * j + 2 * t4 + e;
           const std::int64_t qlim =
               R < rows ? std::int64_t(p.group_div.div(static_cast<std::uint32_t>(R))) - kbase : std::int64_t(-1);
 #pragma unroll
@@ -633,7 +676,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
         for (int k = 0; k < BM / 32; ++k) {
           const int r = lane + 32 * k;
-          const int R = b * BM + r;
+          const int R = b * RS + r;
           if (R < rows) {
             const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
             bulk_reduce_add_f32(outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + colp * 64,
@@ -645,7 +688,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int R = b * BM + w * 16 + g + 8 * h;
+        const int R = b * RS + w * 16 + g + 8 * h;
         if (R >= rows) continue;
         const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
         float* dst = outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + colp * 64 + 2 * t4;
@@ -809,6 +852,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   (void)p;
   (void)tmap_k;
   (void)tmap_v;
+  (void)tmap_q;
+  (void)tmap_do;
   (void)lse;
   (void)delta;
   (void)d_o;

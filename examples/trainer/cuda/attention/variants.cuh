@@ -88,6 +88,10 @@ using backward_sm90_d64_atomics = backward_sm90_config<64>::unaligned;
 using backward_sm90_d64_writer_bm64 = detail::backward_sm90_tile<64, 3, backward_dq::writer_warp>;
 // d128 writer warp with dQ over each consumer's own keys: no dS barrier between the consumers (hb4: -8%)
 using backward_sm90_d128_writer_own = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp, true>;
+// The dense configurations with Q/dO as TMA boxes of whole queries, one producer warp for lse/delta
+// instead of 96 cp.async threads (hb6; steps of floor(BM / group) * group rows, dense only)
+using backward_sm90_d128_tma_q = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp, false, false, 80, true>;
+using backward_sm90_d64_tma_q = detail::backward_sm90_tile<64, 2, backward_dq::writer_warp, false, false, 128, true>;
 }  // namespace experimental
 
 /// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
