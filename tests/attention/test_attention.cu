@@ -889,6 +889,28 @@ TEST_CASE("attention: sanitize Hopper forward (tiny shapes, for compute-sanitize
   }
 }
 
+TEST_CASE("attention: the TMA Q/dO backward refuses a GQA group wider than its step, before any launch") {
+  if (!hopper_device()) {
+    MESSAGE("not a compute-capability 9.0 device: the Hopper backward is not run");
+    return;
+  }
+  // hb6's steps hold whole queries: group 96 > 80 rows (d128) and > 128 rows (d64, group 160)
+  for (const config& c : {make("tma wide group d128", 2, 0, 96, 1, 128, 128), make("tma wide group d64", 2, 0, 160, 1, 64, 128)}) {
+    const problem p(c);
+    device_problem dp(p);
+    dev<float> buf(std::size_t(c.sq) * c.hq * c.d);
+    namespace x = gpu::experimental;
+    auto launch = [&](auto cfg) {
+      gpu::detail::launch_backward_sm90<decltype(cfg)>(dp.args(), buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p,
+                                                       dp.grads(buf.p), nullptr);
+    };
+    if (c.d == 128)
+      CHECK_THROWS_AS(launch(x::backward_sm90_d128_tma_q{}), oomb::invalid_argument);
+    else
+      CHECK_THROWS_AS(launch(x::backward_sm90_d64_tma_q{}), oomb::invalid_argument);
+  }
+}
+
 TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per key block) matches") {
   if (!hopper_device()) {
     MESSAGE("not a compute-capability 9.0 device: the Hopper backward is not run");
