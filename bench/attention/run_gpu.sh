@@ -6,7 +6,8 @@
 # tests-portable reruns the gpu tests with OOMB_ATTENTION_FORWARD=portable and
 # OOMB_ATTENTION_BACKWARD=portable (the mma.sync kernels behind the public entries; the Hopper
 # kernels are still tested through their own launchers); SAN_TC / RACE_TC override the sanitizer's
-# test filters; BENCH_TIMEOUT (seconds, default 240) bounds the benchmark.
+# test filters; BENCH_TIMEOUT (seconds, default 240) bounds the benchmark, TEST_TIMEOUT (default 300)
+# each test run, SAN_TIMEOUT (default 150) each sanitizer run.
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
 BIN=${BIN:-.gpu/attn}
@@ -20,11 +21,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,te
   | tee "$OUT/gpu.txt"
 
 if has tests; then
-  timeout 200 "$BIN/test_attention" 2>&1 | tee "$OUT/tests.log"
+  timeout "${TEST_TIMEOUT:-300}" "$BIN/test_attention" 2>&1 | tee "$OUT/tests.log"
   summary+=("tests rc=$?")
 fi
 if has tests-portable; then
-  OOMB_ATTENTION_FORWARD=portable OOMB_ATTENTION_BACKWARD=portable timeout 200 "$BIN/test_attention" 2>&1 | tee "$OUT/tests-portable.log"
+  OOMB_ATTENTION_FORWARD=portable OOMB_ATTENTION_BACKWARD=portable timeout "${TEST_TIMEOUT:-300}" "$BIN/test_attention" 2>&1 | tee "$OUT/tests-portable.log"
   summary+=("tests-portable rc=$?")
 fi
 if has bench; then
@@ -36,11 +37,11 @@ if has sdpa; then
   summary+=("sdpa rc=$?")
 fi
 if has sanitize; then
-  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_attention" \
+  timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_attention" \
     -tc="${SAN_TC:-*sanitize*,*bit for bit*,*reject*,*split*}" >"$OUT/memcheck.log" 2>&1
   summary+=("memcheck rc=$?")
   tail -4 "$OUT/memcheck.log"
-  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/test_attention" -tc="${RACE_TC:-*sanitize*,*split*}" \
+  timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/test_attention" -tc="${RACE_TC:-*sanitize*,*split*}" \
     >"$OUT/racecheck.log" 2>&1
   summary+=("racecheck rc=$?")
   tail -4 "$OUT/racecheck.log"
