@@ -164,11 +164,13 @@ TEST_CASE("adamw_state: a split state (host part streamed in pieces) updates to 
       oomb_trainer::gpu::adamw_state state(cfg, on_gpu, piece);
       const auto& split = state.split();
       CHECK(split.host_offset == (on_gpu == entries.size() ? n : entries[on_gpu].offset));
-      // Masters from a device array, moments through the checkpoint view (staging + pinned).
+      // Masters from a device array, moments through the checkpoint view (staging + pinned). The
+      // view uploads all three arrays of the device part: it starts from what set_masters wrote.
       device_array<float> full(master0);
       state.set_masters(full.get(), stream.view());
       {
         oomb_trainer::gpu::adamw_checkpoint_view view(state);
+        view.download();
         for (std::size_t i = 0; i < entries.size(); ++i) {
           const auto& e = entries[i];
           std::copy(m0.begin() + e.offset, m0.begin() + e.offset + e.numel, view.moments()[2 * i].data);
