@@ -50,8 +50,8 @@ using oomb_trainer::qwen2_params;
 constexpr double loss_tolerance = 5e-3;
 constexpr double grad_tolerance = 3e-2;
 
-model_config config(std::int32_t hq, std::int32_t hkv, bool tied) {
-  model_config c = trainer_test::tiny_config(hq, hkv, tied, /*d=*/64, /*layers=*/2, /*vocab=*/300);
+model_config config(std::int32_t hq, std::int32_t hkv, bool tied, std::int32_t d = 64) {
+  model_config c = trainer_test::tiny_config(hq, hkv, tied, d, /*layers=*/2, /*vocab=*/300);
   c.intermediate_size = 384;
   return c;
 }
@@ -148,6 +148,26 @@ TEST_CASE("cuda backend: one window per layer (window_pages 0), token-major page
   opt.page = 16;
   opt.layout = oomb::kv_layout::token_major;
   compare(config(4, 2, /*tied=*/false), opt, /*tokens=*/150, /*masked=*/false, 37);
+}
+
+// Pages of 128 tokens: the attention runs on the Hopper kernels (TMA + wgmma) on an H200, the
+// ones the benchmarks and long runs take; the cases above (pages of 16) run the portable ones.
+TEST_CASE("cuda backend, Hopper attention (pages of 128): head_dim 128, GQA group 7, untied, two-page windows, a partial "
+          "last chunk") {
+  chunk_options opt;
+  opt.chunk = 128;
+  opt.page = 128;
+  opt.window_pages = 2;
+  compare(config(7, 1, /*tied=*/false, /*d=*/128), opt, /*tokens=*/430, /*masked=*/false, 41);
+}
+
+TEST_CASE("cuda backend, Hopper attention (pages of 128), offload: head_dim 64, GQA group 2, tied, a loss mask") {
+  chunk_options opt;
+  opt.chunk = 256;
+  opt.page = 128;
+  opt.offload = true;
+  opt.near_pages = 3;
+  compare<cuda_offload_backend>(config(4, 2, /*tied=*/true), opt, /*tokens=*/700, /*masked=*/true, 43);
 }
 
 TEST_CASE("cuda backend, offload: pinned homes streamed through 4 device slots, GQA group 2, tied, a partial last chunk") {
