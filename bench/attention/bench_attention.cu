@@ -32,9 +32,11 @@ using attn_test::device_problem;
 using attn_test::problem;
 namespace gpu = oomb_trainer::gpu;
 
-/// Median, fastest and slowest of `reps` timed calls (ms).
+/// Median, fastest and slowest of `reps` timed calls (ms), and the calls in the order they ran
+/// (hb6's spread: is the fast call always the first?).
 struct timing {
   double median = 0, lo = 0, hi = 0;
+  std::vector<float> in_order;
 };
 
 template <class F>
@@ -55,8 +57,9 @@ timing time_ms(int warmup, int reps, F&& f) {
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], t.front(), t.back()};
+  std::vector<float> sorted = t;
+  std::sort(sorted.begin(), sorted.end());
+  return {sorted[sorted.size() / 2], sorted.front(), sorted.back(), t};
 }
 
 template <class F>
@@ -78,11 +81,11 @@ __global__ void gather_pages(const uint4* pool, const std::int32_t* ids, std::in
 struct result {
   timing fwd, bwd;         // the public entry (Hopper forward where it applies; backward per backward_kernels)
   double fwd_portable_ms;  // the mma.sync forward forced
-  timing bwd_sm90;         // the Hopper backward's configuration forced (0: not a Hopper device / no sm_90a code)
+  timing bwd_sm90;         // the Hopper backward's dense configuration forced (hb6: Q/dO by TMA; 0: not a Hopper device / no sm_90a code)
   timing bwd_other;        // hb2 forced: dQ by red.add from the consumers, 64-row steps
   timing bwd_hb4;          // forced: d128 writer warp with dQ over own keys, d64 writer warp with 64-row steps (hb3)
   timing bwd_bm64;         // forced, d128 only: the sparse calls' configuration (64-row steps; the dense default before hb5)
-  timing bwd_tma;          // forced: the dense configuration with Q/dO as TMA boxes of whole queries (hb6)
+  timing bwd_wide;         // forced: the wide-group dense configuration, Q/dO by cp.async (the dense default before hb6)
   double bwd_sm90_alt_ms;  // alternative (--alt only): d128 dQ over each consumer's own keys, d64 software-pipelined
   double bwd_sm90_err;     // largest norm-wise difference Hopper (both) vs portable backward (dq, dk, dv, dpast), 16K only
 };
@@ -228,18 +231,17 @@ result time_one(const problem& p, int reps, bool alt) {
         gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
         bm64();
       });
-    auto tma_q = [&] {
-      namespace x = gpu::experimental;
+    auto wide = [&] {
       if (d128)
-        gpu::detail::launch_backward_sm90<x::backward_sm90_d128_tma_q>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
-                                                                       grads, nullptr);
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+                                                                                       dk.p, dv.p, grads, nullptr);
       else
-        gpu::detail::launch_backward_sm90<x::backward_sm90_d64_tma_q>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
-                                                                      grads, nullptr);
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+                                                                                      dk.p, dv.p, grads, nullptr);
     };
-    r.bwd_tma = time_ms(1, reps, [&] {
+    r.bwd_wide = time_ms(1, reps, [&] {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-      tma_q();
+      wide();
     });
     if (alt) r.bwd_sm90_alt_ms = median_ms(1, reps, [&] {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
@@ -273,9 +275,9 @@ result time_one(const problem& p, int reps, bool alt) {
       for (int k = 0; k < 4; ++k)
         r.bwd_sm90_err = std::max({r.bwd_sm90_err, rel_diff(hop[k], ref[k]), rel_diff(oth[k], ref[k])});
       const auto h4 = run(hb4);
-      const auto ht = run(tma_q);
+      const auto hw = run(wide);
       for (int k = 0; k < 4; ++k)
-        r.bwd_sm90_err = std::max({r.bwd_sm90_err, rel_diff(h4[k], ref[k]), rel_diff(ht[k], ref[k])});
+        r.bwd_sm90_err = std::max({r.bwd_sm90_err, rel_diff(h4[k], ref[k]), rel_diff(hw[k], ref[k])});
       if (d128) {
         const auto h64 = run(bm64);
         for (int k = 0; k < 4; ++k) r.bwd_sm90_err = std::max(r.bwd_sm90_err, rel_diff(h64[k], ref[k]));
@@ -494,20 +496,23 @@ int main(int argc, char** argv) {
                   tfs(flops_bwd, paged.bwd_hb4.median), std::max(paged.bwd_sm90_err, contig.bwd_sm90_err), paged.fwd.median, paged.bwd.median);
       if (alt) std::printf("  [sm90 bwd alternative %s %lldK: %.1f TFLOP/s]\n", s.name, (long long)(past / 1024),
                            tfs(flops_bwd, paged.bwd_sm90_alt_ms));
-      if (s.d == 128)
-        std::printf("  [sm90 bwd d128 %lldK: 80-row (dense default) %.1f (contig %.1f) | 64-row (sparse calls) %.1f "
-                    "(contig %.1f) TFLOP/s]\n",
-                    (long long)(past / 1024), tfs(flops_bwd, paged.bwd_sm90.median), tfs(flops_bwd, contig.bwd_sm90.median),
-                    tfs(flops_bwd, paged.bwd_bm64.median), tfs(flops_bwd, contig.bwd_bm64.median));
-      std::printf("  [sm90 bwd %s %lldK: dense configuration %.1f (contig %.1f) | with Q/dO by TMA, whole-query steps "
-                  "(hb6) %.1f (contig %.1f) TFLOP/s]\n",
+      std::printf("  [sm90 bwd %s %lldK: dense default (hb6, Q/dO by TMA, whole-query steps) %.1f (contig %.1f) | "
+                  "cp.async Q/dO (wide groups; the dense default before hb6) %.1f (contig %.1f) TFLOP/s]\n",
                   s.name, (long long)(past / 1024), tfs(flops_bwd, paged.bwd_sm90.median),
-                  tfs(flops_bwd, contig.bwd_sm90.median), tfs(flops_bwd, paged.bwd_tma.median),
-                  tfs(flops_bwd, contig.bwd_tma.median));
+                  tfs(flops_bwd, contig.bwd_sm90.median), tfs(flops_bwd, paged.bwd_wide.median),
+                  tfs(flops_bwd, contig.bwd_wide.median));
+      if (s.d == 128)
+        std::printf("  [sm90 bwd d128 %lldK: 64-row steps (sparse calls) %.1f (contig %.1f) TFLOP/s]\n",
+                    (long long)(past / 1024), tfs(flops_bwd, paged.bwd_bm64.median), tfs(flops_bwd, contig.bwd_bm64.median));
       if (jf != nullptr) {  // TFLOP/s of the median, slowest and fastest call
         auto tri = [&](double flops, const timing& t) {
           return std::to_string(tfs(flops, t.median)) + ", " + std::to_string(tfs(flops, t.hi)) + ", " +
                  std::to_string(tfs(flops, t.lo));
+        };
+        auto in_order = [](const timing& t) {
+          std::string list;
+          for (float ms : t.in_order) list += (list.empty() ? "" : ", ") + std::to_string(ms);
+          return list;
         };
         std::fprintf(jf,
                      "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"device\": \"%s\", "
@@ -515,7 +520,8 @@ int main(int argc, char** argv) {
                      "\"bwd_public_paged\": [%s], \"bwd_public_contig\": [%s], \"bwd_sm90_config_paged\": [%s], "
                      "\"bwd_sm90_config_contig\": [%s], \"bwd_hb2_paged\": [%s], \"bwd_hb2_contig\": [%s], "
                      "\"bwd_alt_paged\": [%s], \"bwd_alt_contig\": [%s], \"bwd_sm90_d128_bm64_paged\": [%s], "
-                     "\"bwd_sm90_d128_bm64_contig\": [%s], \"bwd_sm90_tma_q_paged\": [%s], \"bwd_sm90_tma_q_contig\": [%s]}, "
+                     "\"bwd_sm90_d128_bm64_contig\": [%s], \"bwd_sm90_wide_group_paged\": [%s], \"bwd_sm90_wide_group_contig\": [%s]}, "
+                     "\"bwd_sm90_config_ms_in_order\": {\"paged\": [%s], \"contig\": [%s]}, "
                      "\"bwd_vs_portable_err\": %g, \"backward_kernels\": \"%s\"}\n",
                      s.name, (long long)past, sq, r, prop.name, tri(flops_fwd, paged.fwd).c_str(),
                      tri(flops_fwd, contig.fwd).c_str(), tfs(flops_fwd, paged.fwd_portable_ms),
@@ -524,7 +530,8 @@ int main(int argc, char** argv) {
                      tri(flops_bwd, paged.bwd_other).c_str(), tri(flops_bwd, contig.bwd_other).c_str(),
                      tri(flops_bwd, paged.bwd_hb4).c_str(), tri(flops_bwd, contig.bwd_hb4).c_str(),
                      tri(flops_bwd, paged.bwd_bm64).c_str(), tri(flops_bwd, contig.bwd_bm64).c_str(),
-                     tri(flops_bwd, paged.bwd_tma).c_str(), tri(flops_bwd, contig.bwd_tma).c_str(),
+                     tri(flops_bwd, paged.bwd_wide).c_str(), tri(flops_bwd, contig.bwd_wide).c_str(),
+                     in_order(paged.bwd_sm90).c_str(), in_order(contig.bwd_sm90).c_str(),
                      std::max(paged.bwd_sm90_err, contig.bwd_sm90_err),
                      gpu::get_backward_kernels() == gpu::backward_kernels::portable ? "portable" : "automatic");
         std::fflush(jf);

@@ -10,6 +10,8 @@
 #include <future>
 #include <limits>
 #include <random>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <oomb/core/error.hpp>
@@ -401,7 +403,7 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
 /// starting random, checked against the CPU oracle. split: forced query split (0 = policy).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int variant) {
   if (variant == 5 && (p.c.d != 128 || p.c.sparse)) return;  // variant 0 runs it on sparse calls
-  if (variant == 6 && p.c.sparse) return;  // TMA Q/dO: whole-query steps straddle the sparse tiles
+  if (variant == 6 && p.c.sparse) return;  // the wide-group kernel: dense calls (d64's is variant 0's sparse one)
   const bool merged = p.c.windows > 1;
   namespace x = gpu::experimental;
   const gpu_result g = run_backward(
@@ -415,14 +417,15 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
           if (variant == 2) run(x::backward_sm90_d128_own{});
           if (variant == 3) run(x::backward_sm90_d128_atomics{});
           if (variant == 4) run(x::backward_sm90_d128_writer_own{});
-          if (variant == 6) run(x::backward_sm90_d128_tma_q{});
+          if (variant == 6) run(gpu::backward_sm90_config<128>::wide_group{});
         } else {
-          if (variant == 0) run(gpu::backward_sm90_config<64>::type{});
+          if (variant == 0 && !p.c.sparse) run(gpu::backward_sm90_config<64>::type{});
+          if (variant == 0 && p.c.sparse) run(gpu::backward_sm90_config<64>::sparse{});
           if (variant == 1) run(x::backward_sm90_d64_bulk{});
           if (variant == 2) run(x::backward_sm90_d64_pipe{});
           if (variant == 3) run(x::backward_sm90_d64_atomics{});
           if (variant == 4) run(x::backward_sm90_d64_writer_bm64{});
-          if (variant == 6) run(x::backward_sm90_d64_tma_q{});
+          if (variant == 6) run(gpu::backward_sm90_config<64>::wide_group{});
         }
       },
       merged);
@@ -431,7 +434,7 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
                                       " [sm90 backward, hb2 (red.add dQ, 64-row steps)",
                                       " [sm90 backward, d128 writer warp with dQ over own keys / d64 64-row steps",
                                       " [sm90 backward, d128 64-row steps (the sparse calls' kernel)",
-                                      " [sm90 backward, Q/dO by TMA, whole-query steps"};
+                                      " [sm90 backward, cp.async Q/dO (dense calls with a group wider than a step)"};
   std::string name = p.c.name + names[variant];
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
@@ -832,8 +835,8 @@ TEST_CASE("attention: the public forward picks the Hopper kernel only where it a
     gs.pool.page_size = 64;
     CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<HB>(small, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, gs, nullptr),
                     oomb::invalid_argument);
-    // d128's dense configuration (80-row steps straddle the 128-row sparse tiles) refuses a sparse
-    // call before any launch
+    // d128's dense configurations (whole-query and 80-row steps straddle the 128-row sparse tiles)
+    // refuse a sparse call before any launch
     dev<std::int32_t> tiles(std::size_t(c.sq) + 1);
     tiles.fill_bytes(0);
     auto sp = a;
@@ -843,27 +846,46 @@ TEST_CASE("attention: the public forward picks the Hopper kernel only where it a
     CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<HB>(sp, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p,
                                                           dp.grads(buf.p), nullptr),
                     oomb::invalid_argument);
-    // so does the TMA Q/dO variant (hb6: its whole-query steps straddle them too)
-    CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<gpu::experimental::backward_sm90_d128_tma_q>(
+    CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::wide_group>(
                         sp, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, dp.grads(buf.p), nullptr),
                     oomb::invalid_argument);
-    // The public entry's choice: dense, sparse, and unaligned (dense or sparse) calls
+    // The public entry's choice: dense (group <= the TMA step's rows: 80 at d128, 128 at d64), dense
+    // with a wider group, sparse, and unaligned (dense or sparse) calls
     using call = gpu::detail::backward_sm90_call;
     float* const dq8 = buf.p + 2;  // cudaMalloc is 256-byte aligned: this is 8 mod 16
-    CHECK(gpu::detail::choose_backward_sm90(a, buf.p) == call::dense);
-    CHECK(gpu::detail::choose_backward_sm90(sp, buf.p) == call::sparse);
-    CHECK(gpu::detail::choose_backward_sm90(a, dq8) == call::unaligned);
-    CHECK(gpu::detail::choose_backward_sm90(sp, dq8) == call::unaligned);
-    // ... and the configurations they name (rows per step, how dQ leaves)
-    auto rows = [](call k) { return gpu::detail::with_backward_sm90_config<128>(k, [](auto cfg) { return decltype(cfg)::BM; }); };
-    auto dq_way = [](call k) { return gpu::detail::with_backward_sm90_config<128>(k, [](auto cfg) { return decltype(cfg)::DQ; }); };
-    CHECK(rows(call::dense) == 80);
-    CHECK(rows(call::sparse) == 64);
-    CHECK(rows(call::unaligned) == 64);
-    CHECK(dq_way(call::dense) == gpu::detail::backward_dq::writer_warp);
-    CHECK(dq_way(call::sparse) == gpu::detail::backward_dq::writer_warp);
-    CHECK(dq_way(call::unaligned) == gpu::detail::backward_dq::atomics);
-    CHECK(gpu::detail::with_backward_sm90_config<64>(call::sparse, [](auto cfg) { return decltype(cfg)::BM; }) == 128);
+    auto grouped = [&](int group) {XX
+      auto g = a;
+      g.hq = group;
+      g.hkv = 1;
+      return g;
+    };
+    CHECK(gpu::detail::choose_backward_sm90<128>(a, buf.p) == call::dense);
+    CHECK(gpu::detail::choose_backward_sm90<128>(grouped(80), buf.p) == call::dense);
+    CHECK(gpu::detail::choose_backward_sm90<128>(grouped(81), buf.p) == call::wide_group);
+    CHECK(gpu::detail::choose_backward_sm90<64>(grouped(128), buf.p) == call::dense);
+    CHECK(gpu::detail::choose_backward_sm90<64>(grouped(129), buf.p) == call::wide_group);
+    CHECK(gpu::detail::choose_backward_sm90<128>(sp, buf.p) == call::sparse);
+    CHECK(gpu::detail::choose_backward_sm90<128>(a, dq8) == call::unaligned);
+    CHECK(gpu::detail::choose_backward_sm90<128>(grouped(81), dq8) == call::unaligned);
+    CHECK(gpu::detail::choose_backward_sm90<128>(sp, dq8) == call::unaligned);
+    // ... and the configurations they name (rows per step, how Q/dO arrive, how dQ leaves)
+    auto cfg_of = [](auto dc, call k) {
+      return gpu::detail::with_backward_sm90_config<decltype(dc)::value>(k, [](auto cfg) {
+        using C = decltype(cfg);
+        return std::tuple{C::BM, C::TMA_Q, C::DQ};
+      });
+    };
+    const std::integral_constant<int, 128> d128{};
+    const std::integral_constant<int, 64> d64{};
+    using gpu::detail::backward_dq;
+    CHECK(cfg_of(d128, call::dense) == std::tuple{80, true, backward_dq::writer_warp});
+    CHECK(cfg_of(d128, call::wide_group) == std::tuple{80, false, backward_dq::writer_warp});
+    CHECK(cfg_of(d128, call::sparse) == std::tuple{64, false, backward_dq::writer_warp});
+    CHECK(cfg_of(d128, call::unaligned) == std::tuple{64, false, backward_dq::atomics});
+    CHECK(cfg_of(d64, call::dense) == std::tuple{128, true, backward_dq::writer_warp});
+    CHECK(cfg_of(d64, call::wide_group) == std::tuple{128, false, backward_dq::writer_warp});
+    CHECK(cfg_of(d64, call::sparse) == std::tuple{128, false, backward_dq::writer_warp});
+    CHECK(cfg_of(d64, call::unaligned) == std::tuple{64, false, backward_dq::atomics});
   }
   // the Hopper launcher refuses pages shorter than its tile
   dev<bf16> o(p.q.size());
@@ -889,7 +911,7 @@ TEST_CASE("attention: sanitize Hopper forward (tiny shapes, for compute-sanitize
   }
 }
 
-TEST_CASE("attention: the TMA Q/dO backward refuses a GQA group wider than its step, before any launch") {
+TEST_CASE("attention: the dense Hopper backward (TMA Q/dO) refuses a GQA group wider than its step, before any launch") {
   if (!hopper_device()) {
     MESSAGE("not a compute-capability 9.0 device: the Hopper backward is not run");
     return;
@@ -899,15 +921,14 @@ TEST_CASE("attention: the TMA Q/dO backward refuses a GQA group wider than its s
     const problem p(c);
     device_problem dp(p);
     dev<float> buf(std::size_t(c.sq) * c.hq * c.d);
-    namespace x = gpu::experimental;
     auto launch = [&](auto cfg) {
       gpu::detail::launch_backward_sm90<decltype(cfg)>(dp.args(), buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p,
                                                        dp.grads(buf.p), nullptr);
     };
     if (c.d == 128)
-      CHECK_THROWS_AS(launch(x::backward_sm90_d128_tma_q{}), oomb::invalid_argument);
+      CHECK_THROWS_AS(launch(gpu::backward_sm90_config<128>::type{}), oomb::invalid_argument);
     else
-      CHECK_THROWS_AS(launch(x::backward_sm90_d64_tma_q{}), oomb::invalid_argument);
+      CHECK_THROWS_AS(launch(gpu::backward_sm90_config<64>::type{}), oomb::invalid_argument);
   }
 }
 
@@ -941,12 +962,15 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
 }
 
 TEST_CASE("attention: public backward, dense and sparse, into a 16- and an 8-byte aligned dq, matches") {
-  // On Hopper the public entry takes a configuration per call (choose_backward_sm90): d128 dense
-  // 80-row steps, d128 sparse 64-row steps, red.add for a dq that is 8 but not 16 mod 16 (the
-  // writer warp's bulk reductions need 16); elsewhere the portable kernel. All must give the CPU
-  // oracle's gradients (a configuration that refused its call would throw here).
+  // On Hopper the public entry takes a configuration per call (choose_backward_sm90): dense calls
+  // Q/dO by TMA in whole-query steps, or cp.async where the group is wider than a step (g96 d128,
+  // g160 d64); d128 sparse 64-row steps; red.add for a dq that is 8 but not 16 mod 16 (the writer
+  // warp's bulk reductions need 16); elsewhere the portable kernel. All must give the CPU oracle's
+  // gradients (a configuration that refused its call would throw here).
   using oomb::kv_layout;
-  for (const config& c : {make("public g7 d128", 90, 300, 14, 2, 128, 128),
+  for (const config& c : {make("public g7 d128", 90, 300, 14, 2, 128, 128), make("public g7 d64", 90, 300, 14, 2, 64, 128),
+                          make("public wide group g96 d128", 9, 200, 96, 1, 128, 128),
+                          make("public wide group g160 d64", 7, 200, 160, 1, 64, 128, kv_layout::token_major),
                           sparse(make("public sparse g7 d128", 200, 700, 14, 2, 128, 128), 128),
                           sparse(make("public sparse g5 d64 tm", 70, 500, 10, 2, 64, 128, kv_layout::token_major), 128)}) {
     const problem p(c);

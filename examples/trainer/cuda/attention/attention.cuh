@@ -605,11 +605,15 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
 namespace detail {
 
 /// Which of backward_sm90_config<D>'s configurations the public backward takes on Hopper.
-enum class backward_sm90_call { dense, sparse, unaligned };
+enum class backward_sm90_call { dense, wide_group, sparse, unaligned };
 
-inline backward_sm90_call choose_backward_sm90(const attention_args& a, const float* dq) {
+template <int D>
+backward_sm90_call choose_backward_sm90(const attention_args& a, const float* dq) {
   if (!aligned16(dq)) return backward_sm90_call::unaligned;  // the writer warp's bulk reductions need 16 bytes
-  return a.tile_indptr != nullptr ? backward_sm90_call::sparse : backward_sm90_call::dense;
+  if (a.tile_indptr != nullptr) return backward_sm90_call::sparse;
+  // the TMA Q/dO steps hold whole queries (a bad hkv is left to the launcher's checks)
+  const bool wide = a.hkv > 0 && a.hq / a.hkv > backward_sm90_config<D>::type::BM;
+  return wide ? backward_sm90_call::wide_group : backward_sm90_call::dense;
 }
 
 /// Calls f(Cfg{}) with the configuration of backward_sm90_config<D> for `call`.
@@ -618,6 +622,7 @@ decltype(auto) with_backward_sm90_config(backward_sm90_call call, F&& f) {
   using C = backward_sm90_config<D>;
   switch (call) {
     case backward_sm90_call::dense: return f(typename C::type{});
+    case backward_sm90_call::wide_group: return f(typename C::wide_group{});
     case backward_sm90_call::sparse: return f(typename C::sparse{});
     default: return f(typename C::unaligned{});
   }
@@ -633,7 +638,7 @@ inline void attention_backward(const attention_args& a, const float* lse, const 
                                cudaStream_t stream) {
   dispatch_head_dim(a.d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    const bool hopper = detail::with_backward_sm90_config<D>(detail::choose_backward_sm90(a, dq), [&](auto cfg) {
+    const bool hopper = detail::with_backward_sm90_config<D>(detail::choose_backward_sm90<D>(a, dq), [&](auto cfg) {
       using Cfg = decltype(cfg);
       if (!detail::use_sm90_backward<Cfg>(a)) return false;
       detail::launch_backward_sm90<Cfg>(a, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream);

@@ -7,8 +7,9 @@
 // (128 for the d64 configurations; 80 for d128's dense one, which computes dQ^T = K^T dS^T so that
 // head_dim is wgmma's M, and takes dense calls only: 80-row steps straddle the 128-row sparse tiles).
 // Three warpgroups: warpgroup 0 is the producer (it loads the K/V tile once through the pool-wide
-// TMA maps, then streams Q, dO, lse and delta of each step into STAGES shared-memory stages with
-// cp.async: packed GQA rows are not a TMA box for group sizes that do not divide 64); warpgroups 1
+// TMA maps, then streams Q, dO, lse and delta of each step into STAGES shared-memory stages: dense
+// calls whose GQA group fits a step (TMA_Q, hb6) get Q/dO as TMA boxes of whole queries, steps of
+// floor(BM / group) * group rows; the others load packed rows with cp.async); warpgroups 1
 // and 2 are consumers, consumer c owning keys 64c .. 64c + 63. Per step a consumer computes, in the
 // transposed ("swap AB") form so that its keys are the wgmma M dimension,
 //   S^T = K_c Q^T, dP^T = V_c dO^T            (wgmma, both operands from shared memory)
@@ -25,8 +26,7 @@
 // consumers never wait for each other (measured +6-12%, docs/attention-notes.md hb2). dK/dV stay
 // in registers for the walk and are added once at the end (atomically when the query steps are
 // split over blocks). Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by
-// per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE),
-// Q/dO by TMA boxes of whole queries (TMA_Q).
+// per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
 // Keys past the window's end read as zeros (the partial tile is loaded with zero-filling cp.async),
 // and masked entries are selected to 0, so stale page tails never reach dQ.
 #pragma once
@@ -64,11 +64,12 @@ struct backward_sm90_tile {
   static constexpr int D = D_, BN = 128, BM = BM_, STAGES = STAGES_;
   /// dQ^T = K^T dS^T, head_dim as wgmma's M: a step that is not a multiple of 64 rows cannot be M.
   static constexpr bool DQ_SWAP = BM % 64 != 0;
-  /// TMA_Q (hb6, experimental): Q and dO arrive as one TMA box per 64-column panel, (64 columns,
-  /// group heads, BM / group queries) of the [sq][hq][d] tensor, whose shared-memory image is the
-  /// packed rows of whole queries. A step then covers floor(BM / group) * group rows (the launcher
-  /// needs group <= BM); the rows after them stay zero (written once) and contribute nothing. One
-  /// producer warp loads lse/delta and issues the boxes, instead of 96 threads of cp.async.
+  /// TMA_Q (hb6; dense calls whose group fits a step): Q and dO arrive as one TMA box per 64-column
+  /// panel, (64 columns, group heads, BM / group queries) of the [sq][hq][d] tensor, whose
+  /// shared-memory image is the packed rows of whole queries. A step then covers
+  /// floor(BM / group) * group rows (the launcher needs group <= BM); the rows after them stay zero
+  /// (written once) and contribute nothing. One producer warp loads lse/delta and issues the boxes,
+  /// instead of 96 threads of cp.async.
   static constexpr bool TMA_Q = TMA_Q_;
   /// Page-sparse calls select keys per 128-row tile: steps must not straddle tiles.
   static constexpr bool SPARSE = 128 % BM == 0 && !TMA_Q;

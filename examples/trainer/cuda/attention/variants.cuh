@@ -49,22 +49,27 @@ template <> struct backward_config<128> { using type = detail::backward_tile<128
 /// Hopper backward (wgmma, warp-specialised; backward_sm90.cuh): Q/dO pipeline stages, the way dQ
 /// reaches global memory and the query rows per step, per head size and kind of call (the public
 /// entry's choice: choose_backward_sm90 in attention.cuh). Measured on the H200
-/// (docs/attention-notes.md, hb3-hb5): the dQ writer warp +16-27% at d64 and 0-5% at d128 over
-/// red.add; d64 steps of 128 rows another +6-7%; d128 steps of 80 rows +12-18% over 64.
-/// `type`: dense calls. `sparse`: page-sparse calls, whose selection is per 128-row tile, so a step
-/// must not straddle tiles (d128: 64-row steps). `unaligned`: a dq that is 8- but not 16-byte
+/// (docs/attention-notes.md, hb3-hb6): the dQ writer warp +16-27% at d64 and 0-5% at d128 over
+/// red.add; d64 steps of 128 rows another +6-7%; d128 steps of 80 rows +12-18% over 64; Q/dO as
+/// TMA boxes of whole queries (hb6) -6..+18% at d128 and +2..+15% at d64 over cp.async.
+/// `type`: dense calls whose GQA group fits a step (group <= BM): Q/dO by TMA, steps of
+/// floor(BM / group) * group rows. `wide_group`: dense calls with a wider group (cp.async, packed
+/// rows straddle queries). `sparse`: page-sparse calls, whose selection is per 128-row tile, so a
+/// step must not straddle tiles (d128: 64-row steps). `unaligned`: a dq that is 8- but not 16-byte
 /// aligned (the writer's bulk reductions need 16), dense or sparse: red.add from the consumers,
 /// 64-row steps (hb2).
 template <int D>
 struct backward_sm90_config;
-//                                                                D  stages dQ                            own keys pipe rows
+//                                                                D  stages dQ                            own keys pipe rows TMA Q
 template <> struct backward_sm90_config<64> {
-  using type = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_warp, false, false, 128>;
-  using sparse = type;
+  using type = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_warp, false, false, 128, true>;
+  using wide_group = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_warp, false, false, 128>;
+  using sparse = wide_group;
   using unaligned = detail::backward_sm90_tile<64, 3>;
 };
 template <> struct backward_sm90_config<128> {
-  using type = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp, false, false, 80>;
+  using type = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp, false, false, 80, true>;
+  using wide_group = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp, false, false, 80>;
   using sparse = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp>;
   using unaligned = detail::backward_sm90_tile<128, 3>;
 };
@@ -88,10 +93,6 @@ using backward_sm90_d64_atomics = backward_sm90_config<64>::unaligned;
 using backward_sm90_d64_writer_bm64 = detail::backward_sm90_tile<64, 3, backward_dq::writer_warp>;
 // d128 writer warp with dQ over each consumer's own keys: no dS barrier between the consumers (hb4: -8%)
 using backward_sm90_d128_writer_own = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp, true>;
-// The dense configurations with Q/dO as TMA boxes of whole queries, one producer warp for lse/delta
-// instead of 96 cp.async threads (hb6; steps of floor(BM / group) * group rows, dense only)
-using backward_sm90_d128_tma_q = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp, false, false, 80, true>;
-using backward_sm90_d64_tma_q = detail::backward_sm90_tile<64, 2, backward_dq::writer_warp, false, false, 128, true>;
 }  // namespace experimental
 
 /// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
