@@ -853,7 +853,7 @@ TEST_CASE("attention: the public forward picks the Hopper kernel only where it a
     // with a wider group, sparse, and unaligned (dense or sparse) calls
     using call = gpu::detail::backward_sm90_call;
     float* const dq8 = buf.p + 2;  // cudaMalloc is 256-byte aligned: this is 8 mod 16
-    auto grouped = [&](int group) {XX
+    auto grouped = [&](int group) {  // a with hkv 1 and `group` query heads (for the chooser only)
       auto g = a;
       g.hq = group;
       g.hkv = 1;
