@@ -108,7 +108,8 @@ double expect_step_close(const gpu_step& got, double want_loss, const qwen2_para
 }
 
 template <class Backend = cuda_backend>
-void compare(const model_config& cfg, const chunk_options& opt, std::int64_t tokens, bool masked, std::uint64_t seed) {
+void compare(const model_config& cfg, const chunk_options& opt, std::int64_t tokens, bool masked, std::uint64_t seed,
+             double grad_tol = grad_tolerance) {
   const qwen2_params<double> host = bf16_weights(cfg, seed);
   const oomb_trainer::sequence seq = trainer_test::random_sequence(tokens, cfg.vocab_size, seed + 1, masked);
 
@@ -116,7 +117,7 @@ void compare(const model_config& cfg, const chunk_options& opt, std::int64_t tok
   chunk_recurrent<cpu_backend<double>> cpu(cfg, opt, tokens);
   const double cpu_loss = cpu.loss_and_grad(host, cpu_grads, seq);
 
-  expect_step_close(run_gpu<Backend>(host, opt, seq), cpu_loss, cpu_grads);
+  expect_step_close(run_gpu<Backend>(host, opt, seq), cpu_loss, cpu_grads, loss_tolerance, grad_tol);
 }
 
 template <class Backend>
@@ -158,7 +159,12 @@ TEST_CASE("cuda backend, Hopper attention (pages of 128): head_dim 128, GQA grou
   opt.chunk = 128;
   opt.page = 128;
   opt.window_pages = 2;
-  compare(config(7, 1, /*tied=*/false, /*d=*/128), opt, /*tokens=*/430, /*masked=*/false, 41);
+  // 5e-2, not 3e-2: measured on the H200, every tensor upstream of the last layer's attention is
+  // 2.7-3.6% off (3.0% median) with the Hopper kernels and 2.7-3.8% with the portable ones forced,
+  // so it is not the kernel: dS = P (dP - delta) cancels where attention is near-uniform over
+  // hundreds of keys (random weights, 430 tokens), which magnifies the bf16 rounding of O and dO
+  // that dP and delta are made of; layer 1's own v/o/MLP gradients stay at 0.6-0.9%.
+  compare(config(7, 1, /*tied=*/false, /*d=*/128), opt, /*tokens=*/430, /*masked=*/false, 41, /*grad_tol=*/5e-2);
 }
 
 TEST_CASE("cuda backend, Hopper attention (pages of 128), offload: head_dim 64, GQA group 2, tied, a loss mask") {
