@@ -59,13 +59,15 @@ double seconds_since(clock_type::time_point t0) {
 
 const char* usage =
     "usage: bench_trainer --config MODEL.json --lengths N[,N...] [options]\n"
-    "  --phase fwd_bwd|step fwd_bwd: loss and gradients only; step: with norm, clip and AdamW (state on the GPU) [fwd_bwd]\n"
+    "  --phase fwd_bwd|step fwd_bwd: loss and gradients only; step: with norm, clip and AdamW (state split as the plan says) [fwd_bwd]\n"
     "  --chunk C[,C...]     tokens per chunk (a multiple of --page; several: one row per chunk)   [8192]\n"
     "  --page P             tokens per K/V page (the Hopper attention kernels need >= 128)        [128]\n"
     "  --window-pages W     pages per attention window (0: one window per layer in place, near/2 with offload) [0]\n"
     "  --offload            K/V and gradient pages at home in pinned host memory, streamed through device slots\n"
     "  --near-pages K       device slots per tier with --offload (0: max(4 * chunk / page, 256))  [0]\n"
     "  --keep-attention-outputs  keep stage 1's attention outputs for stage 2 (no attention recompute)\n"
+    "  --split              time the backend's ops by kind on the device (two tiny launches per op) and\n"
+    "                       write the last timed step's split_s (seconds per kind) into the row\n"
     "  --reps N             timed steps per point after the warm-up (0: 3 if the first took < 10 s, else 1) [0]\n"
     "  --warmup-tokens T    the warm-up step's length, on the point's own trainer (0: the point's length)  [0]\n"
     "  --deadline-s S       skip the points that would end later than S s after the start (0: none) [0]\n"
@@ -112,6 +114,7 @@ struct bench_options {
   std::int32_t page = 128, window_pages = 0, near_pages = 0;
   bool offload = false;
   bool keep = false;  ///< keep_attention_outputs
+  bool split = false;  ///< chunk_options::time_ops: the row's split_s
   int reps = 0;
   std::int64_t warmup_tokens = 0;
   double deadline_s = 0;
@@ -125,6 +128,7 @@ struct bench_options {
     o.window_pages = window_pages;
     o.offload = offload;
     o.keep_attention_outputs = keep;
+    o.time_ops = split;
     if (offload) o.near_pages = near_pages > 0 ? near_pages : std::max<std::int32_t>(4 * o.chunk / page, 256);
     return o;
   }
@@ -159,6 +163,8 @@ bench_options parse(int argc, char** argv) {
       o.offload = true;
     } else if (flag == "--keep-attention-outputs") {
       o.keep = true;
+    } else if (flag == "--split") {
+      o.split = true;
     } else if (flag == "--near-pages") {
       o.near_pages = static_cast<std::int32_t>(parse_int(flag, value(), 0, i32));
     } else if (flag == "--reps") {
@@ -416,6 +422,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   // Timed steps: --reps, or 3 when the first takes < 10 s and 1 otherwise; never one that the
   // deadline would cut (the first always runs).
   std::vector<double> step_s, stage1_s, stage2_s, exposed_s;
+  oomb_trainer::op_seconds split_last{};
   std::uint64_t h2d = 0, d2h = 0;
   double loss = 0;
   // Only the timed steps are profiled under `nsys --capture-range=cudaProfilerApi` (split.sh).
@@ -426,6 +433,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
     stage1_s.push_back(s.stage1_s);
     stage2_s.push_back(s.stage2_s);
     exposed_s.push_back(trainer.last_stats().exposed_transfer_seconds);
+    split_last = trainer.last_stats().op_time;
     h2d = trainer.last_stats().bytes_to_near;  // the last timed step's
     d2h = trainer.last_stats().bytes_to_far;
     loss = s.loss;
@@ -465,6 +473,19 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["offload"] = opt.offload;
   row["near_pages"] = opt.near_pages;
   row["keep_attention_outputs"] = opt.keep_attention_outputs;
+  if (opt.time_ops) {
+    // The last timed step's GPU time per kind of op, and what no op accounts for (host work,
+    // transfer waits between ops, the optimizer with --phase step).
+    json split = json::object();
+    double in_ops = 0;
+    for (int k = 0; k < oomb_trainer::op_kinds; ++k) {
+      const double t = split_last[static_cast<std::size_t>(k)];
+      split[oomb_trainer::op_kind_name(static_cast<oomb_trainer::op_kind>(k))] = t;
+      in_ops += t;
+    }
+    row["split_s"] = split;
+    row["split_outside_ops_s"] = step_s.back() - in_ops;
+  }
   row["tflops"] = step_flops(cfg, tokens) / t / 1e12;
   row["stage1_s"] = median(stage1_s);
   row["stage2_s"] = median(stage2_s);

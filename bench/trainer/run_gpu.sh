@@ -8,6 +8,7 @@
 #   PAGE           tokens per page (128)          WINDOW_PAGES  pages per window (0)
 #   OFFLOAD=1      pages at home in pinned host memory (NEAR_PAGES: device slots per tier, 0 = auto)
 #   KEEP=1         keep stage 1's attention outputs for stage 2 (--keep-attention-outputs)
+#   SPLIT=1        time the backend's ops by kind on the device (--split: each row's split_s)
 #   REPS           timed steps per point (0: 3 below 10 s a step, else 1)
 #   WARMUP_TOKENS  our warm-up step's length on each point's trainer (0: the point's length; the
 #                  competitor warms up once, at its smallest length)
@@ -56,6 +57,7 @@ if [[ " $SYSTEMS " == *" oomb "* ]]; then
         --commit "$(cat "$here/COMMIT")" --jsonl "$OUT/oomb-$tag.jsonl")
   [ "${OFFLOAD:-0}" = 1 ] && args+=(--offload --near-pages "${NEAR_PAGES:-0}")
   [ "${KEEP:-0}" = 1 ] && args+=(--keep-attention-outputs)
+  [ "${SPLIT:-0}" = 1 ] && args+=(--split)
   timeout $((OOMB_S + 45)) "$here/bench_trainer" "${args[@]}" 2>&1 | tee "$OUT/oomb-$tag.log"
   echo "bench_trainer rc=$?" | tee -a "$OUT/oomb-$tag.log"
 fi

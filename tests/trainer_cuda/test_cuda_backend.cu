@@ -70,6 +70,7 @@ struct gpu_step {
   double loss = 0;
   qwen2_params<double> grads;
   oomb_trainer::selection_mask mask;
+  oomb_trainer::op_seconds op_time{};
 };
 
 template <class Backend>
@@ -79,13 +80,14 @@ gpu_step run_gpu(const qwen2_params<double>& host, const chunk_options& opt, con
   oomb_trainer::gpu::copy_to_device(host, weights);
   oomb_trainer::gpu::device_params<float> grads(cfg);
   chunk_recurrent<Backend> gpu(cfg, opt, seq.size());
-  gpu_step r{gpu.loss_and_grad(weights, grads, seq), qwen2_params<double>(cfg), {}};
+  gpu_step r{gpu.loss_and_grad(weights, grads, seq), qwen2_params<double>(cfg), {}, {}};
   if (opt.offload) {  // pages really moved, both ways
     CHECK(gpu.last_stats().bytes_to_near > 0);
     CHECK(gpu.last_stats().bytes_to_far > 0);
   }
   oomb_trainer::gpu::copy_to_host(grads, r.grads);
   r.mask = {opt.chunk, opt.page, opt.tile, cfg.num_hidden_layers, gpu.selections()};
+  r.op_time = gpu.last_stats().op_time;
   return r;
 }
 
@@ -220,6 +222,36 @@ TEST_CASE("cuda backend: stage 1's attention outputs kept for stage 2, in place 
   keep.offload = true;
   keep.near_pages = 4;
   expect_step_close(run_gpu<cuda_offload_backend>(host, keep, seq), recomputed.loss, recomputed.grads, 1e-6, 2e-3);
+}
+
+TEST_CASE("cuda backend: the op clock splits a step's GPU time by kind of op and changes no result") {
+  const model_config cfg = config(4, 2, /*tied=*/false);
+  chunk_options opt;
+  opt.chunk = 128;
+  opt.page = 128;
+  const qwen2_params<double> host = bf16_weights(cfg, 51);
+  const oomb_trainer::sequence seq = trainer_test::random_sequence(300, cfg.vocab_size, 52, false);
+  const gpu_step plain = run_gpu<cuda_backend>(host, opt, seq);
+
+  opt.time_ops = true;
+  oomb_trainer::gpu::device_params<oomb::bf16> weights(cfg);
+  oomb_trainer::gpu::copy_to_device(host, weights);
+  oomb_trainer::gpu::device_params<float> grads(cfg);
+  chunk_recurrent<cuda_backend> timed(cfg, opt, seq.size());
+  const double loss = timed.loss_and_grad(weights, grads, seq);
+  CHECK(loss == plain.loss);  // the forward is deterministic: timing it changes no bit
+  const auto& st = timed.last_stats();
+  double sum = 0;
+  for (int k = 0; k < oomb_trainer::op_kinds; ++k) {
+    const double t = st.op_time[static_cast<std::size_t>(k)];
+    CAPTURE(oomb_trainer::op_kind_name(static_cast<oomb_trainer::op_kind>(k)));
+    CHECK(t > 0.0);  // every kind of op ran
+    sum += t;
+  }
+  MESSAGE("op time " << sum << " s of a " << st.stage1_seconds + st.stage2_seconds << " s step");
+  CHECK(sum <= 1.05 * (st.stage1_seconds + st.stage2_seconds));
+  // Off (the default), nothing is timed.
+  CHECK(std::all_of(plain.op_time.begin(), plain.op_time.end(), [](double t) { return t == 0.0; }));
 }
 
 TEST_CASE("cuda backend: offload with device homes, pinned homes in place and sparse attention are refused") {

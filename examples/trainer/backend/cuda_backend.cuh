@@ -35,7 +35,8 @@
 // Each op opens an NVTX range named "<kind>/<op>" (gemm/, attention/, head/, elementwise/,
 // embedding/, pages/) in the "oomb_trainer" domain (NVTX3's scoped ranges), so Nsight Systems
 // attributes the GPU time of a step to its parts (bench/trainer/split.sh); with no profiler
-// attached a range costs a branch.
+// attached a range costs a branch. With time_ops(true) each op's time on the compute stream is
+// also summed by op_kind on the device (interval_clock.cuh; bench_trainer --split).
 #pragma once
 
 #include <algorithm>
@@ -64,7 +65,8 @@
 #include "trainer/backend/cuda_selector.cuh"
 #include "trainer/backend/device_buffer.cuh"
 #include "trainer/backend/device_params.cuh"
-#include "trainer/backend/stall_clock.cuh"
+#include "trainer/backend/interval_clock.cuh"
+#include "trainer/backend/op_kind.hpp"
 #include "trainer/backend/trainer_backend.hpp"
 #include "trainer/cpu/rope.hpp"
 #include "trainer/cuda/attention/attention.cuh"
@@ -170,6 +172,7 @@ class basic_cuda_backend {
         ring_(std::size_t(1) << 20), bad_(3), loss_(1) {
     OOMB_CUDA_CHECK(cudaMemsetAsync(loss_.data(), 0, sizeof(double), compute_.get()), "cuda_backend: loss");
     stalls_.reset(compute());
+    op_clock_.reset(compute());
     reset_reports();
   }
   basic_cuda_backend(const basic_cuda_backend&) = delete;
@@ -190,7 +193,7 @@ class basic_cuda_backend {
   // ---- dense ops ----
   void embedding_forward(std::int64_t n, std::int32_t H, std::int32_t vocab, const std::int32_t* tokens, const bf16* table,
                          bf16* x) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("embedding/forward");
+    const op_scope scope(*this, op_kind::embedding, "embedding/forward");
     vocab_ = vocab;
     const auto t = ring_.upload(tokens, static_cast<std::size_t>(n), compute());
     gpu::ops::embedding_forward(n, H, vocab, t.data, table, x, bad_.data() + bad_token, compute());
@@ -198,7 +201,7 @@ class basic_cuda_backend {
   }
   /// The vocabulary is the last embedding_forward's (the seam does not pass it here).
   void embedding_backward(std::int64_t n, std::int32_t H, const std::int32_t* tokens, const bf16* dx, float* dtable) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("embedding/backward");
+    const op_scope scope(*this, op_kind::embedding, "embedding/backward");
     OOMB_EXPECTS(vocab_ > 0, "cuda_backend::embedding_backward before any embedding_forward");
     const auto t = ring_.upload(tokens, static_cast<std::size_t>(n), compute());
     const std::size_t bytes = gpu::ops::embedding_backward_workspace_bytes(n, vocab_);
@@ -209,20 +212,20 @@ class basic_cuda_backend {
     return rope_type(ring_, compute(), first, count, d, theta);
   }
   void rope_forward(std::int64_t n, std::int32_t heads, std::int32_t d, bf16* x, const rope_type& r) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/rope_forward");
+    const op_scope scope(*this, op_kind::elementwise, "elementwise/rope_forward");
     gpu::ops::rope_forward(n, heads, d, x, r.view(), compute());
   }
   void rope_backward(std::int64_t n, std::int32_t heads, std::int32_t d, bf16* dx, const rope_type& r) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/rope_backward");
+    const op_scope scope(*this, op_kind::elementwise, "elementwise/rope_backward");
     gpu::ops::rope_backward(n, heads, d, dx, r.view(), compute());
   }
   void rmsnorm_forward(std::int64_t n, std::int32_t H, const bf16* x, const bf16* w, float eps, bf16* y, float* rstd) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/rmsnorm_forward");
+    const op_scope scope(*this, op_kind::elementwise, "elementwise/rmsnorm_forward");
     gpu::ops::rmsnorm_forward(n, H, x, w, eps, y, rstd, compute());
   }
   void rmsnorm_backward(std::int64_t n, std::int32_t H, const bf16* x, const bf16* w, const float* rstd, const bf16* dy,
                         bf16* dx, float* dw) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/rmsnorm_backward");
+    const op_scope scope(*this, op_kind::elementwise, "elementwise/rmsnorm_backward");
     float* dx32 = widen(f32_[0], n * H, dx);
     const std::size_t bytes = gpu::ops::rmsnorm_backward_workspace_bytes(n, H);
     gpu::ops::rmsnorm_backward(n, H, x, w, rstd, dy, dx32, dw, workspace(bytes), bytes, compute());
@@ -230,22 +233,22 @@ class basic_cuda_backend {
   }
   void linear_forward(std::int64_t n, std::int32_t in, std::int32_t out, const bf16* x, const bf16* W, const bf16* b,
                       bf16* y) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("gemm/linear_forward");
+    const op_scope scope(*this, op_kind::gemm, "gemm/linear_forward");
     gpu::ops::linear_forward(gemm_, n, in, out, x, W, b, y, compute());
   }
   void linear_backward(std::int64_t n, std::int32_t in, std::int32_t out, const bf16* x, const bf16* W, const bf16* dy,
                        bf16* dx, float* dW, float* db) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("gemm/linear_backward");
+    const op_scope scope(*this, op_kind::gemm, "gemm/linear_backward");
     if (dx != nullptr) gpu::ops::linear_backward_input(gemm_, n, in, out, dy, W, dx, /*accumulate=*/true, compute());
     if (dW != nullptr) gpu::ops::linear_backward_weight(gemm_, n, in, out, x, dy, dW, compute());
     if (db != nullptr) gpu::ops::bias_backward(n, out, dy, db, compute());
   }
   void swiglu_forward(std::int64_t n, const bf16* g, const bf16* u, bf16* h) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/swiglu_forward");
+    const op_scope scope(*this, op_kind::elementwise, "elementwise/swiglu_forward");
     gpu::ops::swiglu_forward(n, g, u, h, compute());
   }
   void swiglu_backward(std::int64_t n, const bf16* g, const bf16* u, const bf16* dh, bf16* dg, bf16* du) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/swiglu_backward");
+    const op_scope scope(*this, op_kind::elementwise, "elementwise/swiglu_backward");
     gpu::ops::swiglu_backward(n, g, u, dh, dg, du, compute());
   }
   template <class X>
@@ -260,7 +263,7 @@ class basic_cuda_backend {
     copy(n, src, dst);
   }
   void add(std::int64_t n, const bf16* src, bf16* dst) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("elementwise/add");
+    const op_scope scope(*this, op_kind::elementwise, "elementwise/add");
     gpu::ops::add_into(n, src, dst, compute());
   }
   template <class X>
@@ -271,7 +274,7 @@ class basic_cuda_backend {
   }
   void head_loss_and_grad(const params_type& p, grads_type* grads, std::int64_t n, const bf16* x,
                           const std::int32_t* targets, float scale, bf16* dx) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("head/loss_and_grad");
+    const op_scope scope(*this, op_kind::head, "head/loss_and_grad");
     const auto& c = p.config();
     const std::int32_t H = c.hidden_size, V = c.vocab_size;
     const auto eps = static_cast<float>(c.rms_norm_eps);
@@ -336,17 +339,32 @@ class basic_cuda_backend {
   /// The time the compute stream waited for transfers since the last take; waits for the stream.
   double take_transfer_wait_seconds() {
     std::uint64_t ns = 0;
-    OOMB_CUDA_CHECK(cudaMemcpyAsync(&ns, stalls_.total_ns(), sizeof(ns), cudaMemcpyDeviceToHost, compute_.get()),
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(&ns, stalls_.totals_ns(), sizeof(ns), cudaMemcpyDeviceToHost, compute_.get()),
                     "cuda_backend: reading the transfer waits");
     stalls_.reset(compute());
     OOMB_CUDA_CHECK(cudaStreamSynchronize(compute_.get()), "cuda_backend: the transfer waits");
     return static_cast<double>(ns) * 1e-9;
   }
 
+  // ---- GPU time per kind of op (trainer_backend.hpp's optional op clock) ----
+  void time_ops(bool on) { time_ops_ = on; }
+  /// The compute stream's time in each kind of op since the last take (zeros unless time_ops(true));
+  /// waits for the stream.
+  op_seconds take_op_seconds() {
+    std::uint64_t ns[op_kinds] = {};
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(ns, op_clock_.totals_ns(), sizeof(ns), cudaMemcpyDeviceToHost, compute_.get()),
+                    "cuda_backend: reading the op clock");
+    op_clock_.reset(compute());
+    OOMB_CUDA_CHECK(cudaStreamSynchronize(compute_.get()), "cuda_backend: the op clock");
+    op_seconds s{};
+    for (int k = 0; k < op_kinds; ++k) s[static_cast<std::size_t>(k)] = static_cast<double>(ns[k]) * 1e-9;
+    return s;
+  }
+
   // ---- page ops ----
   void write_pages(const oomb::page_pool_view<bf16>& pool, oomb::id_span where, std::int64_t n, const bf16* k,
                    const bf16* v) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("pages/write");
+    const op_scope scope(*this, op_kind::pages, "pages/write");
     const auto pages = page_list(where, n, pool.page_size, "write_pages");
     gpu::paging::write_kv_pages(n, pool.kv_heads, pool.head_dim, k, v, pages.data, any_page, pool,
                                 bad_.data() + bad_page, compute());
@@ -354,7 +372,7 @@ class basic_cuda_backend {
   }
   void add_from_pages(const oomb::page_pool_view<const float>& pool, oomb::id_span where, std::int64_t n, bf16* dk,
                       bf16* dv) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("pages/add_own_grads");
+    const op_scope scope(*this, op_kind::pages, "pages/add_own_grads");
     const std::int32_t P = pool.page_size;
     const std::int64_t count = check_rows(where, n, P, "add_from_pages");
     // The kernel maps page i of the chunk through grad_id[i]: the list is 0 .. count-1, the map `where`.
@@ -386,7 +404,7 @@ class basic_cuda_backend {
   // ---- attention over one window ----
   void attention_forward(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv, const window_table& w,
                          bf16* o_acc, float* lse_acc) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("attention/forward");
+    const op_scope scope(*this, op_kind::attention_forward, "attention/forward");
     const auto t = upload_window(c, w, false);
     const auto a = args(c, kv, w, t.data, false);
     const std::int64_t od = std::int64_t(c.sq) * c.hq * c.d;
@@ -399,14 +417,14 @@ class basic_cuda_backend {
     gpu::ops::convert(od, static_cast<const float*>(o32), o_acc, compute());
   }
   void attention_backward_begin(const attention_chunk<bf16>& c, const bf16* o, const bf16* d_o) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("attention/backward_delta");
+    const op_scope scope(*this, op_kind::attention_backward, "attention/backward_delta");
     delta_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
     gpu::attention_backward_delta(c.sq, c.hq, c.d, o, d_o, delta_.data(), compute_.get());
   }
   void attention_backward(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
                           const window_table& w, const oomb::page_pool_view<float>& grads, const bf16*, const float* lse,
                           const bf16* d_o, bf16* dq, bf16* dk, bf16* dv) {
-    const nvtx3::scoped_range_in<nvtx_domain> range("attention/backward");
+    const op_scope scope(*this, op_kind::attention_backward, "attention/backward");
     OOMB_EXPECTS(w.grad_ids != nullptr, "cuda_backend::attention_backward: the window has no grad_ids");
     const auto t = upload_window(c, w, true);
     const auto a = args(c, kv, w, t.data, true);
@@ -426,6 +444,28 @@ class basic_cuda_backend {
   }
 
  private:
+  /// An op's NVTX range and, with time_ops(true), its compute-stream time into its kind's slot.
+  class op_scope {
+   public:
+    op_scope(basic_cuda_backend& b, op_kind k, const char* name) : range_(name), b_(b), kind_(k) {
+      if (b_.time_ops_) b_.op_clock_.begin(b_.compute());
+    }
+    op_scope(const op_scope&) = delete;
+    op_scope& operator=(const op_scope&) = delete;
+    ~op_scope() {
+      if (!b_.time_ops_) return;
+      try {
+        b_.op_clock_.end(b_.compute(), static_cast<int>(kind_));
+      } catch (...) {  // a launch that fails here fails the stream's next check too (take_loss)
+      }
+    }
+
+   private:
+    nvtx3::scoped_range_in<nvtx_domain> range_;
+    basic_cuda_backend& b_;
+    op_kind kind_;
+  };
+
   // Slots of bad_: where each kind of kernel reports what it could not use (-1: nothing).
   static constexpr int bad_token = 0, bad_target = 1, bad_page = 2;
   // The page kernels' bound on ids: the seam's pool views do not carry the pool's size, and every
@@ -558,7 +598,9 @@ class basic_cuda_backend {
   oomb::upload_ring ring_;
   gpu::device_buffer<std::int32_t> bad_;  // [3] device reports: bad token, target, page (-1: none)
   gpu::device_buffer<double> loss_;       // the loss added since the last take
-  gpu::stall_clock stalls_;               // compute-stream time spent waiting for transfers
+  gpu::interval_clock stalls_;            // compute-stream time spent waiting for transfers
+  gpu::interval_clock op_clock_{op_kinds};  // compute-stream time per op_kind (time_ops)
+  bool time_ops_ = false;
   std::int32_t vocab_ = 0;                // of the last embedding_forward
   std::vector<std::int32_t> host_ints_;   // the table being uploaded
   // Scratch, grown on first use: fp32 copies of activation gradients and accumulators, the

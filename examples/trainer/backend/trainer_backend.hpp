@@ -71,6 +71,10 @@
 //                               the compute stream (page_tier calls them when streamed)
 //   take_transfer_wait_seconds() -> double: the time the compute stream stood still in them since
 //                               the last take (synchronises: called at a step's edges)
+// optional: GPU time per kind of op (has_op_clock_v; the CUDA backends have it)
+//   time_ops(bool)              on: every op's time on the compute stream is summed by op_kind
+//                               (two tiny timer launches per op; off, the default, costs nothing)
+//   take_op_seconds() -> op_seconds: the sums since the last take (synchronises: a step's edges)
 #pragma once
 
 #include <cstdint>
@@ -81,6 +85,8 @@
 #include <oomb/offload/residency_backend.hpp>
 #include <oomb/paging/views.hpp>
 #include <oomb/sparse/sparse_page_table.hpp>
+
+#include "trainer/backend/op_kind.hpp"
 
 namespace oomb_trainer {
 
@@ -169,5 +175,17 @@ struct has_transfer_wait_probe<B, std::void_t<decltype(std::declval<B&>().transf
 /// True when B measures how long its compute stream waits for transfers (see the file comment).
 template <class B>
 inline constexpr bool has_transfer_wait_probe_v = detail::has_transfer_wait_probe<B>::value;
+
+namespace detail {
+template <class B, class = void>
+struct has_op_clock : std::false_type {};
+template <class B>
+struct has_op_clock<B, std::void_t<decltype(std::declval<B&>().time_ops(true)),
+                                   decltype(op_seconds(std::declval<B&>().take_op_seconds()))>> : std::true_type {};
+}  // namespace detail
+
+/// True when B can time its ops by op_kind (see the file comment).
+template <class B>
+inline constexpr bool has_op_clock_v = detail::has_op_clock<B>::value;
 
 }  // namespace oomb_trainer

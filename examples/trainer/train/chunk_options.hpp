@@ -10,6 +10,8 @@
 #include <oomb/paging/page_shape.hpp>
 #include <oomb/sparse/scoring.hpp>
 
+#include "trainer/backend/op_kind.hpp"
+
 namespace oomb_trainer {
 
 /// How the chunk-recurrent path runs.
@@ -33,6 +35,9 @@ struct chunk_options {
   /// that grows linearly with the context. The results are the same bits (the forward is
   /// deterministic and its inputs are the same in both stages).
   bool keep_attention_outputs = false;
+  /// Time the backend's ops by kind (backends with an op clock, trainer_backend.hpp): each op costs
+  /// two tiny timer launches, so it is for measuring (bench_trainer --split), off by default.
+  bool time_ops = false;
 
   void validate() const {
     oomb::page_shape{page, 1, 2, layout}.validate();
@@ -77,6 +82,8 @@ struct chunk_step_stats {
   std::int32_t grad_pages_high_water = 0;  ///< far tier: gradient page pairs in use at most
   std::int64_t sparse_pages_selected = 0;  ///< sum over tiles of selected past pages
   std::int64_t sparse_pages_candidate = 0; ///< sum over tiles of past pages
+  /// GPU time per op_kind (chunk_options::time_ops with a backend that has an op clock; else 0).
+  op_seconds op_time{};
 };
 
 /// Bytes each tier holds.

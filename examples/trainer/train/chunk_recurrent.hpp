@@ -53,6 +53,7 @@ class chunk_recurrent {
       : cfg_(cfg), D_(cfg), opt_((opt.validate(), opt)), max_tokens_(max_tokens),
         attn_((check_tokens(max_tokens), be_), cfg, opt, max_tokens) {
     if (opt.keep_attention_outputs) kept_ = std::make_unique<attention_outputs<B>>(be_, cfg, opt, max_tokens);
+    if constexpr (has_op_clock_v<B>) be_.time_ops(opt.time_ops);
     acts_.resize(static_cast<std::size_t>(cfg.num_hidden_layers));
     for (auto& a : acts_) a.resize(opt.chunk, D_);
     x_.resize(static_cast<std::size_t>(opt.chunk) * D_.H);
@@ -81,6 +82,7 @@ class chunk_recurrent {
     const std::int64_t selected0 = attn_.pages_selected(), candidate0 = attn_.pages_candidate();
     attn_.begin_step(chunks);
     if constexpr (has_transfer_wait_probe_v<B>) be_.take_transfer_wait_seconds();  // drops what came before
+    if constexpr (has_op_clock_v<B>) be_.take_op_seconds();
     T* x = x_.data();
     T* dx = dx_.data();
     std::vector<std::int32_t> targets(static_cast<std::size_t>(opt_.chunk));
@@ -155,6 +157,7 @@ class chunk_recurrent {
     stats_.sparse_pages_candidate = attn_.pages_candidate() - candidate0;
     stats_.loss = be_.take_loss() / static_cast<double>(counted);
     if constexpr (has_transfer_wait_probe_v<B>) stats_.exposed_transfer_seconds = be_.take_transfer_wait_seconds();
+    if constexpr (has_op_clock_v<B>) stats_.op_time = be_.take_op_seconds();
     return stats_.loss;
   }
 

@@ -136,6 +136,7 @@ inline void add_stats(chunk_step_stats& sum, const chunk_step_stats& s) {
   sum.grad_pages_high_water = std::max(sum.grad_pages_high_water, s.grad_pages_high_water);
   sum.sparse_pages_selected += s.sparse_pages_selected;
   sum.sparse_pages_candidate += s.sparse_pages_candidate;
+  for (int k = 0; k < op_kinds; ++k) sum.op_time[static_cast<std::size_t>(k)] += s.op_time[static_cast<std::size_t>(k)];
 }
 
 /// Throws non_finite_error unless sequence i's loss is finite.
