@@ -351,6 +351,7 @@ class basic_cuda_backend {
   /// The compute stream's time in each kind of op since the last take (zeros unless time_ops(true));
   /// waits for the stream.
   op_seconds take_op_seconds() {
+    if (!time_ops_) return {};  // nothing was timed: no copy, no wait
     std::uint64_t ns[op_kinds] = {};
     OOMB_CUDA_CHECK(cudaMemcpyAsync(ns, op_clock_.totals_ns(), sizeof(ns), cudaMemcpyDeviceToHost, compute_.get()),
                     "cuda_backend: reading the op clock");
