@@ -3,7 +3,9 @@
 // competitor strong_baseline.py measures it) or phase step (cuda_trainer: the same plus the
 // gradient norm, clipping and AdamW, the whole training state on the GPU). Random weights
 // initialised on the GPU, random tokens; per length a fresh trainer, one warm-up step, then N
-// timed steps (medians). One JSON line per measured point (the results format of issue 11,
+// timed steps (medians). Attention dense, or page-sparse (--sparse-budget: the selection on the
+// GPU, cuda_selector.cuh; a budget that covers every past page at a length runs that length
+// dense, and says so). One JSON line per measured point (the results format of issues 11 and 13,
 // docs/benchmarks.md "Trainer step against PyTorch"), progress on stderr.
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -14,12 +16,14 @@
 // chunk edges see the high-water mark (see the doc for what they can miss).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -43,6 +47,7 @@
 #include "trainer/train/chunk_recurrent.hpp"
 #include "trainer/train/cuda_training.cuh"
 #include "trainer/train/memory_plan.hpp"
+#include "trainer/train/sparse_flags.hpp"
 
 namespace {
 
@@ -66,8 +71,15 @@ const char* usage =
     "  --offload            K/V and gradient pages at home in pinned host memory, streamed through device slots\n"
     "  --near-pages K       device slots per tier with --offload (0: max(4 * chunk / page, 256))  [0]\n"
     "  --keep-attention-outputs  keep stage 1's attention outputs for stage 2 (no attention recompute)\n"
+    "  --sparse-budget B    page-sparse attention: each tile of --tile queries attends B scored past pages (a\n"
+    "                       length where B + S + L covers every past page runs dense, and its row says why)\n"
+    "  --sink S             ... plus the first S pages (needs --sparse-budget)                    [1]\n"
+    "  --local L            ... plus the L most recent past pages (needs --sparse-budget)         [1]\n"
+    "  --tile Q             queries per selection tile, times the GQA group a multiple of 128 (needs --sparse-budget) [128]\n"
+    "  --scoring K          quest (Quest's upper bound) or mean (mean key) (needs --sparse-budget) [quest]\n"
     "  --split              time the backend's ops by kind on the device (two tiny launches per op) and\n"
-    "                       write the last timed step's split_s (seconds per kind) into the row\n"
+    "                       write the last timed step's split_s (seconds per kind) into the row, and\n"
+    "                       for sparse attention scoring_s (its selection kind)\n"
     "  --reps N             timed steps per point after the warm-up (0: 3 if the first took < 10 s, else 1) [0]\n"
     "  --warmup-tokens T    the warm-up step's length, on the point's own trainer (0: the point's length)  [0]\n"
     "  --deadline-s S       skip the points that would end later than S s after the start (0: none) [0]\n"
@@ -115,6 +127,10 @@ struct bench_options {
   bool offload = false;
   bool keep = false;  ///< keep_attention_outputs
   bool split = false;  ///< chunk_options::time_ops: the row's split_s
+  bool sparse = false;  ///< --sparse-budget given
+  std::int32_t budget = 0, sink = 1, local = 1, tile = 128;
+  oomb::score_kind score = oomb::score_kind::quest;
+  std::string shape_flag;  ///< the last of --sink / --local / --tile / --scoring given
   int reps = 0;
   std::int64_t warmup_tokens = 0;
   double deadline_s = 0;
@@ -129,6 +145,12 @@ struct bench_options {
     o.offload = offload;
     o.keep_attention_outputs = keep;
     o.time_ops = split;
+    o.sparse = sparse;
+    o.budget = budget;
+    o.sink = sink;
+    o.local = local;
+    o.tile = tile;
+    o.score = score;
     if (offload) o.near_pages = near_pages > 0 ? near_pages : std::max<std::int32_t>(4 * o.chunk / page, 256);
     return o;
   }
@@ -165,6 +187,26 @@ bench_options parse(int argc, char** argv) {
       o.keep = true;
     } else if (flag == "--split") {
       o.split = true;
+    } else if (flag == "--sparse-budget") {
+      o.sparse = true;
+      o.budget = static_cast<std::int32_t>(parse_int(flag, value(), 0, i32));
+    } else if (flag == "--sink") {
+      o.sink = static_cast<std::int32_t>(parse_int(flag, value(), 0, i32));
+      o.shape_flag = flag;
+    } else if (flag == "--local") {
+      o.local = static_cast<std::int32_t>(parse_int(flag, value(), 0, i32));
+      o.shape_flag = flag;
+    } else if (flag == "--tile") {
+      o.tile = static_cast<std::int32_t>(parse_int(flag, value(), 1, i32));
+      o.shape_flag = flag;
+    } else if (flag == "--scoring") {
+      const std::string kind = value();
+      try {
+        o.score = oomb_trainer::parse_score_kind(flag, kind);
+      } catch (const oomb::invalid_argument& e) {
+        usage_error(e.what());
+      }
+      o.shape_flag = flag;
     } else if (flag == "--near-pages") {
       o.near_pages = static_cast<std::int32_t>(parse_int(flag, value(), 0, i32));
     } else if (flag == "--reps") {
@@ -189,6 +231,11 @@ bench_options parse(int argc, char** argv) {
   if (o.lengths.empty()) usage_error("--lengths is required");
   if (o.near_pages > 0 && !o.offload) usage_error("--near-pages needs --offload");
   if (o.warmup_tokens == 1) usage_error("--warmup-tokens: a sequence needs at least 2 tokens");
+  try {
+    oomb_trainer::check_sparse_shape_flags(o.sparse, o.shape_flag);
+  } catch (const oomb::invalid_argument& e) {
+    usage_error(e.what());
+  }
   if (o.model.empty()) {
     const std::size_t slash = o.config_path.find_last_of('/');
     o.model = o.config_path.substr(slash == std::string::npos ? 0 : slash + 1);
@@ -264,6 +311,35 @@ void emit(const json& row, const bench_options& o) {
   }
 }
 
+/// What the tiles of a step's (chunk, layer) selections took, over those with a past.
+struct selection_counts {
+  double per_chunk_mean = 0;       ///< distinct past pages a chunk-layer's tiles select
+  std::int64_t per_chunk_max = 0;
+  double per_tile_mean = 0;        ///< past pages one tile selects
+};
+
+selection_counts count_selected(const std::vector<oomb::sparse_page_table>& tables) {
+  selection_counts c;
+  std::int64_t with_past = 0, distinct = 0, tiles = 0, entries = 0;
+  std::vector<std::int32_t> pages;
+  for (const oomb::sparse_page_table& t : tables) {
+    if (t.num_entries() == 0) continue;  // the first chunk: no past
+    pages = t.indices();
+    std::sort(pages.begin(), pages.end());
+    const auto n = static_cast<std::int64_t>(std::unique(pages.begin(), pages.end()) - pages.begin());
+    ++with_past;
+    distinct += n;
+    c.per_chunk_max = std::max(c.per_chunk_max, n);
+    tiles += t.num_tiles();
+    entries += t.num_entries();
+  }
+  if (with_past > 0) {
+    c.per_chunk_mean = double(distinct) / double(with_past);
+    c.per_tile_mean = double(entries) / double(tiles);
+  }
+  return c;
+}
+
 /// The model's weights (bf16) and gradients (fp32) on the device, for every fwd_bwd point.
 struct device_model {
   oomb_trainer::gpu::device_params<oomb::bf16> weights;
@@ -300,6 +376,8 @@ class fwd_bwd_runner {
   }
   oomb_trainer::chunk_step_stats last_stats() const { return trainer_.last_stats(); }
   oomb_trainer::tier_memory memory() const { return trainer_.memory(); }
+  /// Sparse: the last step's selections, [chunk][layer].
+  const std::vector<oomb::sparse_page_table>* selections() const { return &trainer_.selections(); }
 
  private:
   device_model* m_;
@@ -331,6 +409,8 @@ class step_runner {
   }
   oomb_trainer::chunk_step_stats last_stats() const { return trainer_.last_stats(); }
   oomb_trainer::tier_memory memory() const { return trainer_.memory(); }
+  /// cuda_trainer does not show its selections (the row then has the stats' counts only).
+  const std::vector<oomb::sparse_page_table>* selections() const { return nullptr; }
 
  private:
   static oomb_trainer::trainer_setup setup(const model_config& c, const chunk_options& opt, std::int64_t tokens,
@@ -348,10 +428,11 @@ class step_runner {
 };
 
 /// Measures one (length, chunk) point with Runner; returns its median step time (for the
-/// deadline's forecast of the next point).
+/// deadline's forecast of the next point). `dense_because`: why a sparse request runs dense here.
 template <class Runner>
 double measure(const bench_options& o, const model_config& cfg, const chunk_options& opt, std::int64_t tokens,
-               device_model* m, device_memory_probe& mem, const clock_type::time_point start) {
+               const std::string& dense_because, device_model* m, device_memory_probe& mem,
+               const clock_type::time_point start) {
   // What train/memory_plan.hpp expects this point to take on the GPU (fwd_bwd: the optimizer
   // state planned on the host, since there is none; step: split where the free memory less
   // oomb-train's margin ends), beside what is measured.
@@ -415,8 +496,13 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
     return {t, t1, st.stage1_seconds + st.stage2_seconds - t1, loss};
   };
 
-  std::fprintf(stderr, "%s %lld tokens, chunk %d, page %d%s: warm-up step of %lld tokens\n", o.model.c_str(),
-               static_cast<long long>(tokens), opt.chunk, opt.page, opt.offload ? ", offload" : "",
+  const std::string attention =
+      opt.sparse ? ", sparse (budget " + std::to_string(opt.budget) + " + sink " + std::to_string(opt.sink) + " + local " +
+                       std::to_string(opt.local) + ", tile " + std::to_string(opt.tile) + ", " +
+                       oomb::to_string(opt.score) + ")"
+                 : "";
+  std::fprintf(stderr, "%s %lld tokens, chunk %d, page %d%s%s: warm-up step of %lld tokens\n", o.model.c_str(),
+               static_cast<long long>(tokens), opt.chunk, opt.page, opt.offload ? ", offload" : "", attention.c_str(),
                static_cast<long long>(warm_tokens));
   const step_result warm = step(warm_seq);
   // Timed steps: --reps, or 3 when the first takes < 10 s and 1 otherwise; never one that the
@@ -452,7 +538,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["system"] = "oomb";
   row["model"] = o.model;
   row["tokens"] = tokens;
-  row["attention"] = "dense";
+  row["attention"] = opt.sparse ? "sparse" : "dense";
   row["phase"] = Runner::phase;
   row["step_s"] = t;
   row["tok_per_s"] = double(tokens) / t;
@@ -473,6 +559,28 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["offload"] = opt.offload;
   row["near_pages"] = opt.near_pages;
   row["keep_attention_outputs"] = opt.keep_attention_outputs;
+  const oomb_trainer::chunk_step_stats& last = trainer.last_stats();  // the last timed step's
+  if (opt.sparse) {
+    row["budget"] = opt.budget;
+    row["sink"] = opt.sink;
+    row["local"] = opt.local;
+    row["tile"] = opt.tile;
+    row["scoring"] = oomb::to_string(opt.score);
+    // The selector's device work (summaries, scoring, top-k) by the op clock; needs --split.
+    if (opt.time_ops) row["scoring_s"] = split_last[static_cast<std::size_t>(oomb_trainer::op_kind::selection)];
+    if (last.sparse_pages_candidate > 0)
+      row["pages_selected_fraction"] = double(last.sparse_pages_selected) / double(last.sparse_pages_candidate);
+    if (const auto* tables = trainer.selections()) {
+      const selection_counts c = count_selected(*tables);
+      row["pages_selected_per_chunk"] = c.per_chunk_mean;
+      row["pages_selected_per_chunk_max"] = c.per_chunk_max;
+      row["pages_selected_per_tile"] = c.per_tile_mean;
+    }
+  } else if (!dense_because.empty()) {
+    row["dense_because"] = dense_because;
+  }
+  // Gradient page pairs alive at once in the far tier (stage 2's peak: they are released as they complete).
+  row["live_grad_pages_peak"] = last.grad_pages_high_water;
   if (opt.time_ops) {
     // The last timed step's GPU time per kind of op, and what no op accounts for (host work,
     // transfer waits between ops, the optimizer with --phase step).
@@ -518,11 +626,23 @@ void run_all(const bench_options& o, const model_config& cfg, device_model* m, d
     std::int64_t last_tokens = 0;
     for (const std::int64_t tokens : o.lengths) {
       json status{{"system", "oomb"}, {"model", o.model}, {"tokens", tokens}, {"chunk", chunk}, {"phase", Runner::phase}};
+      // A budget that covers every past page at this length is dense attention: said once, run dense.
+      chunk_options point = opt;
+      std::string dense_because;
+      if (point.sparse && oomb_trainer::sparse_covers_past(point, tokens)) {
+        dense_because = oomb_trainer::sparse_covers_past_reason(point, tokens);
+        std::fprintf(stderr, "bench_trainer: %s; running %lld tokens dense\n", dense_because.c_str(),
+                     static_cast<long long>(tokens));
+        point.sparse = false;
+      }
       if (o.deadline_s > 0 && last_tokens > 0) {
-        // Forecast: a step grows at most quadratically with the length; the warm-up and one step.
+        // Forecast: a dense step grows at most quadratically with the length, a sparse one about
+        // linearly (attention bounded per tile) plus its scoring's small quadratic term: ratio^1.5.
+        // The warm-up and one step.
         const double ratio = double(tokens) / double(last_tokens);
+        const double growth = point.sparse ? ratio * std::sqrt(ratio) : ratio * ratio;
         const double warm = o.warmup_tokens > 0 ? double(std::min(o.warmup_tokens, tokens)) / double(tokens) : 1.0;
-        const double forecast = (1.0 + warm * warm) * last_s * ratio * ratio;
+        const double forecast = (1.0 + (point.sparse ? warm : warm * warm)) * last_s * growth;
         if (seconds_since(start) + forecast > o.deadline_s) {
           status["skipped"] = "deadline";
           status["forecast_s"] = forecast;
@@ -531,7 +651,7 @@ void run_all(const bench_options& o, const model_config& cfg, device_model* m, d
         }
       }
       try {
-        last_s = measure<Runner>(o, cfg, opt, tokens, m, mem, start);
+        last_s = measure<Runner>(o, cfg, point, tokens, dense_because, m, mem, start);
         last_tokens = tokens;
       } catch (const oomb::out_of_memory& e) {
         status["oom"] = true;
@@ -551,6 +671,7 @@ int main(int argc, char** argv) {
     const auto start = clock_type::now();
     const model_config cfg = oomb_trainer::load_model_config(o.config_path);
     for (const std::int64_t chunk : o.chunks) o.trainer_options(chunk).validate();  // before any allocation
+    if (o.sparse) oomb_trainer::check_gpu_sparse_tile(o.tile, cfg.num_attention_heads, cfg.num_key_value_heads);
     OOMB_CUDA_CHECK(cudaSetDevice(0), "bench_trainer needs a CUDA GPU");
     OOMB_CUDA_CHECK(cudaFree(nullptr), "creating the CUDA context");
     const oomb_trainer::gpu::ops::gemm_context cublas_up(0);  // cuBLASLt loaded and initialised before the baseline

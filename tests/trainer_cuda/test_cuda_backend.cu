@@ -224,36 +224,6 @@ TEST_CASE("cuda backend: stage 1's attention outputs kept for stage 2, in place 
   expect_step_close(run_gpu<cuda_offload_backend>(host, keep, seq), recomputed.loss, recomputed.grads, 1e-6, 2e-3);
 }
 
-TEST_CASE("cuda backend: the op clock splits a step's GPU time by kind of op and changes no result") {
-  const model_config cfg = config(4, 2, /*tied=*/false);
-  chunk_options opt;
-  opt.chunk = 128;
-  opt.page = 128;
-  const qwen2_params<double> host = bf16_weights(cfg, 51);
-  const oomb_trainer::sequence seq = trainer_test::random_sequence(300, cfg.vocab_size, 52, false);
-  const gpu_step plain = run_gpu<cuda_backend>(host, opt, seq);
-
-  opt.time_ops = true;
-  oomb_trainer::gpu::device_params<oomb::bf16> weights(cfg);
-  oomb_trainer::gpu::copy_to_device(host, weights);
-  oomb_trainer::gpu::device_params<float> grads(cfg);
-  chunk_recurrent<cuda_backend> timed(cfg, opt, seq.size());
-  const double loss = timed.loss_and_grad(weights, grads, seq);
-  CHECK(loss == plain.loss);  // the forward is deterministic: timing it changes no bit
-  const auto& st = timed.last_stats();
-  double sum = 0;
-  for (int k = 0; k < oomb_trainer::op_kinds; ++k) {
-    const double t = st.op_time[static_cast<std::size_t>(k)];
-    CAPTURE(oomb_trainer::op_kind_name(static_cast<oomb_trainer::op_kind>(k)));
-    CHECK(t > 0.0);  // every kind of op ran
-    sum += t;
-  }
-  MESSAGE("op time " << sum << " s of a " << st.stage1_seconds + st.stage2_seconds << " s step");
-  CHECK(sum <= 1.05 * (st.stage1_seconds + st.stage2_seconds));
-  // Off (the default), nothing is timed.
-  CHECK(std::all_of(plain.op_time.begin(), plain.op_time.end(), [](double t) { return t == 0.0; }));
-}
-
 TEST_CASE("cuda backend: offload with device homes, pinned homes in place and sparse attention are refused") {
   const model_config cfg = config(4, 2, true);
   chunk_options opt;
@@ -369,6 +339,52 @@ TEST_CASE("cuda backend, offload, sparse: partial selections equal the masked CP
 
 namespace {
 
+/// A step timed by the op clock against the same step untimed: the same loss bit for bit, every
+/// kind of op timed (selection only when sparse, else none), their sum within the step.
+void check_op_clock(const model_config& cfg, chunk_options opt, std::int64_t tokens, std::uint64_t seed) {
+  const qwen2_params<double> host = bf16_weights(cfg, seed);
+  const oomb_trainer::sequence seq = trainer_test::random_sequence(tokens, cfg.vocab_size, seed + 1, false);
+  const gpu_step plain = run_gpu<cuda_backend>(host, opt, seq);
+
+  opt.time_ops = true;
+  oomb_trainer::gpu::device_params<oomb::bf16> weights(cfg);
+  oomb_trainer::gpu::copy_to_device(host, weights);
+  oomb_trainer::gpu::device_params<float> grads(cfg);
+  chunk_recurrent<cuda_backend> timed(cfg, opt, seq.size());
+  const double loss = timed.loss_and_grad(weights, grads, seq);
+  CHECK(loss == plain.loss);  // the forward (and the selection) is deterministic: timing it changes no bit
+  const auto& st = timed.last_stats();
+  double sum = 0;
+  for (int k = 0; k < oomb_trainer::op_kinds; ++k) {
+    const auto kind = static_cast<oomb_trainer::op_kind>(k);
+    const double t = st.op_time[static_cast<std::size_t>(k)];
+    CAPTURE(oomb_trainer::op_kind_name(kind));
+    if (kind == oomb_trainer::op_kind::selection && !opt.sparse)
+      CHECK(t == 0.0);  // no selector
+    else
+      CHECK(t > 0.0);  // every kind of op ran
+    sum += t;
+  }
+  MESSAGE("op time " << sum << " s of a " << st.stage1_seconds + st.stage2_seconds << " s step, selection "
+                     << st.op_time[static_cast<std::size_t>(oomb_trainer::op_kind::selection)] << " s");
+  CHECK(sum <= 1.05 * (st.stage1_seconds + st.stage2_seconds));
+  // Off (the default), nothing is timed.
+  CHECK(std::all_of(plain.op_time.begin(), plain.op_time.end(), [](double t) { return t == 0.0; }));
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: the op clock splits a step's GPU time by kind of op and changes no result") {
+  chunk_options dense;
+  dense.chunk = 128;
+  dense.page = 128;
+  check_op_clock(config(4, 2, /*tied=*/false), dense, 300, 51);
+  // Sparse, selections partial (pasts of 8 and 16 pages, 4 taken): the selector's work is timed too.
+  check_op_clock(config(4, 2, /*tied=*/false), sparse_options(128, 64, /*budget=*/2, oomb::score_kind::quest), 384, 53);
+}
+
+namespace {
+
 /// A host model of the GPU's tile-level scoring (tile_selection.cuh): per tile, the box (Quest) or
 /// mean (mean-key) of its queries over each KV head's group, scored by the functions the kernels
 /// use, then oomb's page_selector.
@@ -434,7 +450,7 @@ void run_selector_case(const selector_case& k, bool against_cpu, std::uint64_t s
   const std::int64_t rows = std::int64_t(pages) * page - 5;
   const oomb::tile_selection_config cfg{k.tile, k.kind, {/*budget=*/5, /*sink=*/1, /*local=*/2}};
   cuda_backend be;
-  oomb_trainer::cuda_page_selector<oomb::bf16> gpu(be, page, k.hq, k.hkv, k.d, capacity, cfg);
+  oomb_trainer::cuda_page_selector<cuda_backend> gpu(be, page, k.hq, k.hkv, k.d, capacity, cfg);
   oomb_trainer::cpu_page_selector<float> cpu(be, page, k.hq, k.hkv, k.d, capacity, cfg);
   oomb::page_summaries sums(k.hkv, k.d, capacity);  // the host model's
 

@@ -33,10 +33,11 @@
 // uploads the chunk-layer's selection with its window table and the kernels read only the
 // selected past pages. Scratch grows on first use (the first step) and is kept.
 // Each op opens an NVTX range named "<kind>/<op>" (gemm/, attention/, head/, elementwise/,
-// embedding/, pages/) in the "oomb_trainer" domain (NVTX3's scoped ranges), so Nsight Systems
-// attributes the GPU time of a step to its parts (bench/trainer/split.sh); with no profiler
-// attached a range costs a branch. With time_ops(true) each op's time on the compute stream is
-// also summed by op_kind on the device (interval_clock.cuh; bench_trainer --split).
+// embedding/, pages/, and the selector's selection/) in the "oomb_trainer" domain (NVTX3's scoped
+// ranges), so Nsight Systems attributes the GPU time of a step to its parts
+// (bench/trainer/split.sh); with no profiler attached a range costs a branch. With time_ops(true)
+// each op's time on the compute stream is also summed by op_kind on the device (interval_clock.cuh;
+// bench_trainer --split).
 #pragma once
 
 #include <algorithm>
@@ -132,7 +133,7 @@ class basic_cuda_backend {
   using grads_type = gpu::device_params<float>;
   /// Near slots in device memory; homes in Far.
   using residency_backend = oomb::cuda_backend<oomb::device_resource, oomb::cuda_stream, Far>;
-  using selector_type = cuda_page_selector<bf16>;
+  using selector_type = cuda_page_selector<basic_cuda_backend>;
 
   /// fp32 cos/sin of a run of positions on the device (computed on the host in double, as the CPU
   /// does), held in the upload ring until the object dies: every op that reads it is enqueued by then.
@@ -444,8 +445,8 @@ class basic_cuda_backend {
     gpu::ops::convert(kvd, static_cast<const float*>(dv32), dv, compute());
   }
 
- private:
-  /// An op's NVTX range and, with time_ops(true), its compute-stream time into its kind's slot.
+  /// An op's NVTX range and, with time_ops(true), its compute-stream time into its kind's slot;
+  /// public for the selector, whose device work is an op of kind selection.
   class op_scope {
    public:
     op_scope(basic_cuda_backend& b, op_kind k, const char* name) : range_(name), b_(b), kind_(k) {
@@ -467,6 +468,7 @@ class basic_cuda_backend {
     op_kind kind_;
   };
 
+ private:
   // Slots of bad_: where each kind of kernel reports what it could not use (-1: nothing).
   static constexpr int bad_token = 0, bad_target = 1, bad_page = 2;
   // The page kernels' bound on ids: the seam's pool views do not carry the pool's size, and every

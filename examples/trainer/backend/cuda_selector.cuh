@@ -7,7 +7,10 @@
 // per query tile with oomb::select_tiles (tile-level query summaries, CUB top-k, sink and local
 // pages always); the table is copied back to the host sparse_page_table the seam wants, with one
 // event wait per call: in stage 1 a layer's selection depends on its own queries, and the trainer
-// stores the host table for stage 2. No other call waits for the device.
+// stores the host table for stage 2. No other call waits for the device. Its device work is the
+// backend's op of kind selection (NVTX ranges selection/summarize, selection/forget,
+// selection/select; with time_ops, op_time[selection]): the summaries' kernel, the scoring and
+// top-k, not the read-back of the table nor the wait for it.
 //
 // Scoring differs from cpu_page_selector's (per query, then the tile's maximum): the GPU scores a
 // page against the box (Quest) or mean (mean-key) of the tile's queries over its GQA group — an
@@ -43,6 +46,7 @@
 #include <oomb/sparse/tile_selector.hpp>
 
 #include "trainer/backend/device_buffer.cuh"
+#include "trainer/backend/op_kind.hpp"
 
 namespace oomb_trainer {
 
@@ -63,16 +67,19 @@ inline void check_gpu_sparse_tile(std::int32_t tile, std::int32_t hq, std::int32
                " or a multiple of it");
 }
 
-/// The GPU selector (see the file comment); T: the activations' element (bf16).
-template <class T>
+/// The GPU selector (see the file comment) of a CUDA backend: its activations' element (bf16), its
+/// compute stream and its op clock.
+template <class Backend>
 class cuda_page_selector {
+  using T = typename Backend::value_type;
+  using op_scope = typename Backend::op_scope;
+
  public:
   /// Summaries of `capacity` page ids of `page` tokens, `hkv` heads of dim `d`; queries have `hq`
   /// heads; everything enqueued on the backend's compute stream.
-  template <class Backend>
   cuda_page_selector(Backend& backend, std::int32_t page, std::int32_t hq, std::int32_t hkv, std::int32_t d,
                      std::int32_t capacity, const oomb::tile_selection_config& config)
-      : stream_(backend.compute()), page_(page), hq_(hq), hkv_(hkv), d_(d),
+      : backend_(backend), stream_(backend.compute()), page_(page), hq_(hq), hkv_(hkv), d_(d),
         config_((config.validate(), check_gpu_sparse_tile(config.tile_queries, hq, hkv), config)),
         stats_(oomb::summary_stats_for(config.kind)),
         storage_(oomb::device_page_summaries::bytes(capacity, hkv, d, stats_)),
@@ -92,6 +99,7 @@ class cuda_page_selector {
     OOMB_EXPECTS(n > 0 && count <= static_cast<std::int64_t>(ids.size()), "cuda_page_selector::summarize: ", n,
                  " rows need ", count, " pages, given ", ids.size());
     forget_pending();
+    const op_scope timed(backend_, op_kind::selection, "selection/summarize");
     const auto t = ring_.upload(ids.data(), static_cast<std::size_t>(count), stream_);
     oomb::summarize_key_rows(k, n, page_, t.data, static_cast<std::int32_t>(count), summaries_, stream_);
     ring_.release(t, stream_);
@@ -115,12 +123,15 @@ class cuda_page_selector {
     plan_for(tiles, past);
     const std::int32_t per_tile = plan_.pages_per_tile(past);
     const auto entries = static_cast<std::size_t>(tiles) * static_cast<std::size_t>(per_tile);
-    const auto t = ring_.upload(ids.data(), static_cast<std::size_t>(past), stream_);
-    const oomb::tensor_view<const T, 3> queries(q, {n, hq_, d_}, {std::int64_t(hq_) * d_, d_, 1},
-                                                oomb::memory_kind::device);
-    oomb::select_tiles(plan_, summaries_.view(), queries, t.data, past, indptr_.data(), pages_.data(),
-                       workspace_.data(), workspace_.size(), stream_);
-    ring_.release(t, stream_);
+    {
+      const op_scope timed(backend_, op_kind::selection, "selection/select");
+      const auto t = ring_.upload(ids.data(), static_cast<std::size_t>(past), stream_);
+      const oomb::tensor_view<const T, 3> queries(q, {n, hq_, d_}, {std::int64_t(hq_) * d_, d_, 1},
+                                                  oomb::memory_kind::device);
+      oomb::select_tiles(plan_, summaries_.view(), queries, t.data, past, indptr_.data(), pages_.data(),
+                         workspace_.data(), workspace_.size(), stream_);
+      ring_.release(t, stream_);
+    }
     OOMB_CUDA_CHECK(cudaMemcpyAsync(host_pages_.get(), pages_.data(), entries * sizeof(std::int32_t),
                                     cudaMemcpyDeviceToHost, stream_.get()),
                     "cuda_page_selector: reading the selection back");
@@ -136,6 +147,7 @@ class cuda_page_selector {
   /// Empties the forgotten ids' summaries (rows 0: every listed page gets no tokens), in one launch.
   void forget_pending() {
     if (forgotten_.empty()) return;
+    const op_scope timed(backend_, op_kind::selection, "selection/forget");
     const auto t = ring_.upload(forgotten_.data(), forgotten_.size(), stream_);
     oomb::summarize_key_rows<T>(nullptr, 0, page_, t.data, static_cast<std::int32_t>(forgotten_.size()), summaries_,
                                 stream_);
@@ -156,6 +168,7 @@ class cuda_page_selector {
     host_pages_ = oomb::make_pinned_staging<std::int32_t>(entries, cudaHostAllocDefault, "cuda_page_selector");
   }
 
+  Backend& backend_;
   oomb::cuda_stream_view stream_;
   std::int32_t page_, hq_, hkv_, d_;
   oomb::tile_selection_config config_;

@@ -16,16 +16,17 @@ enum class op_kind : int {
   elementwise,         ///< RMSNorm, RoPE, SwiGLU, residual adds
   embedding,           ///< embedding_forward / embedding_backward
   pages,               ///< write_pages, add_from_pages
+  selection,           ///< page-sparse: the selector's summaries, page scoring and top-k (cuda_selector.cuh)
 };
-inline constexpr int op_kinds = 7;
+inline constexpr int op_kinds = 8;
 
 /// Seconds per op_kind (index: int(kind)).
 using op_seconds = std::array<double, op_kinds>;
 
 /// The NVTX prefix and JSON name of a kind.
 inline constexpr const char* op_kind_name(op_kind k) noexcept {
-  constexpr const char* names[op_kinds] = {"gemm",       "attention_forward", "attention_backward", "head",
-                                           "elementwise", "embedding",        "pages"};
+  constexpr const char* names[op_kinds] = {"gemm",        "attention_forward", "attention_backward", "head",
+                                           "elementwise", "embedding",         "pages",              "selection"};
   return names[static_cast<int>(k)];
 }
 
