@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The sparse accuracy study's table and figures, from one run_gpu.sh call's JSON lines
+(train.jsonl, runs.jsonl, summary.jsonl, copied into RESULTS, by default
+bench/sparse_accuracy/results/):
+
+- prints the Markdown table of docs/sparse.md: per model state, tokens, scoring and budget, the
+  share of past pages attended, the step's loss sparse against dense, and the gradient error over
+  the parameter tensors (cosine and relative L2: median, worst and the worst tensor); the dense
+  repeat gives the run-to-run floor; runs not made are listed with the reason;
+- draws docs/img/sparse_accuracy_loss.png (the kv-recall loss curves of the dense, sparse and
+  no-cross-chunk training runs, ln(values) marked) and docs/img/sparse_accuracy_grads.png
+  (relative L2 against the budget, median and worst tensor, per state, tokens and scoring).
+
+    python3 bench/sparse_accuracy/plot.py [RESULTS [IMG]]      # needs matplotlib; IMG: docs/img
+"""
+import json
+import math
+import pathlib
+import sys
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+STATES = ("trained", "random")
+KV_VALUES = 6  # run_gpu.sh trains kv-recall with its default values per key: ln 6 is chance
+
+
+def lines(path):
+    if not path.exists():
+        return []
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+def fmt(x, spec):
+    return "—" if x is None else format(x, spec)
+
+
+def tokens_name(n):
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def table(summaries, runs):
+    out = ["| model | tokens | attention | pages attended | loss (sparse / dense) | cosine: median / worst | "
+           "rel. L2: median / worst | worst tensor (rel. L2) |",
+           "|---|---:|---|---:|---|---|---|---|"]
+    order = lambda r: (STATES.index(r["state"]), r["tokens"], r["attention"] != "dense-repeat", r["scoring"] or "",
+                       r["budget"] or 0)
+    for s in sorted(summaries, key=order):
+        if s["attention"] == "dense-repeat":
+            what, attended = "dense again (run-to-run floor)", "all"
+        else:
+            what = f"{s['scoring']}, budget {s['budget']}"
+            sel, cand = s.get("sparse_pages_selected"), s.get("sparse_pages_candidate")
+            attended = f"{100 * sel / cand:.1f}%" if sel is not None and cand else "—"
+        out.append(f"| {s['state']} | {tokens_name(s['tokens'])} | {what} | {attended} | "
+                   f"{fmt(s['sparse_loss'], '.4f')} / {fmt(s['dense_loss'], '.4f')} | "
+                   f"{fmt(s['median_cosine'], '.6f')} / {fmt(s['worst_cosine'], '.6f')} | "
+                   f"{fmt(s['median_rel_l2'], '.2e')} / {fmt(s['worst_rel_l2'], '.2e')} | "
+                   f"`{s['worst_rel_l2_tensor']}` |")
+    for r in sorted(runs, key=order):
+        if not r["note"].startswith("rc "):
+            out.append(f"| {r['state']} | {tokens_name(r['tokens'])} | {r['scoring']}, budget {r['budget']} | "
+                       f"{r['note']} | | | | |")
+        elif r["note"] != "rc 0":
+            out.append(f"| {r['state']} | {tokens_name(r['tokens'])} | {r['attention']} "
+                       f"{r['scoring'] or ''} {r['budget'] or ''} | failed: {r['note']} | | | | |")
+    return "\n".join(out)
+
+
+def plot_losses(train, values, path):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run, colour in (("dense", "C0"), ("sparse", "C1"), ("control", "C7")):
+        steps = [(r["step"], r["loss"]) for r in train if r.get("run") == run and "loss" in r]
+        if not steps:
+            continue
+        x, y = zip(*sorted(steps))
+        ax.plot(x, y, color=colour, alpha=0.3, linewidth=0.8)
+        k = 20  # running mean: one sequence's answers make a noisy loss
+        mean = [sum(y[max(0, i - k + 1) : i + 1]) / len(y[max(0, i - k + 1) : i + 1]) for i in range(len(y))]
+        label = {"dense": "dense", "sparse": "page-sparse", "control": "no past pages (control)"}[run]
+        ax.plot(x, mean, color=colour, label=f"{label} (last {y[-1]:.3f})")
+    ax.axhline(math.log(values), color="k", linestyle=":", linewidth=1, label=f"ln {values} (no recall)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("answer loss")
+    ax.set_title("kv-recall training: dense vs page-sparse attention")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_grads(summaries, path):
+    fig, axes = plt.subplots(1, len(STATES), figsize=(11, 4), sharey=True)
+    for ax, state in zip(axes, STATES):
+        mine = [s for s in summaries if s["state"] == state]
+        for i, tokens in enumerate(sorted({s["tokens"] for s in mine})):
+            floor = [s["median_rel_l2"] for s in mine if s["tokens"] == tokens and s["attention"] == "dense-repeat"]
+            if floor and floor[0]:
+                ax.axhline(floor[0], color=f"C{i}", linestyle=":", linewidth=1,
+                           label=f"{tokens_name(tokens)} dense again (median)")
+            for scoring, marker in (("quest", "o"), ("mean", "s")):
+                pts = sorted((s["budget"], s["median_rel_l2"], s["worst_rel_l2"]) for s in mine
+                             if s["tokens"] == tokens and s["scoring"] == scoring)
+                if not pts:
+                    continue
+                b, med, worst = zip(*pts)
+                ax.plot(b, med, color=f"C{i}", marker=marker, label=f"{tokens_name(tokens)} {scoring}: median")
+                ax.plot(b, worst, color=f"C{i}", marker=marker, linestyle="--", alpha=0.6,
+                        label=f"{tokens_name(tokens)} {scoring}: worst tensor")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({s["budget"] for s in mine if s["budget"]}))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_yscale("log")
+        ax.set_xlabel("budget (scored pages per tile)")
+        ax.set_title(f"{state} model")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("relative L2 error of the gradient vs dense")
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    results = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "bench/sparse_accuracy/results"
+    train, runs, summaries = (lines(results / f) for f in ("train.jsonl", "runs.jsonl", "summary.jsonl"))
+    if not summaries and not train:
+        raise SystemExit(f"{results}: no train.jsonl or summary.jsonl (copy a run_gpu.sh call's $OUT there)")
+    img = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "docs/img"
+    print(table(summaries, runs))
+    img.mkdir(parents=True, exist_ok=True)
+    if train:
+        plot_losses(train, KV_VALUES, img / "sparse_accuracy_loss.png")
+    if summaries:
+        plot_grads(summaries, img / "sparse_accuracy_grads.png")
+
+
+if __name__ == "__main__":
+    main()
