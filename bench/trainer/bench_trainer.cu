@@ -282,13 +282,27 @@ double matmul_parameters(const model_config& c) {
   return c.tie_word_embeddings ? all : all - double(c.vocab_size) * c.hidden_size;
 }
 
-/// The fwd_bwd step's work without recomputation: 6 multiply-adds' FLOPs per matrix parameter and
-/// token, plus per layer, query head and causal (query, key) pair, 4d FLOPs forward (q.k and p.v)
-/// and 8d backward (dp, dv, dq, dk): N(N+1)/2 pairs, the causal half counted once.
-double step_flops(const model_config& c, std::int64_t tokens) {
+/// The (query, key) pairs one layer and query head attends: dense, the causal half N(N+1)/2;
+/// sparse, each chunk's own causal pairs plus, per tile, its selected past pages' keys for each of
+/// its queries (`selected`: past pages summed over the step's tiles and layers; a partial last
+/// tile counted whole, so at most a tile's worth high).
+double attention_pairs(const chunk_options& opt, std::int64_t tokens, std::int64_t selected, std::int32_t layers) {
   const double n = static_cast<double>(tokens);
-  const double pairs = n * (n + 1) / 2;
-  return 6.0 * matmul_parameters(c) * n + 12.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * pairs;
+  if (!opt.sparse) return n * (n + 1) / 2;
+  double own = 0;
+  for (std::int64_t first = 0; first < tokens; first += opt.chunk) {
+    const double c = static_cast<double>(std::min<std::int64_t>(opt.chunk, tokens - first));
+    own += c * (c + 1) / 2;
+  }
+  return own + double(selected) * opt.page * opt.tile / layers;
+}
+
+/// The fwd_bwd step's work without recomputation: 6 multiply-adds' FLOPs per matrix parameter and
+/// token, plus per layer, query head and attended (query, key) pair, 4d FLOPs forward (q.k and
+/// p.v) and 8d backward (dp, dv, dq, dk).
+double step_flops(const model_config& c, std::int64_t tokens, double pairs) {
+  return 6.0 * matmul_parameters(c) * double(tokens) +
+         12.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * pairs;
 }
 
 std::string utc_date() {
@@ -559,7 +573,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["offload"] = opt.offload;
   row["near_pages"] = opt.near_pages;
   row["keep_attention_outputs"] = opt.keep_attention_outputs;
-  const oomb_trainer::chunk_step_stats& last = trainer.last_stats();  // the last timed step's
+  const oomb_trainer::chunk_step_stats last = trainer.last_stats();  // the last timed step's
   if (opt.sparse) {
     row["budget"] = opt.budget;
     row["sink"] = opt.sink;
@@ -594,7 +608,8 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
     row["split_s"] = split;
     row["split_outside_ops_s"] = step_s.back() - in_ops;
   }
-  row["tflops"] = step_flops(cfg, tokens) / t / 1e12;
+  row["tflops"] =
+      step_flops(cfg, tokens, attention_pairs(opt, tokens, last.sparse_pages_selected, cfg.num_hidden_layers)) / t / 1e12;
   row["stage1_s"] = median(stage1_s);
   row["stage2_s"] = median(stage2_s);
   row["step_s_all"] = step_s;

@@ -3,9 +3,12 @@
 """Draws docs/img/trainer_<model>.png from the trainer benchmark's committed JSON lines
 (bench/trainer/results/*.jsonl, one object per measured step, oomb's and PyTorch's): peak GPU
 memory and tokens/s against the context, per model, one line per system and configuration
-(ours: chunk, page, in place or offload). Where a point was measured more than once, the latest
-row (by date, then file name and line) is drawn. Prints each line's memory growth: the
-least-squares slope of peak_gpu_bytes against tokens, in MB (10^6 bytes) per 10K tokens.
+(ours: chunk, in place or offload, attention recomputed or kept, and for page-sparse rows the
+budget, sink, local, tile and scoring: one line each). Where a point was measured more than once,
+the latest row (by date, then file name and line) is drawn. Prints each line's memory growth: the
+least-squares slope of peak_gpu_bytes against tokens, in MB (10^6 bytes) per 10K tokens. A sparse
+request whose budget covered every past page at a length ran dense there (dense_because) and is
+drawn with the dense rows.
 
     python3 bench/trainer/plot.py            # needs matplotlib
 """
@@ -37,7 +40,10 @@ def series_name(r):
         return r["system"]
     where = "offload" if r.get("offload") else "in place"
     attention = "keep" if r.get("keep_attention_outputs") else "recompute"
-    return f"oomb, chunk {r['chunk']}, {where}, {attention}"
+    name = f"oomb, chunk {r['chunk']}, {where}, {attention}"
+    if r.get("attention") == "sparse":
+        name += f", sparse {r['budget']}+{r['sink']}+{r['local']} ({r['scoring']}, tile {r['tile']})"
+    return name
 
 
 def growth_mb_per_10k(pts):
@@ -64,7 +70,8 @@ def main():
         for name in names:
             pts = sorted((r for (n, _), r in latest.items() if n == name), key=lambda r: r["tokens"])
             x = [r["tokens"] for r in pts]
-            style = dict(marker="o", linestyle="--" if name == "pytorch" else "-", label=name)
+            line = "--" if name == "pytorch" else ":" if "sparse" in name else "-"
+            style = dict(marker="o", linestyle=line, label=name)
             mem_ax.plot(x, [r["peak_gpu_bytes"] / GIB for r in pts], **style)
             speed_ax.plot(x, [r["tok_per_s"] for r in pts], **style)
             g = growth_mb_per_10k(pts)

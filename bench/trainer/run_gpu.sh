@@ -9,6 +9,11 @@
 #   OFFLOAD=1      pages at home in pinned host memory (NEAR_PAGES: device slots per tier, 0 = auto)
 #   KEEP=1         keep stage 1's attention outputs for stage 2 (--keep-attention-outputs)
 #   SPLIT=1        time the backend's ops by kind on the device (--split: each row's split_s)
+#   SPARSE_BUDGET  page-sparse attention, B scored past pages per query tile (--sparse-budget); SINK,
+#                  LOCAL, TILE, SCORING (quest|mean) shape it (--sink, --local, --tile, --scoring;
+#                  bench_trainer's defaults 1, 1, 128, quest; refused without SPARSE_BUDGET). Sparse
+#                  runs default to SPLIT=1 (the rows' scoring_s comes from the op clock) and to
+#                  SYSTEMS=oomb (the competitor is dense)
 #   REPS           timed steps per point (0: 3 below 10 s a step, else 1)
 #   WARMUP_TOKENS  our warm-up step's length on each point's trainer (0: the point's length; the
 #                  competitor warms up once, at its smallest length)
@@ -30,6 +35,13 @@ esac
 lengths=("$@")
 OUT=${OUT:-/tmp/trainer-bench-out}
 PHASE=${PHASE:-fwd_bwd}
+sparse=()
+[ -n "${SPARSE_BUDGET:-}" ] && sparse+=(--sparse-budget "$SPARSE_BUDGET")
+[ -n "${SINK:-}" ] && sparse+=(--sink "$SINK")
+[ -n "${LOCAL:-}" ] && sparse+=(--local "$LOCAL")
+[ -n "${TILE:-}" ] && sparse+=(--tile "$TILE")
+[ -n "${SCORING:-}" ] && sparse+=(--scoring "$SCORING")
+if [ -n "${SPARSE_BUDGET:-}" ]; then SPLIT=${SPLIT:-1}; SYSTEMS=${SYSTEMS:-oomb}; fi
 if [ "$PHASE" = step ]; then SYSTEMS=${SYSTEMS:-oomb}; else SYSTEMS=${SYSTEMS:-oomb pytorch}; fi
 DEADLINE_S=${DEADLINE_S:-540}
 if [[ " $SYSTEMS " == *" pytorch "* ]]; then OOMB_S=${OOMB_S:-$((DEADLINE_S * 55 / 100))}; else OOMB_S=${OOMB_S:-$DEADLINE_S}; fi
@@ -48,6 +60,7 @@ tag=$model-$(date -u +%Y%m%dT%H%M%S)
   echo "commit $(cat "$here/COMMIT")"
   ldd "$here/bench_trainer" | grep -E "cublas|not found"
   echo "lengths ${lengths[*]}  phase $PHASE  chunk ${CHUNK:-$chunk_default}  offload ${OFFLOAD:-0}  keep ${KEEP:-0}  budget $DEADLINE_S s (ours $OOMB_S s)"
+  echo "attention ${sparse[*]:-dense}  split ${SPLIT:-0}"
 } 2>&1 | tee "$OUT/env-$tag.txt"
 
 if [[ " $SYSTEMS " == *" oomb "* ]]; then
@@ -58,6 +71,7 @@ if [[ " $SYSTEMS " == *" oomb "* ]]; then
   [ "${OFFLOAD:-0}" = 1 ] && args+=(--offload --near-pages "${NEAR_PAGES:-0}")
   [ "${KEEP:-0}" = 1 ] && args+=(--keep-attention-outputs)
   [ "${SPLIT:-0}" = 1 ] && args+=(--split)
+  args+=("${sparse[@]}")
   timeout $((OOMB_S + 45)) "$here/bench_trainer" "${args[@]}" 2>&1 | tee "$OUT/oomb-$tag.log"
   echo "bench_trainer rc=$?" | tee -a "$OUT/oomb-$tag.log"
 fi

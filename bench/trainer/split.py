@@ -4,8 +4,8 @@
     python3 split.py PREFIX      (PREFIX.bench.jsonl and PREFIX_<report>.csv from split.sh)
 
 Parts: the GPU time projected from the CUDA backend's NVTX ranges, by the range's kind (the name
-before the '/': gemm, attention, head, elementwise, embedding, pages; attention split into forward
-and backward), every kernel outside those ranges ("other kernels": the stall clock, gradient
+before the '/': gemm, attention, head, elementwise, embedding, pages, and with sparse attention the
+selector's selection; attention split into forward and backward), every kernel outside those ranges ("other kernels": the stall clock, gradient
 zeroing, copies between buffers), and the wall clock the compute stream ran no kernel ("no kernel
 running": host work, waits for transfers, launch gaps). Transfers (the copy engines' time, on
 their own streams, overlapping compute) are listed beside, not in the sum. Prints a table and
@@ -35,8 +35,9 @@ def part_of(range_name):
     kind, _, op = name.partition("/")
     if kind == "attention":
         return "attention forward" if op == "forward" else "attention backward"
-    if kind in ("gemm", "head", "elementwise", "embedding", "pages"):
-        return {"gemm": "GEMM (projections)", "head": "LM head + loss"}.get(kind, kind)
+    if kind in ("gemm", "head", "elementwise", "embedding", "pages", "selection"):
+        return {"gemm": "GEMM (projections)", "head": "LM head + loss",
+                "selection": "sparse selection"}.get(kind, kind)
     return None
 
 
@@ -72,7 +73,8 @@ def main(prefix):
     for name, t in sorted(unknown.items(), key=lambda kv: -kv[1])[:8]:
         print(f"  other range {name}: {t:.3f} s (not in the sum)")
     out = {k: row.get(k) for k in ("system", "model", "tokens", "attention", "phase", "chunk", "page", "offload",
-                                   "keep_attention_outputs", "commit", "date")}
+                                   "keep_attention_outputs", "budget", "sink", "local", "tile", "scoring", "commit",
+                                   "date") if k in row}
     out.update(step_s=step_s, split_s=dict(parts), transfer_s=dict(copies), kernel_s=kernels)
     with open(prefix + ".jsonl", "w") as f:
         f.write(json.dumps(out) + "\n")
