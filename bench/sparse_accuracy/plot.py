@@ -5,9 +5,9 @@
 bench/sparse_accuracy/results/):
 
 - prints the Markdown table of docs/sparse.md: per model state, tokens, scoring and budget, the
-  share of past pages attended, the step's loss sparse against dense, and the gradient error over
-  the parameter tensors (cosine and relative L2: median, worst and the worst tensor); the dense
-  repeat gives the run-to-run floor; runs not made are listed with the reason;
+  share of past pages attended, the step's loss sparse against dense, and the gradient error
+  (cosine and relative L2) of the whole gradient as one vector, of the median tensor and of the
+  worst, named; the dense repeat gives the run-to-run floor; runs not made are listed with why;
 - draws docs/img/sparse_accuracy_loss.png (the kv-recall loss curves of the dense, sparse and
   no-cross-chunk training runs, ln(values) marked) and docs/img/sparse_accuracy_grads.png
   (relative L2 against the budget, median and worst tensor, per state, tokens and scoring).
@@ -45,8 +45,8 @@ def tokens_name(n):
 
 
 def table(summaries, runs):
-    out = ["| model | tokens | attention | pages attended | loss (sparse / dense) | cosine: median / worst | "
-           "rel. L2: median / worst | worst tensor (rel. L2) |",
+    out = ["| model | tokens | attention | past pages attended | loss: sparse / dense | whole gradient: cosine / rel. L2 | "
+           "per tensor, median: cosine / rel. L2 | worst tensor: cosine / rel. L2 |",
            "|---|---:|---|---:|---|---|---|---|"]
     order = lambda r: (STATES.index(r["state"]), r["tokens"], r["attention"] != "dense-repeat", r["scoring"] or "",
                        r["budget"] or 0)
@@ -57,11 +57,14 @@ def table(summaries, runs):
             what = f"{s['scoring']}, budget {s['budget']}"
             sel, cand = s.get("sparse_pages_selected"), s.get("sparse_pages_candidate")
             attended = f"{100 * sel / cand:.1f}%" if sel is not None and cand else "—"
+        worst = f"`{s['worst_rel_l2_tensor']}`"
+        if s["worst_cosine_tensor"] != s["worst_rel_l2_tensor"]:
+            worst = f"`{s['worst_cosine_tensor']}` / " + worst
         out.append(f"| {s['state']} | {tokens_name(s['tokens'])} | {what} | {attended} | "
                    f"{fmt(s['sparse_loss'], '.4f')} / {fmt(s['dense_loss'], '.4f')} | "
-                   f"{fmt(s['median_cosine'], '.6f')} / {fmt(s['worst_cosine'], '.6f')} | "
-                   f"{fmt(s['median_rel_l2'], '.2e')} / {fmt(s['worst_rel_l2'], '.2e')} | "
-                   f"`{s['worst_rel_l2_tensor']}` |")
+                   f"{fmt(s['all_cosine'], '.6f')} / {fmt(s['all_rel_l2'], '.2e')} | "
+                   f"{fmt(s['median_cosine'], '.6f')} / {fmt(s['median_rel_l2'], '.2e')} | "
+                   f"{fmt(s['worst_cosine'], '.4f')} / {fmt(s['worst_rel_l2'], '.2e')} ({worst}) |")
     for r in sorted(runs, key=order):
         if not r["note"].startswith("rc "):
             out.append(f"| {r['state']} | {tokens_name(r['tokens'])} | {r['scoring']}, budget {r['budget']} | "
@@ -69,6 +72,23 @@ def table(summaries, runs):
         elif r["note"] != "rc 0":
             out.append(f"| {r['state']} | {tokens_name(r['tokens'])} | {r['attention']} "
                        f"{r['scoring'] or ''} {r['budget'] or ''} | failed: {r['note']} | | | | |")
+    return "\n".join(out)
+
+
+def training_table(train):
+    out = ["| training run | steps | answer loss: first / mean of the last 20 | seconds a step | exit |",
+           "|---|---:|---|---:|---|"]
+    for run, what in (("dense", "dense"), ("sparse", "page-sparse"), ("control", "no past pages (control)")):
+        steps = sorted((r["step"], r["loss"], r["seconds"]) for r in train if r.get("run") == run and "loss" in r)
+        ends = [r for r in train if r.get("run") == run and "rc" in r]
+        rc = ends[-1]["rc"] if ends else None
+        exit_ = {0: "all steps", 143: "stopped by TRAIN_S (checkpoint)"}.get(rc, f"rc {rc}")
+        if not steps:
+            out.append(f"| {what} | 0 | — | — | {exit_} |")
+            continue
+        last = [l for _, l, _ in steps[-20:]]
+        per_step = sum(t for _, _, t in steps[1:]) / max(1, len(steps) - 1)
+        out.append(f"| {what} | {steps[-1][0]} | {steps[0][1]:.4f} / {sum(last) / len(last):.4f} | {per_step:.3f} | {exit_} |")
     return "\n".join(out)
 
 
@@ -130,6 +150,7 @@ def main():
     if not summaries and not train:
         raise SystemExit(f"{results}: no train.jsonl or summary.jsonl (copy a run_gpu.sh call's $OUT there)")
     img = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "docs/img"
+    print(training_table(train), end="\n\n")
     print(table(summaries, runs))
     img.mkdir(parents=True, exist_ok=True)
     if train:

@@ -11,12 +11,13 @@
 #    state's first dense dump. A budget that covers every past page is dense: recorded, not run.
 # Random-init runs start beside the training; the trained model's once its training ends.
 # Environment (all optional):
-#   DEADLINE_S  the whole call's budget in seconds (450): later runs are skipped, and said so
+#   DEADLINE_S  seconds for the runs (420; the comparisons after them take ~20 s): later runs are
+#               skipped, and said so
 #   TRAIN_S     wall time of each training run (180); it stops at a step boundary (SIGTERM)
 #   JOBS        oomb-train processes at once on the GPU (6; the model is tiny)
 #   TOKENS      "65536 262144"   BUDGETS "16 64 256"   SCORINGS "quest mean"
 #   CHUNK 2048, PAGE 128, SINK 1, LOCAL 1, TILE 128 (x GQA 2 = 256 query rows: whole blocks)
-#   TRAIN_TOKENS 16384, TRAIN_STEPS 400, TRAIN_BUDGET 16, LR 2e-3, WARMUP 20, SEED 1234
+#   TRAIN_TOKENS 16384, TRAIN_STEPS 1000, TRAIN_BUDGET 16, LR 2e-3, WARMUP 20, SEED 1234
 #   EVAL_SEED   data (and random init) of the gradient runs (4321)
 #   OFFLOAD=1   the gradient runs stream their pages (--offload)
 #   CONFIG      the model (the staged configs/tiny-d64.json); DEVICE cuda (cpu: to try the script
@@ -28,18 +29,19 @@
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$here/oomb-train
+[ -x "$bin" ] || { echo "run_gpu.sh: no $bin: stage it first (bench/sparse_accuracy/stage.sh)" >&2; exit 1; }
 CONFIG=${CONFIG:-$here/configs/tiny-d64.json}
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/sparse-accuracy-out}
 WORK=${WORK:-/tmp/sparse-accuracy-work}
-DEADLINE_S=${DEADLINE_S:-450}
+DEADLINE_S=${DEADLINE_S:-420}
 TRAIN_S=${TRAIN_S:-180}
 JOBS=${JOBS:-6}
 TOKENS=${TOKENS:-65536 262144}
 BUDGETS=${BUDGETS:-16 64 256}
 SCORINGS=${SCORINGS:-quest mean}
 CHUNK=${CHUNK:-2048} PAGE=${PAGE:-128} SINK=${SINK:-1} LOCAL=${LOCAL:-1} TILE=${TILE:-128}
-TRAIN_TOKENS=${TRAIN_TOKENS:-16384} TRAIN_STEPS=${TRAIN_STEPS:-400} TRAIN_BUDGET=${TRAIN_BUDGET:-16}
+TRAIN_TOKENS=${TRAIN_TOKENS:-16384} TRAIN_STEPS=${TRAIN_STEPS:-1000} TRAIN_BUDGET=${TRAIN_BUDGET:-16}
 LR=${LR:-2e-3} WARMUP=${WARMUP:-20} SEED=${SEED:-1234} EVAL_SEED=${EVAL_SEED:-4321}
 PY=${PY:-/opt/torch/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
@@ -48,7 +50,7 @@ cublas_dir=/usr/local/cuda/lib64
 [ -e "$cublas_dir/libcublasLt.so.13" ] || cublas_dir=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib 2>/dev/null | head -1)
 export LD_LIBRARY_PATH=$cublas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$OUT" "$WORK"
-rm -rf "${WORK:?}"/*
+rm -rf "${WORK:?}"/* "$OUT"/{train,runs,tensors,summary}.jsonl "$OUT/log.txt"  # this call's lines only
 start=$SECONDS
 note() { echo "$*" | tee -a "$OUT/env.txt"; }
 
@@ -60,8 +62,9 @@ note() { echo "$*" | tee -a "$OUT/env.txt"; }
        "budgets $BUDGETS; scorings $SCORINGS; train $TRAIN_TOKENS tokens, <= $TRAIN_STEPS steps in <= $TRAIN_S s," \
        "lr $LR, sparse budget $TRAIN_BUDGET; deadline $DEADLINE_S s, $JOBS jobs"
 } 2>&1 | tee "$OUT/env.txt"
-# The scoring flag is newer than some builds: without it only Quest (the default) runs.
-if "$bin" --help | grep -q -- "--scoring"; then has_scoring=1; else has_scoring=0; note "this oomb-train has no --scoring: Quest only"; fi
+# Mean-key runs need oomb-train's --scoring; without it only Quest (the default) runs.
+help=$("$bin" --help)
+if [[ $help == *--scoring* ]]; then has_scoring=1; else has_scoring=0; note "this oomb-train has no --scoring: Quest only"; fi
 
 common=(--config "$CONFIG" --synthetic kv-recall --chunk "$CHUNK" --page "$PAGE" --device "$DEVICE" --quiet)
 sparse_flags() { echo --sparse-budget "$1" --sink "$SINK" --local "$LOCAL" --tile "$TILE"; }
@@ -132,7 +135,7 @@ EOF
 
 # Every gradient run of one model state, in the order they matter.
 grad_runs() {
-  local state=$1 tokens budget scoring past
+  local state=$1 tokens attention budget scoring past
   for tokens in $TOKENS; do
     # The most past pages a tile sees (the last chunk's): a budget reaching it is dense (oomb-train refuses it).
     past=$(((tokens - 1) / CHUNK * (CHUNK / PAGE)))
