@@ -8,8 +8,8 @@ bench/sparse_accuracy/results/):
   share of past pages attended, the step's loss sparse against dense, and the gradient error
   (cosine and relative L2) of the whole gradient as one vector, of the median tensor and of the
   worst, named; the dense repeat gives the run-to-run floor; runs not made are listed with why;
-- draws docs/img/sparse_accuracy_loss.png (the kv-recall loss curves of the dense, sparse and
-  no-cross-chunk training runs, ln(values) marked) and docs/img/sparse_accuracy_grads.png
+- draws docs/img/sparse_accuracy_loss.png (the kv-recall loss curves: the short warm-start run,
+  then the dense, sparse and no-cross-chunk long runs; ln(values) marked) and docs/img/sparse_accuracy_grads.png
   (relative L2 against the budget, median and worst tensor, per state, tokens and scoring).
 
     python3 bench/sparse_accuracy/plot.py [RESULTS [IMG]]      # needs matplotlib; IMG: docs/img
@@ -78,7 +78,8 @@ def table(summaries, runs):
 def training_table(train):
     out = ["| training run | steps | answer loss: first / mean of the last 20 | seconds a step | exit |",
            "|---|---:|---|---:|---|"]
-    for run, what in (("dense", "dense"), ("sparse", "page-sparse"), ("control", "no past pages (control)")):
+    for run, what in (("short", "short (the warm start)"), ("dense", "dense"), ("sparse", "page-sparse"),
+                      ("control", "no past pages (control)")):
         steps = sorted((r["step"], r["loss"], r["seconds"]) for r in train if r.get("run") == run and "loss" in r)
         ends = [r for r in train if r.get("run") == run and "rc" in r]
         rc = ends[-1]["rc"] if ends else None
@@ -93,8 +94,10 @@ def training_table(train):
 
 
 def plot_losses(train, values, path):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for run, colour in (("dense", "C0"), ("sparse", "C1"), ("control", "C7")):
+    fig, (short, long) = plt.subplots(1, 2, figsize=(11, 4), sharey=True, gridspec_kw={"width_ratios": [1, 2]})
+    runs = (("short", "C2", "dense, short chunks", short), ("dense", "C0", "dense", long),
+            ("sparse", "C1", "page-sparse", long), ("control", "C7", "no past pages (control)", long))
+    for run, colour, label, ax in runs:
         steps = [(r["step"], r["loss"]) for r in train if r.get("run") == run and "loss" in r]
         if not steps:
             continue
@@ -102,13 +105,13 @@ def plot_losses(train, values, path):
         ax.plot(x, y, color=colour, alpha=0.3, linewidth=0.8)
         k = 20  # running mean: one sequence's answers make a noisy loss
         mean = [sum(y[max(0, i - k + 1) : i + 1]) / len(y[max(0, i - k + 1) : i + 1]) for i in range(len(y))]
-        label = {"dense": "dense", "sparse": "page-sparse", "control": "no past pages (control)"}[run]
-        ax.plot(x, mean, color=colour, label=f"{label} (last {y[-1]:.3f})")
-    ax.axhline(math.log(values), color="k", linestyle=":", linewidth=1, label=f"ln {values} (no recall)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("answer loss")
-    ax.set_title("kv-recall training: dense vs page-sparse attention")
-    ax.legend()
+        ax.plot(x, mean, color=colour, label=f"{label} (last 20: {mean[-1]:.3f})")
+    for ax, title in ((short, "short run (warm start)"), (long, "long runs from its checkpoint")):
+        ax.axhline(math.log(values), color="k", linestyle=":", linewidth=1, label=f"ln {values}: no recall")
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    short.set_ylabel("kv-recall answer loss")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -2,29 +2,32 @@
 # The sparse accuracy study in one GPU call (issue 13, "Accuracy, measured"). Staged by
 # bench/sparse_accuracy/stage.sh into .gpu/sparse-accuracy (carry that folder):
 #   bash .gpu/sparse-accuracy/run_gpu.sh
-# 1. Trains the tiny model on kv-recall from one seed, dense and page-sparse side by side (and the
-#    no-cross-chunk control: budget, sink and local 0), each for at most TRAIN_S seconds: their
-#    log.jsonl are the loss curves, the dense run's checkpoint is the trained model.
+# 1. Trains the tiny model on kv-recall: a short run (short chunks: many answers per token, so
+#    recall is learnt fast), then from its checkpoint, side by side, the long runs whose logs are
+#    the loss curves: dense (its checkpoint is the trained model), page-sparse (TRAIN_BUDGET) and
+#    the control without past pages (budget, sink and local 0). Each stops at a step boundary
+#    after its seconds (SIGTERM: exit 143, with its checkpoint) if its steps are not done.
 # 2. For the trained model and for random initialisation, at each of TOKENS: one step at --lr 0
 #    with --dump-grads, dense twice (the second run gives the run-to-run floor: dQ is summed with
 #    atomics) and page-sparse for each budget x scoring; compare.py then sets each dump against the
 #    state's first dense dump. A budget that covers every past page is dense: recorded, not run.
-# Random-init runs start beside the training; the trained model's once its training ends.
+# The random model's runs start beside the training, the trained model's once its training ends.
 # Environment (all optional):
-#   DEADLINE_S  seconds for the runs (420; the comparisons after them take ~20 s): later runs are
-#               skipped, and said so
-#   TRAIN_S     wall time of each training run (180); it stops at a step boundary (SIGTERM)
-#   JOBS        oomb-train processes at once on the GPU (6; the model is tiny)
+#   DEADLINE_S  seconds for the runs (420; the comparisons after them take ~20 s): runs not started
+#               by then are skipped, and said so
+#   JOBS        gradient runs at once on the GPU (4; the model is tiny), beside the training runs
 #   TOKENS      "65536 262144"   BUDGETS "16 64 256"   SCORINGS "quest mean"
 #   CHUNK 2048, PAGE 128, SINK 1, LOCAL 1, TILE 128 (x GQA 2 = 256 query rows: whole blocks)
-#   TRAIN_TOKENS 16384, TRAIN_STEPS 1000, TRAIN_BUDGET 16, LR 2e-3, WARMUP 20, SEED 1234
-#   EVAL_SEED   data (and random init) of the gradient runs (4321)
+#   SHORT_TOKENS 2048, SHORT_CHUNK 128, SHORT_STEPS 600, SHORT_S 60: the short run
+#   TRAIN_TOKENS 16384, TRAIN_STEPS 1000, TRAIN_S 150, TRAIN_BUDGET 16: the long runs (chunk CHUNK)
+#   LR 3e-3, WARMUP 20, SEED 1234 (both phases); EVAL_SEED 4321: the gradient runs' data and
+#   random initialisation
 #   OFFLOAD=1   the gradient runs stream their pages (--offload)
 #   CONFIG      the model (the staged configs/tiny-d64.json); DEVICE cuda (cpu: to try the script
 #               itself at small sizes on a CPU build, see docs/sparse.md)
-# Results in $OUT: env.txt, train.jsonl (every training step, "run": dense|sparse|control),
+# Results in $OUT: env.txt, train.jsonl (every training step, "run": short|dense|sparse|control),
 # runs.jsonl (one line per gradient run, skipped ones included), tensors.jsonl and summary.jsonl
-# (compare.py's lines), log.txt (oomb-train's output).
+# (compare.py's lines), log.txt (each oomb-train run's output, under its name).
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,14 +38,15 @@ DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/sparse-accuracy-out}
 WORK=${WORK:-/tmp/sparse-accuracy-work}
 DEADLINE_S=${DEADLINE_S:-420}
-TRAIN_S=${TRAIN_S:-180}
-JOBS=${JOBS:-6}
+JOBS=${JOBS:-4}
 TOKENS=${TOKENS:-65536 262144}
 BUDGETS=${BUDGETS:-16 64 256}
 SCORINGS=${SCORINGS:-quest mean}
 CHUNK=${CHUNK:-2048} PAGE=${PAGE:-128} SINK=${SINK:-1} LOCAL=${LOCAL:-1} TILE=${TILE:-128}
-TRAIN_TOKENS=${TRAIN_TOKENS:-16384} TRAIN_STEPS=${TRAIN_STEPS:-1000} TRAIN_BUDGET=${TRAIN_BUDGET:-16}
-LR=${LR:-2e-3} WARMUP=${WARMUP:-20} SEED=${SEED:-1234} EVAL_SEED=${EVAL_SEED:-4321}
+SHORT_TOKENS=${SHORT_TOKENS:-2048} SHORT_CHUNK=${SHORT_CHUNK:-128} SHORT_STEPS=${SHORT_STEPS:-600} SHORT_S=${SHORT_S:-60}
+TRAIN_TOKENS=${TRAIN_TOKENS:-16384} TRAIN_STEPS=${TRAIN_STEPS:-1000} TRAIN_S=${TRAIN_S:-150}
+TRAIN_BUDGET=${TRAIN_BUDGET:-16}
+LR=${LR:-3e-3} WARMUP=${WARMUP:-20} SEED=${SEED:-1234} EVAL_SEED=${EVAL_SEED:-4321}
 PY=${PY:-/opt/torch/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 # cuBLASLt is not carried: the toolkit's, else PyTorch's copy.
@@ -59,30 +63,29 @@ note() { echo "$*" | tee -a "$OUT/env.txt"; }
   echo "commit $(cat "$here/COMMIT")"
   ldd "$bin" | grep -E "cublas|not found"
   echo "config $(basename "$CONFIG") on $DEVICE, chunk $CHUNK, page $PAGE, sink $SINK, local $LOCAL, tile $TILE; tokens $TOKENS;" \
-       "budgets $BUDGETS; scorings $SCORINGS; train $TRAIN_TOKENS tokens, <= $TRAIN_STEPS steps in <= $TRAIN_S s," \
-       "lr $LR, sparse budget $TRAIN_BUDGET; deadline $DEADLINE_S s, $JOBS jobs"
+       "budgets $BUDGETS; scorings $SCORINGS; short run $SHORT_TOKENS tokens in chunks of $SHORT_CHUNK, <= $SHORT_STEPS" \
+       "steps in <= $SHORT_S s; long runs $TRAIN_TOKENS tokens, <= $TRAIN_STEPS steps in <= $TRAIN_S s, sparse budget" \
+       "$TRAIN_BUDGET; lr $LR; deadline $DEADLINE_S s, $JOBS gradient jobs"
 } 2>&1 | tee "$OUT/env.txt"
 # Mean-key runs need oomb-train's --scoring; without it only Quest (the default) runs.
 help=$("$bin" --help)
 if [[ $help == *--scoring* ]]; then has_scoring=1; else has_scoring=0; note "this oomb-train has no --scoring: Quest only"; fi
 
-common=(--config "$CONFIG" --synthetic kv-recall --chunk "$CHUNK" --page "$PAGE" --device "$DEVICE" --quiet)
+common=(--config "$CONFIG" --synthetic kv-recall --page "$PAGE" --device "$DEVICE" --quiet)
 sparse_flags() { echo --sparse-budget "$1" --sink "$SINK" --local "$LOCAL" --tile "$TILE"; }
 left() { echo $((DEADLINE_S - (SECONDS - start))); }
 
-# Runs with at most JOBS at once; waits for a free slot first.
-launch() {
-  while (($(jobs -rp | wc -l) >= JOBS)); do wait -n; done
-  "$@" &
-}
-
-train() {  # train NAME [sparse flags...]
-  local name=$1
-  shift
-  timeout -k 30 -s TERM "$TRAIN_S" "$bin" "${common[@]}" --seq-len "$TRAIN_TOKENS" --steps "$TRAIN_STEPS" \
-      --warmup "$WARMUP" --lr "$LR" --seed "$SEED" --out "$WORK/train-$name" "$@" >>"$OUT/log.txt" 2>&1
-  local rc=$?  # 143: stopped by TRAIN_S at a step boundary, with its checkpoint
-  "$PY" - "$WORK/train-$name/log.jsonl" "$name" "$rc" >>"$OUT/train.jsonl" <<'EOF'
+# train NAME TOKENS CHUNK STEPS SECONDS [flags...]: a training run, its log's lines tagged with its
+# name into WORK/train-NAME.jsonl (train.jsonl gathers them at the end: concurrent appends of long
+# writes could interleave). --foreground: timeout signals oomb-train alone, once; without it the
+# process group gets a second SIGTERM, which ends the run at once, without its checkpoint.
+train() {
+  local name=$1 tokens=$2 chunk=$3 steps=$4 seconds=$5
+  shift 5
+  timeout --foreground --preserve-status -k 30 -s TERM "$seconds" "$bin" "${common[@]}" --seq-len "$tokens" --chunk "$chunk" \
+      --steps "$steps" --warmup "$WARMUP" --lr "$LR" --seed "$SEED" --out "$WORK/train-$name" "$@" >"$WORK/train-$name.log" 2>&1
+  local rc=$?
+  "$PY" - "$WORK/train-$name/log.jsonl" "$name" "$rc" >"$WORK/train-$name.jsonl" <<'EOF'
 import json, sys
 path, name, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])
 try:
@@ -95,19 +98,46 @@ print(json.dumps({"run": name, "rc": rc, "steps_done": len(lines)}))
 EOF
 }
 
+# The long runs, from the short run's checkpoint, once the short run has ended (polled by launch).
+long_started=0 train_dense_pid=
+start_long_runs() {
+  ((long_started == 0)) && ! kill -0 "$short_pid" 2>/dev/null || return 0
+  long_started=1
+  local init=$WORK/train-short/checkpoint
+  [ -e "$init" ] || { note "the short run left no checkpoint (see log.txt): no long runs, no trained model"; return 0; }
+  train dense "$TRAIN_TOKENS" "$CHUNK" "$TRAIN_STEPS" "$TRAIN_S" --init "$init" &
+  train_dense_pid=$!
+  train sparse "$TRAIN_TOKENS" "$CHUNK" "$TRAIN_STEPS" "$TRAIN_S" --init "$init" $(sparse_flags "$TRAIN_BUDGET") &
+  train control "$TRAIN_TOKENS" "$CHUNK" "$TRAIN_STEPS" "$TRAIN_S" --init "$init" --sparse-budget 0 --sink 0 \
+      --local 0 --tile "$TILE" &
+}
+
+# Starts a gradient run once fewer than JOBS are running (training runs are not counted).
+grad_pids=()
+launch() {
+  while :; do
+    start_long_runs
+    local live=0 p
+    for p in "${grad_pids[@]}"; do kill -0 "$p" 2>/dev/null && live=$((live + 1)); done
+    ((live < JOBS)) && break
+    sleep 1
+  done
+  "$@" &
+  grad_pids+=($!)
+}
+
 # grad STATE TOKENS ATTENTION BUDGET SCORING: one step at --lr 0 with --dump-grads, its record in runs.jsonl.
 grad() {
   local state=$1 tokens=$2 attention=$3 budget=$4 scoring=$5
   local name=$state-$tokens-$attention${budget:+-$budget}${scoring:+-$scoring}
-  local args=("${common[@]}" --seq-len "$tokens" --steps 1 --lr 0 --seed "$EVAL_SEED" --out "$WORK/$name"
+  local args=("${common[@]}" --seq-len "$tokens" --chunk "$CHUNK" --steps 1 --lr 0 --seed "$EVAL_SEED" --out "$WORK/$name"
               --dump-grads "$WORK/$name.safetensors")
   [ "$state" = trained ] && args+=(--init "$WORK/train-dense/checkpoint")
   [ "${OFFLOAD:-0}" = 1 ] && args+=(--offload)
   [ "$attention" = sparse ] && args+=($(sparse_flags "$budget"))
   [ -n "$scoring" ] && [ "$has_scoring" = 1 ] && args+=(--scoring "$scoring")
   local t0=$SECONDS rc
-  echo "== $name" >>"$OUT/log.txt"
-  timeout -k 10 "$(($(left) > 20 ? $(left) - 10 : 10))" "$bin" "${args[@]}" >>"$OUT/log.txt" 2>&1
+  timeout --foreground -k 10 "$(($(left) > 20 ? $(left) - 10 : 10))" "$bin" "${args[@]}" >"$WORK/$name.log" 2>&1
   rc=$?
   record "$state" "$tokens" "$attention" "$budget" "$scoring" "rc $rc" $((SECONDS - t0)) "$WORK/$name"
 }
@@ -159,19 +189,21 @@ grad_runs() {
   done
 }
 
-# 1. Training, dense and sparse from the same seed, and the control; random-init runs beside them.
-launch train dense
-train_dense_pid=$!
-launch train sparse $(sparse_flags "$TRAIN_BUDGET")
-launch train control --sparse-budget 0 --sink 0 --local 0 --tile "$TILE"
+# 1. The short run, then the long runs (started by launch's polling); the random model's runs
+#    beside them, the trained model's after the dense long run.
+train short "$SHORT_TOKENS" "$SHORT_CHUNK" "$SHORT_STEPS" "$SHORT_S" &
+short_pid=$!
 grad_runs random
-wait "$train_dense_pid"
+until ((long_started)); do start_long_runs; sleep 1; done
+[ -n "$train_dense_pid" ] && wait "$train_dense_pid"
 if [ -e "$WORK/train-dense/checkpoint" ]; then
   grad_runs trained
 else
   note "no trained checkpoint (see log.txt): trained-model runs skipped"
 fi
 wait
+cat "$WORK"/train-*.jsonl >"$OUT/train.jsonl"
+for log in "$WORK"/*.log; do echo "== $(basename "$log" .log)"; cat "$log"; done >"$OUT/log.txt"
 note "runs done at $((SECONDS - start)) s"
 
 # 2. Each dump against its state's first dense dump.
