@@ -580,6 +580,8 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
     row["local"] = opt.local;
     row["tile"] = opt.tile;
     row["scoring"] = oomb::to_string(opt.score);
+    // The page summaries' device bytes (every page id of the context, cuda_selector.cuh), as planned.
+    row["summary_bytes"] = plan.on_gpu(oomb_trainer::plan_part::sparse_summaries);
     // The selector's device work (summaries, scoring, top-k) by the op clock; needs --split.
     if (opt.time_ops) row["scoring_s"] = split_last[static_cast<std::size_t>(oomb_trainer::op_kind::selection)];
     if (last.sparse_pages_candidate > 0)
