@@ -57,14 +57,17 @@ def table(summaries, runs):
             what = f"{s['scoring']}, budget {s['budget']}"
             sel, cand = s.get("sparse_pages_selected"), s.get("sparse_pages_candidate")
             attended = f"{100 * sel / cand:.1f}%" if sel is not None and cand else "—"
-        worst = f"`{s['worst_rel_l2_tensor']}`"
-        if s["worst_cosine_tensor"] != s["worst_rel_l2_tensor"]:
-            worst = f"`{s['worst_cosine_tensor']}` / " + worst
+        name = lambda t: f"`{t.removeprefix('model.')}`"
+        if s["worst_cosine_tensor"] == s["worst_rel_l2_tensor"]:
+            worst = f"{fmt(s['worst_cosine'], '.4f')} / {fmt(s['worst_rel_l2'], '.2e')} ({name(s['worst_rel_l2_tensor'])})"
+        else:
+            worst = (f"{fmt(s['worst_cosine'], '.4f')} ({name(s['worst_cosine_tensor'])}) / "
+                     f"{fmt(s['worst_rel_l2'], '.2e')} ({name(s['worst_rel_l2_tensor'])})")
         out.append(f"| {s['state']} | {tokens_name(s['tokens'])} | {what} | {attended} | "
                    f"{fmt(s['sparse_loss'], '.4f')} / {fmt(s['dense_loss'], '.4f')} | "
                    f"{fmt(s['all_cosine'], '.6f')} / {fmt(s['all_rel_l2'], '.2e')} | "
                    f"{fmt(s['median_cosine'], '.6f')} / {fmt(s['median_rel_l2'], '.2e')} | "
-                   f"{fmt(s['worst_cosine'], '.4f')} / {fmt(s['worst_rel_l2'], '.2e')} ({worst}) |")
+                   f"{worst} |")
     for r in sorted(runs, key=order):
         if not r["note"].startswith("rc "):
             out.append(f"| {r['state']} | {tokens_name(r['tokens'])} | {r['scoring']}, budget {r['budget']} | "
