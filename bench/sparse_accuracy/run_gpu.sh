@@ -67,11 +67,11 @@ note() { echo "$*" | tee -a "$OUT/env.txt"; }
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   echo "commit $(cat "$here/COMMIT")"
   ldd "$bin" | grep -E "cublas|not found"
-  echo "config $(basename "$CONFIG") on $DEVICE, chunk $CHUNK, page $PAGE, sink $SINK, local $LOCAL, tile $TILE; tokens $TOKENS;" \
-       "budgets $BUDGETS; scorings $SCORINGS; short run $SHORT_TOKENS tokens in chunks of $SHORT_CHUNK (pages of" \
-       "$SHORT_PAGE), <= $SHORT_STEPS" \
-       "steps in <= $SHORT_S s; long runs $TRAIN_TOKENS tokens, <= $TRAIN_STEPS steps in <= $TRAIN_S s, sparse budget" \
-       "$TRAIN_BUDGET; lr $SHORT_LR then $LR; deadline $DEADLINE_S s, $JOBS gradient jobs"
+  echo "config $(basename "$CONFIG") on $DEVICE; gradient runs: tokens $TOKENS, chunk $CHUNK, page $PAGE, budgets" \
+       "$BUDGETS, sink $SINK, local $LOCAL, tile $TILE, scorings $SCORINGS, $JOBS at once, deadline $DEADLINE_S s"
+  echo "short run: $SHORT_TOKENS tokens, chunk $SHORT_CHUNK, page $SHORT_PAGE, lr $SHORT_LR, <= $SHORT_STEPS steps in" \
+       "<= $SHORT_S s; long runs: $TRAIN_TOKENS tokens, lr $LR, sparse budget $TRAIN_BUDGET, <= $TRAIN_STEPS steps in" \
+       "<= $TRAIN_S s"
 } 2>&1 | tee "$OUT/env.txt"
 # Mean-key runs need oomb-train's --scoring; without it only Quest (the default) runs.
 help=$("$bin" --help)
@@ -81,15 +81,16 @@ common=(--config "$CONFIG" --synthetic kv-recall --device "$DEVICE" --quiet)
 sparse_flags() { echo --sparse-budget "$1" --sink "$SINK" --local "$LOCAL" --tile "$TILE"; }
 left() { echo $((DEADLINE_S - (SECONDS - start))); }
 
-# train NAME TOKENS CHUNK PAGE STEPS SECONDS LR [flags...]: a training run, its log's lines tagged with its
-# name into WORK/train-NAME.jsonl (train.jsonl gathers them at the end: concurrent appends of long
+# train NAME TOKENS CHUNK PAGE STEPS SECONDS LR [flags...]: a training run, its log's lines
+# tagged with its name into WORK/train-NAME.jsonl (train.jsonl gathers them at the end: concurrent appends of long
 # writes could interleave). --foreground: timeout signals oomb-train alone, once; without it the
 # process group gets a second SIGTERM, which ends the run at once, without its checkpoint.
 train() {
   local name=$1 tokens=$2 chunk=$3 page=$4 steps=$5 seconds=$6 lr=$7
   shift 7
-  timeout --foreground --preserve-status -k 30 -s TERM "$seconds" "$bin" "${common[@]}" --seq-len "$tokens" --chunk "$chunk" \
-      --page "$page" --steps "$steps" --warmup "$WARMUP" --lr "$lr" --seed "$SEED" --out "$WORK/train-$name" "$@" >"$WORK/train-$name.log" 2>&1
+  timeout --foreground --preserve-status -k 30 -s TERM "$seconds" "$bin" "${common[@]}" --seq-len "$tokens" \
+      --chunk "$chunk" --page "$page" --steps "$steps" --warmup "$WARMUP" --lr "$lr" --seed "$SEED" \
+      --out "$WORK/train-$name" "$@" >"$WORK/train-$name.log" 2>&1
   local rc=$?
   "$PY" - "$WORK/train-$name/log.jsonl" "$name" "$rc" >"$WORK/train-$name.jsonl" <<'EOF'
 import json, sys
@@ -113,9 +114,10 @@ start_long_runs() {
   [ -e "$init" ] || { note "the short run left no checkpoint (see log.txt): no long runs, no trained model"; return 0; }
   train dense "$TRAIN_TOKENS" "$CHUNK" "$PAGE" "$TRAIN_STEPS" "$TRAIN_S" "$LR" --init "$init" &
   train_dense_pid=$!
-  train sparse "$TRAIN_TOKENS" "$CHUNK" "$PAGE" "$TRAIN_STEPS" "$TRAIN_S" "$LR" --init "$init" $(sparse_flags "$TRAIN_BUDGET") &
-  train control "$TRAIN_TOKENS" "$CHUNK" "$PAGE" "$TRAIN_STEPS" "$TRAIN_S" "$LR" --init "$init" --sparse-budget 0 --sink 0 \
-      --local 0 --tile "$TILE" &
+  train sparse "$TRAIN_TOKENS" "$CHUNK" "$PAGE" "$TRAIN_STEPS" "$TRAIN_S" "$LR" --init "$init" \
+      $(sparse_flags "$TRAIN_BUDGET") &
+  train control "$TRAIN_TOKENS" "$CHUNK" "$PAGE" "$TRAIN_STEPS" "$TRAIN_S" "$LR" --init "$init" \
+      --sparse-budget 0 --sink 0 --local 0 --tile "$TILE" &
 }
 
 # Starts a gradient run once fewer than JOBS are running (training runs are not counted).

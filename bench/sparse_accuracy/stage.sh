@@ -14,5 +14,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$dir/configs"
 cp -f "$bin" "$here/run_gpu.sh" "$here/compare.py" "$dir/"
 cp -f "$here/../../configs/tiny-d64.json" "$dir/configs/"
-git -C "$here" describe --always --dirty --abbrev=12 > "$dir/COMMIT"
+# The commit the binary was built from: its build folder's source tree, which may be another checkout.
+source_dir=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
+git -C "${source_dir:-$here}" describe --always --dirty --abbrev=12 > "$dir/COMMIT"
 echo "staged $(cat "$dir/COMMIT") in $dir ($(du -sh "$dir" | cut -f1))"
