@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """The sparse accuracy study's table and figures, from one run_gpu.sh call's JSON lines
-(train.jsonl, runs.jsonl, summary.jsonl, copied into RESULTS, by default
-bench/sparse_accuracy/results/):
+(train.jsonl, runs.jsonl, summary.jsonl). RESULTS is the call's $OUT folder, or the prefix that
+its copies' names share: by default bench/sparse_accuracy/results/2026-12-01-h200- (the committed
+H200 call, so results/2026-12-01-h200-train.jsonl and so on):
 
 - prints the Markdown table of docs/sparse.md: per model state, tokens, scoring and budget, the
   share of past pages attended, the step's loss sparse against dense, and the gradient error
@@ -120,7 +121,7 @@ def plot_losses(train, values, path):
 
 
 def plot_grads(summaries, path):
-    fig, axes = plt.subplots(1, len(STATES), figsize=(11, 4), sharey=True)
+    fig, axes = plt.subplots(1, len(STATES), figsize=(13, 4), sharey=True)
     for ax, state in zip(axes, STATES):
         mine = [s for s in summaries if s["state"] == state]
         for i, tokens in enumerate(sorted({s["tokens"] for s in mine})):
@@ -145,16 +146,18 @@ def plot_grads(summaries, path):
         ax.set_title(f"{state} model")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("relative L2 error of the gradient vs dense")
-    axes[-1].legend(fontsize=7)
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))  # beside the data, not over it
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main():
-    results = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "bench/sparse_accuracy/results"
-    train, runs, summaries = (lines(results / f) for f in ("train.jsonl", "runs.jsonl", "summary.jsonl"))
+    results = sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "bench/sparse_accuracy/results/2026-12-01-h200-")
+    if pathlib.Path(results).is_dir():
+        results = str(pathlib.Path(results)) + "/"
+    train, runs, summaries = (lines(pathlib.Path(results + f)) for f in ("train.jsonl", "runs.jsonl", "summary.jsonl"))
     if not summaries and not train:
-        raise SystemExit(f"{results}: no train.jsonl or summary.jsonl (copy a run_gpu.sh call's $OUT there)")
+        raise SystemExit(f"{results}: no train.jsonl or summary.jsonl (a run_gpu.sh call's $OUT, or its files' common prefix)")
     img = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "docs/img"
     print(training_table(train), end="\n\n")
     print(table(summaries, runs))
