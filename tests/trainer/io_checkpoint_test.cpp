@@ -134,6 +134,54 @@ TEST_CASE_TEMPLATE("checkpoint round trip is bit-exact: weights, AdamW moments, 
   CHECK(load_checkpoint(dir, tiny_config(), w.params, std::vector<named_tensor<T>>{}).step == 2);
 }
 
+TEST_CASE_TEMPLATE("streamed tensors: the same files as in-place ones, each copied out and in exactly once", T, float,
+                   double) {
+  temp_dir parent;
+  fake_model<T> m(3);
+  std::vector<named_tensor<T>> moments;
+  std::vector<std::vector<T>> moment_storage;
+  for (const auto& p : m.params) {
+    moment_storage.push_back(io_test::random_vector<T>(static_cast<std::size_t>(p.numel()), 200 + moment_storage.size()));
+    moments.push_back({p.name + ".exp_avg", p.shape, moment_storage.back().data()});
+  }
+  // Storage the checkpoint code cannot address: reached only through copy_out / copy_in, which count.
+  std::vector<int> outs(m.params.size() + moments.size()), ins(outs.size());
+  auto stream = [&](const std::vector<named_tensor<T>>& list, std::size_t first) {
+    std::vector<streamed_tensor<T>> out;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const named_tensor<T> t = list[i];
+      const std::size_t k = first + i;
+      out.push_back({t.name, t.shape, [t, k, &outs](T* host) { ++outs[k]; std::memcpy(host, t.data, t.numel() * sizeof(T)); },
+                     [t, k, &ins](const T* host) { ++ins[k]; std::memcpy(t.data, host, t.numel() * sizeof(T)); }});
+    }
+    return out;
+  };
+  trainer_state st;
+  st.step = 7;
+  save_checkpoint(parent / "in-place", tiny_config(), m.params, moments, st);
+  save_checkpoint(parent / "streamed", tiny_config(), stream(m.params, 0), stream(moments, m.params.size()), st);
+  CHECK(outs == std::vector<int>(outs.size(), 1));
+  CHECK(ins == std::vector<int>(ins.size(), 0));
+  for (const char* file : {"/model.safetensors", "/optimizer.safetensors"}) {
+    CAPTURE(file);
+    CHECK(io_test::read_bytes(parent / "in-place" + file) == io_test::read_bytes(parent / "streamed" + file));
+  }
+
+  const std::vector<T> saved_params = m.storage;
+  const std::vector<std::vector<T>> saved_moments = moment_storage;
+  m.storage.assign(m.storage.size(), T(-1));
+  for (auto& v : moment_storage) v.assign(v.size(), T(-1));
+  CHECK(load_checkpoint(parent / "streamed", tiny_config(), stream(m.params, 0), stream(moments, m.params.size())).step == 7);
+  CHECK(ins == std::vector<int>(ins.size(), 1));
+  CHECK(same_bits(m.storage, saved_params));
+  for (std::size_t i = 0; i < moment_storage.size(); ++i) CHECK(same_bits(moment_storage[i], saved_moments[i]));
+
+  std::vector<streamed_tensor<T>> no_copy_out = stream(m.params, 0);
+  no_copy_out[1].copy_out = nullptr;
+  expect_error<oomb::invalid_argument>([&] { save_checkpoint(parent / "bad", tiny_config(), no_copy_out, {}, st); },
+                                       {"model.layers.0.self_attn.q_proj.weight", "has no data"});
+}
+
 TEST_CASE("checkpoint in BF16 on request; overwriting replaces the whole folder") {
   temp_dir parent;
   const std::string dir = parent / "ckpt";

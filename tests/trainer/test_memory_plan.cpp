@@ -161,7 +161,12 @@ TEST_CASE("memory plan: with offload nothing on the GPU grows with the context; 
   CHECK(a.optimizer_groups == std::int32_t(oomb_trainer::param_layout(cfg).entries().size()));
   CHECK(a.optimizer_groups_on_gpu == a.optimizer_groups);
   CHECK(a.on_gpu(plan_part::optimizer) == 3 * a.on_gpu(plan_part::gradients));
-  CHECK(a.on_host(plan_part::checkpoint_staging) == a.on_gpu(plan_part::optimizer));  // cuda_training.cuh's save
+  // cuda_training.cuh's save streams one tensor at a time through a buffer of the largest.
+  std::size_t largest = 0;
+  const oomb_trainer::param_layout layout(cfg);
+  for (const auto& e : layout.entries()) largest = std::max(largest, e.numel);
+  CHECK(a.on_host(plan_part::checkpoint_staging) == 4 * largest);
+  CHECK(a.on_host(plan_part::checkpoint_staging) < a.on_gpu(plan_part::optimizer) / 3);  // < one fp32 copy of the weights
   plan_target no_checkpoints = t;
   no_checkpoints.checkpoint_staging = false;
   CHECK(oomb_trainer::plan_memory(cfg, off, 131072, no_checkpoints).host_total() ==
@@ -263,10 +268,13 @@ TEST_CASE("memory plan: the optimizer state fills the GPU in tensor order, the r
   CHECK(small_capped.optimizer_groups_on_gpu > 0);
   CHECK(small_capped.optimizer_groups_on_gpu < small_capped.optimizer_groups);
   CHECK(small_capped.on_gpu(plan_part::optimizer) <= 2 * GiB);
-  // Checkpoint staging covers the GPU's part only: the host part is written where it lives.
+  // Checkpoint staging is one tensor's, the largest (the embedding), wherever the split falls.
   capped.checkpoint_staging = true;
   const memory_plan saving = oomb_trainer::plan_memory(half, off, 131072, capped);
-  CHECK(saving.on_host(plan_part::checkpoint_staging) == saving.on_gpu(plan_part::optimizer));
+  CHECK(saving.on_host(plan_part::checkpoint_staging) == 4 * std::uint64_t(half.vocab_size) * std::uint64_t(half.hidden_size));
+  capped.optimizer_gpu_cap = 0;
+  CHECK(oomb_trainer::plan_memory(half, off, 131072, capped).on_host(plan_part::checkpoint_staging) ==
+        saving.on_host(plan_part::checkpoint_staging));
 }
 
 TEST_CASE("memory plan: --optimizer-gpu-memory caps the GPU's share, for --device cuda only, checked when parsed") {

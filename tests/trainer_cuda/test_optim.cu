@@ -164,19 +164,17 @@ TEST_CASE("adamw_state: a split state (host part streamed in pieces) updates to 
       oomb_trainer::gpu::adamw_state state(cfg, on_gpu, piece);
       const auto& split = state.split();
       CHECK(split.host_offset == (on_gpu == entries.size() ? n : entries[on_gpu].offset));
-      // Masters from a device array, moments through the checkpoint view (staging + pinned). The
-      // view uploads all three arrays of the device part: it starts from what set_masters wrote.
+      // Masters from a device array, moments copied in through the checkpoint view's streamed
+      // tensors (device part and pinned host part alike).
       device_array<float> full(master0);
       state.set_masters(full.get(), stream.view());
       {
-        oomb_trainer::gpu::adamw_checkpoint_view view(state);
-        view.download();
+        const oomb_trainer::gpu::adamw_checkpoint_view view(state);
         for (std::size_t i = 0; i < entries.size(); ++i) {
           const auto& e = entries[i];
-          std::copy(m0.begin() + e.offset, m0.begin() + e.offset + e.numel, view.moments()[2 * i].data);
-          std::copy(v0.begin() + e.offset, v0.begin() + e.offset + e.numel, view.moments()[2 * i + 1].data);
+          view.moments()[2 * i].copy_in(m0.data() + e.offset);
+          view.moments()[2 * i + 1].copy_in(v0.data() + e.offset);
         }
-        view.upload();
       }
       // Padding between tensors is never updated; the reference's moments there are the initial ones.
       device_array<bf16> compute(std::vector<bf16>(n, bf16(0.0f)));
@@ -193,17 +191,19 @@ TEST_CASE("adamw_state: a split state (host part streamed in pieces) updates to 
       state.masters_to_host(got_p.data(), stream.view());
       CHECK(trainer_test::same_bits(got_p, want_p));
       CHECK(trainer_test::same_bits(compute.download(), want_c));
-      oomb_trainer::gpu::adamw_checkpoint_view view(state);
-      view.download();
-      bool moments_equal = true;
+      const oomb_trainer::gpu::adamw_checkpoint_view view(state);
+      bool state_equal = true;
       for (std::size_t i = 0; i < entries.size(); ++i) {
         const auto& e = entries[i];
-        moments_equal = moments_equal &&
-                        std::memcmp(view.moments()[2 * i].data, want_m.data() + e.offset, e.numel * sizeof(float)) == 0 &&
-                        std::memcmp(view.moments()[2 * i + 1].data, want_v.data() + e.offset, e.numel * sizeof(float)) == 0 &&
-                        std::memcmp(view.masters()[i].data, want_p.data() + e.offset, e.numel * sizeof(float)) == 0;
+        const auto copied_out = [&](const oomb_trainer::streamed_tensor<float>& t, const std::vector<float>& want) {
+          std::vector<float> host(e.numel, -1.0f);
+          t.copy_out(host.data());
+          return std::memcmp(host.data(), want.data() + e.offset, e.numel * sizeof(float)) == 0;
+        };
+        state_equal = state_equal && copied_out(view.moments()[2 * i], want_m) && copied_out(view.moments()[2 * i + 1], want_v) &&
+                      copied_out(view.masters()[i], want_p);
       }
-      CHECK(moments_equal);
+      CHECK(state_equal);
     }
   }
   // The masters moved: the test compares updated values, not the start.

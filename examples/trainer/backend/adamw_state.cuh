@@ -171,51 +171,45 @@ class adamw_state {
   adamw_update_stats stats_;
 };
 
-/// The state as host tensors for a checkpoint: masters under the model's names, moments as
+/// The state as tensors for a checkpoint: masters under the model's names, moments as
 /// optimizer.safetensors names and orders them (moment_tensors: "<name>.exp_avg", "<name>.exp_avg_sq"
-/// per tensor). The device part goes through staging held here (3 floats per element of it: the
-/// memory plan's checkpoint staging), the host part is read and written where it lives.
+/// per tensor). Each is streamed: the checkpoint code copies it out of (or into) the device or the
+/// pinned host part one tensor at a time, so saving takes host memory for the largest tensor (the
+/// memory plan's checkpoint staging), not for the device part. Construct it with the device idle
+/// (the copies are synchronous and ordered against no stream of the trainer's).
 class adamw_checkpoint_view {
  public:
-  explicit adamw_checkpoint_view(adamw_state& s) : s_(s) {
-    const std::size_t n = s.split().host_offset;
-    for (auto& st : staged_) st.resize(n);
+  explicit adamw_checkpoint_view(adamw_state& s) {
+    OOMB_CUDA_CHECK(cudaDeviceSynchronize(), "adamw_checkpoint_view: the state's last update");
     for (const param_entry& e : s.layout().entries()) {
-      masters_.push_back({e.name, e.shape, at(adamw_state::master, e)});
-      moments_.push_back({e.name + ".exp_avg", e.shape, at(adamw_state::exp_avg, e)});
-      moments_.push_back({e.name + ".exp_avg_sq", e.shape, at(adamw_state::exp_avg_sq, e)});
+      masters_.push_back(streamed(e.name, e, s, adamw_state::master));
+      moments_.push_back(streamed(e.name + ".exp_avg", e, s, adamw_state::exp_avg));
+      moments_.push_back(streamed(e.name + ".exp_avg_sq", e, s, adamw_state::exp_avg_sq));
     }
   }
 
-  const std::vector<named_tensor<float>>& masters() const noexcept { return masters_; }
-  const std::vector<named_tensor<float>>& moments() const noexcept { return moments_; }
-
-  /// staging = the device part. Synchronous (waits for the device first: the trainer's streams).
-  void download() {
-    OOMB_CUDA_CHECK(cudaDeviceSynchronize(), "adamw_checkpoint_view: download");
-    for (int p = 0; p < 3; ++p)
-      OOMB_CUDA_CHECK(cudaMemcpy(staged_[p].data(), s_.on_device(adamw_state::part(p)), staged_[p].size() * sizeof(float),
-                                 cudaMemcpyDeviceToHost),
-                      "adamw_checkpoint_view: download");
-  }
-  /// The device part = staging. Synchronous.
-  void upload() {
-    OOMB_CUDA_CHECK(cudaDeviceSynchronize(), "adamw_checkpoint_view: upload");
-    for (int p = 0; p < 3; ++p)
-      OOMB_CUDA_CHECK(cudaMemcpy(s_.on_device(adamw_state::part(p)), staged_[p].data(), staged_[p].size() * sizeof(float),
-                                 cudaMemcpyHostToDevice),
-                      "adamw_checkpoint_view: upload");
-  }
+  const std::vector<streamed_tensor<float>>& masters() const noexcept { return masters_; }
+  const std::vector<streamed_tensor<float>>& moments() const noexcept { return moments_; }
 
  private:
-  float* at(adamw_state::part p, const param_entry& e) {
-    const std::size_t h = s_.split().host_offset;
-    return e.offset < h ? staged_[p].data() + e.offset : s_.on_host(p) + (e.offset - h);
+  static streamed_tensor<float> streamed(std::string name, const param_entry& e, adamw_state& s, adamw_state::part p) {
+    const std::size_t h = s.split().host_offset;
+    const bool on_device = e.offset < h;
+    float* at = on_device ? s.on_device(p) + e.offset : s.on_host(p) + (e.offset - h);
+    const std::size_t bytes = e.numel * sizeof(float);
+    const cudaMemcpyKind out = on_device ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost;
+    const cudaMemcpyKind in = on_device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost;
+    streamed_tensor<float> t{std::move(name), e.shape, {}, {}};
+    t.copy_out = [at, bytes, out, n = t.name](float* host) {
+      OOMB_CUDA_CHECK(cudaMemcpy(host, at, bytes, out), "adamw_checkpoint_view: copying '", n, "' out");
+    };
+    t.copy_in = [at, bytes, in, n = t.name](const float* host) {
+      OOMB_CUDA_CHECK(cudaMemcpy(at, host, bytes, in), "adamw_checkpoint_view: copying '", n, "' in");
+    };
+    return t;
   }
 
-  adamw_state& s_;
-  std::vector<float> staged_[3];
-  std::vector<named_tensor<float>> masters_, moments_;
+  std::vector<streamed_tensor<float>> masters_, moments_;
 };
 
 }  // namespace oomb_trainer::gpu

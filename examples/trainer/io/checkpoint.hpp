@@ -100,10 +100,31 @@ dtype native_dtype() {
 }
 
 template <class T>
-void check_tensor_list(const std::vector<named_tensor<T>>& list, const char* what) {
+bool has_data(const named_tensor<T>& t) {
+  return t.data != nullptr || t.numel() == 0;
+}
+template <class T>
+bool has_data(const streamed_tensor<T>& t) {
+  return t.copy_out && t.copy_in;
+}
+
+/// Reads tensor t from f: in place, or for a streamed one through a buffer of that tensor.
+template <class T>
+void read_tensor(const safetensors_file& f, const named_tensor<T>& t) {
+  f.read(t.name, t.shape, t.data);
+}
+template <class T>
+void read_tensor(const safetensors_file& f, const streamed_tensor<T>& t) {
+  const std::vector<T> host = f.read<T>(t.name, t.shape);
+  t.copy_in(host.data());
+}
+
+/// Tensor: named_tensor<T> or streamed_tensor<T>.
+template <class Tensor>
+void check_tensor_list(const std::vector<Tensor>& list, const char* what) {
   for (std::size_t i = 0; i < list.size(); ++i) {
     OOMB_EXPECTS(!list[i].name.empty(), what, ": tensor ", i, " has no name");
-    OOMB_EXPECTS(list[i].data != nullptr || list[i].numel() == 0, what, ": tensor '", list[i].name, "' has no data");
+    OOMB_EXPECTS(has_data(list[i]), what, ": tensor '", list[i].name, "' has no data");
     for (std::size_t k = 0; k < i; ++k)
       OOMB_EXPECTS(list[k].name != list[i].name, what, ": tensor '", list[i].name, "' listed twice");
   }
@@ -122,8 +143,8 @@ inline void write_json_file(const std::string& path, const nlohmann::json& j) {
 }
 
 /// The file must hold exactly the tensors of `list`, with their shapes and a floating dtype.
-template <class T>
-void check_file_matches(const safetensors_file& f, const std::vector<named_tensor<T>>& list) {
+template <class Tensor>
+void check_file_matches(const safetensors_file& f, const std::vector<Tensor>& list) {
   for (const auto& t : list) {
     const tensor_info& info = f.info(t.name);  // names the file and tensor when missing
     OOMB_CHECK(info.shape == t.shape, oomb::format_error, f.path(), ": tensor '", t.name, "' has shape ",
@@ -141,17 +162,17 @@ void check_file_matches(const safetensors_file& f, const std::vector<named_tenso
 
 }  // namespace detail
 
-/// Writes a checkpoint folder at `dir` (replacing an existing one atomically). T is float or
-/// double. `optimizer_state` may be empty (then no optimizer.safetensors is written).
-template <class T>
-void save_checkpoint(const std::string& dir, const model_config& config,
-                     const std::vector<named_tensor<T>>& weights,
-                     const std::vector<named_tensor<T>>& optimizer_state, const trainer_state& state,
+/// Writes a checkpoint folder at `dir` (replacing an existing one atomically). Tensor is
+/// named_tensor<T> or streamed_tensor<T>, T float or double. `optimizer_state` may be empty (then no
+/// optimizer.safetensors is written).
+template <class Tensor>
+void save_checkpoint(const std::string& dir, const model_config& config, const std::vector<Tensor>& weights,
+                     const std::vector<Tensor>& optimizer_state, const trainer_state& state,
                      const checkpoint_options& options = {}) {
   detail::check_tensor_list(weights, "save_checkpoint: weights");
   detail::check_tensor_list(optimizer_state, "save_checkpoint: optimizer state");
   OOMB_EXPECTS(!weights.empty(), "save_checkpoint: no weights");
-  const dtype dt = options.tensor_dtype.value_or(detail::native_dtype<T>());
+  const dtype dt = options.tensor_dtype.value_or(detail::native_dtype<typename Tensor::value_type>());
   auto done = [&](const char* file) {
     if (options.after_file) options.after_file(file);
   };
@@ -186,13 +207,13 @@ inline model_config read_checkpoint_config(const std::string& dir) {
 /// Loads a checkpoint folder into the caller's tensors and returns its trainer state. Its config
 /// must equal `config`, model.safetensors must hold exactly `weights` (names, shapes) and, when
 /// `optimizer_state` is not empty, optimizer.safetensors exactly those. Everything is validated
-/// before any tensor is read; an error names the file and the tensor or field.
-template <class T>
-trainer_state load_checkpoint(const std::string& dir, const model_config& config,
-                              const std::vector<named_tensor<T>>& weights,
-                              const std::vector<named_tensor<T>>& optimizer_state) {
+/// before any tensor is read; an error names the file and the tensor or field. Tensor as
+/// save_checkpoint's.
+template <class Tensor>
+trainer_state load_checkpoint(const std::string& dir, const model_config& config, const std::vector<Tensor>& weights,
+                              const std::vector<Tensor>& optimizer_state) {
   namespace fs = std::filesystem;
-  static_assert(!std::is_const_v<T>, "load_checkpoint writes into the tensors");
+  static_assert(!std::is_const_v<typename Tensor::value_type>, "load_checkpoint writes into the tensors");
   detail::check_tensor_list(weights, "load_checkpoint: weights");
   detail::check_tensor_list(optimizer_state, "load_checkpoint: optimizer state");
   std::error_code ec;
@@ -215,9 +236,9 @@ trainer_state load_checkpoint(const std::string& dir, const model_config& config
     optim = safetensors_file::open((fs::path(dir) / "optimizer.safetensors").string());
     detail::check_file_matches(*optim, optimizer_state);
   }
-  for (const auto& t : weights) model.read(t.name, t.shape, t.data);
+  for (const auto& t : weights) detail::read_tensor(model, t);
   if (optim)
-    for (const auto& t : optimizer_state) optim->read(t.name, t.shape, t.data);
+    for (const auto& t : optimizer_state) detail::read_tensor(*optim, t);
   return state;
 }
 

@@ -2,10 +2,12 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // How the checkpoint code and the optimizer are told about the model's parameters without
-// knowing the model: the caller lists its tensors (HF names, shapes, pointers into its storage).
+// knowing the model: the caller lists its tensors (HF names, shapes, pointers into its storage,
+// or, for storage the host cannot address, the copies in and out of it).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -43,6 +45,22 @@ struct named_tensor {
   std::vector<std::int64_t> shape;
   T* data = nullptr;
 
+  using value_type = T;
+  std::uint64_t numel() const { return shape_numel(shape); }
+};
+
+/// A tensor the host cannot address (on a GPU): `copy_out` writes its numel() elements into a host
+/// buffer, `copy_in` reads them from one. Checkpoints move such tensors one at a time through a
+/// buffer of one tensor, so a model on the GPU is saved and loaded with host memory for its
+/// largest tensor rather than for all of them. T is float or double.
+template <class T>
+struct streamed_tensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::function<void(T* host)> copy_out;
+  std::function<void(const T* host)> copy_in;
+
+  using value_type = T;
   std::uint64_t numel() const { return shape_numel(shape); }
 };
 

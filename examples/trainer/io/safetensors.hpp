@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -390,26 +391,23 @@ class safetensors_file {
 
 /// Collects named tensors (not copied: the data must stay alive until write()) and writes them as
 /// one safetensors file, converting to the output dtype (F32, BF16 or F64; BF16 rounds to nearest
-/// even, once, from float or double).
+/// even, once, from float or double). A streamed_tensor is copied out when write() reaches it,
+/// through a buffer of that one tensor.
 class safetensors_writer {
  public:
   template <class T>
   void add(std::string name, std::vector<std::int64_t> shape, const T* data, dtype out) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                  "tensors are written from float or double buffers");
-    OOMB_EXPECTS(!name.empty(), "safetensors_writer: empty tensor name");
-    OOMB_EXPECTS(name != "__metadata__", "safetensors_writer: '__metadata__' is reserved");
-    OOMB_EXPECTS(out == dtype::f32 || out == dtype::bf16 || out == dtype::f64, "safetensors_writer: tensor '",
-                 name, "': output dtype ", dtype_name(out), " is not supported (F32, BF16, F64)");
-    for (const auto& e : entries_)
-      OOMB_EXPECTS(e.name != name, "safetensors_writer: tensor '", name, "' added twice");
-    const std::uint64_t numel = shape_numel(shape);
-    OOMB_EXPECTS(data != nullptr || numel == 0, "safetensors_writer: tensor '", name, "': null data");
-    entries_.push_back(entry{std::move(name), std::move(shape), data, std::is_same_v<T, double>, out, numel});
+    OOMB_EXPECTS(data != nullptr || shape_numel(shape) == 0, "safetensors_writer: tensor '", name, "': null data");
+    push<T>(std::move(name), std::move(shape), data, {}, out);
   }
   template <class T>
   void add(const named_tensor<T>& t, dtype out) {
     add(t.name, t.shape, static_cast<const std::remove_const_t<T>*>(t.data), out);
+  }
+  template <class T>
+  void add(const streamed_tensor<T>& t, dtype out) {
+    OOMB_EXPECTS(static_cast<bool>(t.copy_out), "safetensors_writer: tensor '", t.name, "' has no copy_out");
+    push<T>(t.name, t.shape, nullptr, [f = t.copy_out](void* host) { f(static_cast<T*>(host)); }, out);
   }
 
   void set_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
@@ -432,11 +430,27 @@ class safetensors_writer {
   struct entry {
     std::string name;
     std::vector<std::int64_t> shape;
-    const void* data;
+    const void* data;                       // host values, or null and:
+    std::function<void(void*)> copy_out;    // fills a host buffer of numel values
     bool is_double;
     dtype out;
     std::uint64_t numel;
   };
+
+  template <class T>
+  void push(std::string name, std::vector<std::int64_t> shape, const T* data, std::function<void(void*)> copy_out,
+            dtype out) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                  "tensors are written from float or double buffers");
+    OOMB_EXPECTS(!name.empty(), "safetensors_writer: empty tensor name");
+    OOMB_EXPECTS(name != "__metadata__", "safetensors_writer: '__metadata__' is reserved");
+    OOMB_EXPECTS(out == dtype::f32 || out == dtype::bf16 || out == dtype::f64, "safetensors_writer: tensor '",
+                 name, "': output dtype ", dtype_name(out), " is not supported (F32, BF16, F64)");
+    for (const auto& e : entries_)
+      OOMB_EXPECTS(e.name != name, "safetensors_writer: tensor '", name, "' added twice");
+    const std::uint64_t numel = shape_numel(shape);
+    entries_.push_back(entry{std::move(name), std::move(shape), data, std::move(copy_out), std::is_same_v<T, double>, out, numel});
+  }
 
   template <class Sink>
   void emit(Sink&& sink) const {
@@ -454,17 +468,23 @@ class safetensors_writer {
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xffu);
     sink(len, 8);
     sink(text.data(), text.size());
-    std::vector<unsigned char> buf;
+    std::vector<unsigned char> buf, streamed;
     for (const auto& e : entries_) {
+      const void* data = e.data;
+      if (e.copy_out) {
+        streamed.resize(static_cast<std::size_t>(e.numel) * (e.is_double ? sizeof(double) : sizeof(float)));
+        e.copy_out(streamed.data());
+        data = streamed.data();
+      }
       const std::size_t esize = dtype_size(e.out);
       const std::size_t per_chunk = detail::conversion_chunk_bytes / esize;
       for (std::uint64_t i = 0; i < e.numel; i += per_chunk) {
         const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(per_chunk, e.numel - i));
         buf.resize(n * esize);
         if (e.is_double)
-          detail::convert_to(e.out, static_cast<const double*>(e.data) + i, n, buf.data());
+          detail::convert_to(e.out, static_cast<const double*>(data) + i, n, buf.data());
         else
-          detail::convert_to(e.out, static_cast<const float*>(e.data) + i, n, buf.data());
+          detail::convert_to(e.out, static_cast<const float*>(data) + i, n, buf.data());
         sink(buf.data(), buf.size());
       }
     }

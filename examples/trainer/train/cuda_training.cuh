@@ -15,8 +15,8 @@
 // adamw.cuh), which writes the bf16 compute weights from the new masters. The gradient buffer
 // doubles as the full fp32 masters on the device while weights are initialised or loaded (every
 // step zeroes it first). Weights and moments cross to the host only in save() / load() /
-// load_weights(), the device part through host staging (3 floats per element of it while it
-// lasts; --init stages the whole model's weights), and are the CPU's files.
+// load_weights(), one tensor at a time through a host buffer of that tensor (--init stages the
+// whole model's weights), and are the CPU's files.
 #pragma once
 
 #include <cstdint>
@@ -80,9 +80,8 @@ class cuda_trainer final : public device_trainer {
   }
 
   trainer_state load(const std::string& dir) override {
-    gpu::adamw_checkpoint_view view(state_);
+    const gpu::adamw_checkpoint_view view(state_);
     const trainer_state st = load_checkpoint(dir, config_, view.masters(), view.moments());
-    view.upload();
     state_.masters_to_device(grads_.data(), stream_);
     gpu::refresh_compute(grads_, compute_, stream_);
     stream_.synchronize();
@@ -90,8 +89,7 @@ class cuda_trainer final : public device_trainer {
   }
 
   void save(const std::string& dir, const trainer_state& state) override {
-    gpu::adamw_checkpoint_view view(state_);
-    view.download();
+    const gpu::adamw_checkpoint_view view(state_);
     save_checkpoint(dir, config_, view.masters(), view.moments(), state);
   }
 

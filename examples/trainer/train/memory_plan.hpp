@@ -142,8 +142,8 @@ struct plan_target {
   std::uint64_t optimizer_gpu_cap = std::numeric_limits<std::uint64_t>::max();
   std::uint64_t gpu_bytes = 0;  ///< device memory the run may take (cuda; e.g. cudaMemGetInfo's free)
   host_limit host;              ///< host memory the run may take (pinned with cuda)
-  /// cuda: count the host staging a checkpoint takes while it is written or read (the weights and
-  /// moments on the GPU as fp32: train/cuda_training.cuh's save / load); off for runs that never
+  /// cuda: count the host staging a checkpoint takes while it is written or read (one tensor at a
+  /// time, the largest as fp32: train/cuda_training.cuh's save / load); off for runs that never
   /// save (the benchmarks' fwd_bwd steps).
   bool checkpoint_staging = true;
 };
@@ -321,11 +321,16 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
                      fmt::format("optimizer ring: {} slots of {} elements x (master + 2 moments), the host part streams through",
                                  optimizer_ring_slots, s.piece_elements())});
     }
-    // A checkpoint crosses from the GPU through host copies (adamw_checkpoint_view); the state at
-    // home on the host is written and read where it is.
-    if (in.checkpoint_staging && s.gpu_tensors > 0)
-      home.push_back({plan_part::checkpoint_staging, s.gpu_bytes(),
-                      "checkpoint staging while one is written (the GPU's weights + 2 moments as fp32, pageable)"});
+    // A checkpoint streams the state through a host buffer of one tensor (adamw_checkpoint_view,
+    // io/checkpoint.hpp): the largest tensor's, while one is written or read.
+    if (in.checkpoint_staging) {
+      const param_entry* largest = &layout.entries().front();
+      for (const param_entry& entry : layout.entries())
+        if (entry.numel > largest->numel) largest = &entry;
+      home.push_back({plan_part::checkpoint_staging, std::uint64_t(largest->numel) * f,
+                      fmt::format("checkpoint staging while one is written or read (one tensor at a time: the largest, {}, "
+                                  "as fp32; pageable)", largest->name)});
+    }
   }
 
   dev.push_back({plan_part::activations, cuda ? activation_bytes<oomb::bf16, float>(c, n) : activation_bytes<float, float>(c, n),
