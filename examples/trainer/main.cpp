@@ -12,7 +12,7 @@
 #include "trainer/train/run.hpp"
 
 #ifdef OOMB_TRAINER_CUDA
-oomb_trainer::device_trainer_maker oomb_train_cuda_device();  // cuda_device.cu
+#include "trainer/train/cuda_device.hpp"  // oomb::trainer_cuda
 #endif
 
 namespace {
@@ -20,7 +20,7 @@ namespace {
 /// What --device cuda runs on in this build (none without CUDA: training_run says so).
 oomb_trainer::device_trainer_maker device_of_this_build() {
 #ifdef OOMB_TRAINER_CUDA
-  return oomb_train_cuda_device();
+  return oomb_trainer::cuda_device_trainer();
 #else
   return {};
 #endif

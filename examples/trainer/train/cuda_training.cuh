@@ -1,6 +1,7 @@
 // oomb trainer — --device cuda: the training state on the GPU (the optimizer's where it fits) and
 // the optimizer step there, for training_run (train/run.hpp) through device_trainer
-// (train/device_trainer.hpp).
+// (train/device_trainer.hpp). training_run takes it from cuda_device_trainer()
+// (train/cuda_device.hpp), which train/cuda_device.cu compiles once for both CUDA backends.
 // SPDX-License-Identifier: Apache-2.0
 //
 // On the device: bf16 compute weights and fp32 gradients (6 bytes per parameter), one
@@ -42,6 +43,7 @@
 #include "trainer/cuda/ops/grad_norm.cuh"
 #include "trainer/io/checkpoint.hpp"
 #include "trainer/train/chunk_recurrent.hpp"
+#include "trainer/train/cuda_device.hpp"
 #include "trainer/train/device_trainer.hpp"
 
 namespace oomb_trainer {
@@ -190,42 +192,5 @@ class cuda_trainer final : public device_trainer {
   chunk_step_stats stats_;
   std::optional<qwen2_params<float>> non_finite_grads_;  // the failure message's staging
 };
-
-/// Throws unless a GPU is visible, the attention kernels take the model's head_dim and, with
-/// page-sparse attention, a selection tile fills whole query blocks.
-inline void require_cuda_device(const trainer_setup& s) {
-  const model_config& c = s.config;
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  OOMB_EXPECTS(e == cudaSuccess && count > 0, "--device cuda: no CUDA GPU is visible (",
-               e == cudaSuccess ? std::string("0 devices") : std::string(cudaGetErrorString(e)),
-               "); use --device cpu");
-  OOMB_EXPECTS(c.head_dim == 64 || c.head_dim == 128, "--device cuda: head_dim ", c.head_dim,
-               " is not supported (the attention kernels take 64 and 128); use --device cpu");
-  OOMB_EXPECTS(!s.full_backprop, "--device cuda: --full-backprop runs on the CPU only");
-  if (s.chunk.sparse) check_gpu_sparse_tile(s.chunk.tile, c.num_attention_heads, c.num_key_value_heads);
-}
-
-/// The current GPU's memory by cudaMemGetInfo.
-inline device_memory_use cuda_memory_use() {
-  std::size_t free = 0, total = 0;
-  OOMB_CUDA_CHECK(cudaMemGetInfo(&free, &total), "--device cuda: cudaMemGetInfo");
-  return {total - free, free, total};
-}
-
-/// What training_run takes for --device cuda: pages in place, or with --offload their homes in
-/// pinned host memory streamed through device slots (cuda_offload_backend).
-inline device_trainer_maker cuda_device_trainer() {
-  device_trainer_maker m;
-  m.name = "cuda";
-  m.require = require_cuda_device;
-  m.memory_use = cuda_memory_use;
-  m.make = [](const trainer_setup& s) -> std::unique_ptr<device_trainer> {
-    require_cuda_device(s);
-    if (s.chunk.offload) return std::make_unique<cuda_trainer<cuda_offload_backend>>(s);
-    return std::make_unique<cuda_trainer<cuda_backend>>(s);
-  };
-  return m;
-}
 
 }  // namespace oomb_trainer
