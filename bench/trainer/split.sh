@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Where the time of one trainer step goes, measured: Nsight Systems over bench_trainer's timed step
 # (the warm-up is outside the capture range), the GPU time of each part of the step by the NVTX
-# ranges of the CUDA backend's ops (gemm/, attention/, head/, elementwise/, embedding/, pages/),
+# ranges of the CUDA backend's ops (gemm/, attention/, head/, elementwise/, embedding/, pages/,
+# selection/),
 # the transfers by the copy engines' time, and what is left of the wall clock (host work, waits).
 #   bash .gpu/trainer-bench/split.sh 0.5b|7b LENGTH      (staged by stage.sh; run on the GPU machine)
 # Environment as run_gpu.sh's: CHUNK, PAGE, OFFLOAD, NEAR_PAGES, KEEP, WARMUP_TOKENS (default: one
-# chunk). Writes $OUT/split-<model>-<length>-<time>.{nsys-rep,jsonl,txt} and the csv reports.
+# chunk), SPARSE_BUDGET, SINK, LOCAL, TILE, SCORING. Without Nsight Systems (the GPU machine has
+# none), run_gpu.sh's SPLIT=1 gives the same parts from the backend's op clock. Writes $OUT/split-<model>-<length>-<time>.{nsys-rep,jsonl,txt} and the csv reports.
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,6 +30,11 @@ args=(--config "$here/configs/qwen2.5-$model.json" --lengths "$length" --phase f
       --jsonl "$OUT/$tag.bench.jsonl")
 [ "${OFFLOAD:-0}" = 1 ] && args+=(--offload --near-pages "${NEAR_PAGES:-0}")
 [ "${KEEP:-0}" = 1 ] && args+=(--keep-attention-outputs)
+[ -n "${SPARSE_BUDGET:-}" ] && args+=(--sparse-budget "$SPARSE_BUDGET")
+[ -n "${SINK:-}" ] && args+=(--sink "$SINK")
+[ -n "${LOCAL:-}" ] && args+=(--local "$LOCAL")
+[ -n "${TILE:-}" ] && args+=(--tile "$TILE")
+[ -n "${SCORING:-}" ] && args+=(--scoring "$SCORING")
 "$NSYS" profile --trace=cuda,nvtx --sample=none --cpuctxsw=none --capture-range=cudaProfilerApi \
     --force-overwrite=true -o "$OUT/$tag" "$here/bench_trainer" "${args[@]}" 2>&1 | tee "$OUT/$tag.log"
 "$NSYS" stats --force-export=true --report nvtx_gpu_proj_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum --format csv \
