@@ -60,9 +60,15 @@ TEST_CASE("run options: sparse shape flags need --sparse-budget, and a budget co
     CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {flag, "2"})), doctest::Contains(message.c_str()),
                          oomb::invalid_argument);
   }
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--scoring", "mean"})),
+                       doctest::Contains("--scoring shapes page-sparse attention: it needs --sparse-budget"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--sparse-budget", "0", "--scoring", "max"})),
+                       doctest::Contains("--scoring: 'max' is not quest or mean"), oomb::invalid_argument);
+  CHECK(parse_train_options(run_args("o", {"--sparse-budget", "0"})).scoring == oomb::score_kind::quest);
+  CHECK(parse_train_options(run_args("o", {"--sparse-budget", "0", "--scoring", "mean"})).scoring == oomb::score_kind::mean);
   // 64 tokens in chunks of 16, pages of 16: the last chunk's past is 3 pages.
   CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--sparse-budget", "1", "--sink", "1", "--local", "1"})),
-                       doctest::Contains("= 3 pages covers every past page (at most 3 at --seq-len 64"),
+                       doctest::Contains("= 3 pages covers every past page (at most 3 at 64 tokens"),
                        oomb::invalid_argument);
   CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--sparse-budget", "9"})), doctest::Contains("that is dense attention"),
                        oomb::invalid_argument);

@@ -13,6 +13,7 @@
 #include <oomb/core/error.hpp>
 
 #include "trainer/train/memory_plan.hpp"
+#include "trainer/train/sparse_flags.hpp"
 
 namespace oomb_trainer {
 
@@ -25,6 +26,7 @@ struct train_options {
   std::int32_t page = 16;
   bool sparse = false;
   std::int32_t budget = 0, sink = 1, local = 1, tile = 128;
+  oomb::score_kind scoring = oomb::score_kind::quest;  ///< how a tile scores its past pages
   bool offload = false;
   std::int32_t near_pages = 0;    ///< 0 with --offload: two windows of a chunk's pages
   std::int32_t window_pages = 0;  ///< 0: near_pages / 2 with offload, one window without
@@ -55,7 +57,7 @@ inline const char* help_text() {
 gradient mirror, offload (far tier: host pool, near tier: fixed slots) and page-sparse attention.
 
 usage: oomb-train --config model.json (--data tokens.bin | --synthetic NAME) --seq-len N [--batch B] --chunk C
-                  --page P [--sparse-budget B --sink S --local L] [--offload --near-pages K]
+                  --page P [--sparse-budget B --sink S --local L --tile Q --scoring K] [--offload --near-pages K]
                   --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
                   [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop] [--device cpu|cuda]
                   [--keep-attention-outputs] [--plan] [--host-memory BYTES] [--gpu-memory BYTES]
@@ -87,6 +89,8 @@ sequence and memory
   --local L             ... plus the L most recent past pages (default 1; needs --sparse-budget)
   --tile Q              queries per selection tile (default 128; needs --sparse-budget; with --device
                         cuda, Q times the GQA group must be a multiple of 128)
+  --scoring K           how a tile scores a page: quest (Quest's upper bound from the page's per-channel
+                        key min/max; default) or mean (against the page's mean key); needs --sparse-budget
   --offload             stream K/V and gradient pages through a fixed near tier; homes in the far tier
   --near-pages K        near-tier slots for K/V pages, and as many for gradient pages
                         (default: twice a chunk's pages; at least a chunk's pages)
@@ -157,7 +161,7 @@ inline double parse_double(const std::string& flag, const std::string& v) {
 /// Parses argv; throws oomb::invalid_argument naming the flag for anything wrong or missing.
 inline train_options parse_train_options(const std::vector<std::string>& args) {
   train_options o;
-  std::string sparse_only;  // the last of --sink / --local / --tile given
+  std::string sparse_only;  // the last of --sink / --local / --tile / --scoring given
   constexpr std::int64_t i32max = std::numeric_limits<std::int32_t>::max();
   constexpr std::int64_t i64max = std::numeric_limits<std::int64_t>::max();
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -189,6 +193,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--sink") { o.sink = i32(0); sparse_only = f; }
     else if (f == "--local") { o.local = i32(0); sparse_only = f; }
     else if (f == "--tile") { o.tile = i32(1); sparse_only = f; }
+    else if (f == "--scoring") { o.scoring = parse_score_kind(f, value()); sparse_only = f; }
     else if (f == "--offload") o.offload = true;
     else if (f == "--near-pages") o.near_pages = i32(1);
     else if (f == "--window-pages") o.window_pages = i32(1);
@@ -234,17 +239,18 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(o.device == "cpu" || o.device == "cuda", "--device: unknown device '", o.device, "' (known: cpu, cuda)");
   OOMB_EXPECTS(o.device == "cpu" || !o.full_backprop, "--device cuda runs chunk-recurrent training only (--full-backprop ",
                "is the CPU's baseline)");
-  OOMB_EXPECTS(sparse_only.empty() || o.sparse, sparse_only, " shapes page-sparse attention: it needs --sparse-budget");
+  check_sparse_shape_flags(o.sparse, sparse_only);
   OOMB_EXPECTS(!o.keep_attention_outputs || !o.full_backprop, "--keep-attention-outputs is chunk-recurrent's (not --full-backprop)");
   OOMB_EXPECTS(o.optimizer_gpu_memory < 0 || o.device == "cuda", "--optimizer-gpu-memory places the optimizer state on a GPU: "
                "it needs --device cuda");
   if (o.sparse && o.chunk > 0 && o.page > 0) {
-    // The most past pages a tile sees: those of every chunk before the last.
-    const std::int64_t past = (o.seq_len - 1) / o.chunk * (o.chunk / o.page);
-    const std::int64_t covered = std::int64_t(o.budget) + o.sink + o.local;
-    OOMB_EXPECTS(covered < past, "--sparse-budget ", o.budget, " + --sink ", o.sink, " + --local ", o.local, " = ", covered,
-                 " pages covers every past page (at most ", past, " at --seq-len ", o.seq_len, ", --chunk ", o.chunk,
-                 ", --page ", o.page, "): that is dense attention; leave out --sparse-budget");
+    chunk_options co;
+    co.chunk = o.chunk;
+    co.page = o.page;
+    co.budget = o.budget;
+    co.sink = o.sink;
+    co.local = o.local;
+    OOMB_EXPECTS(!sparse_covers_past(co, o.seq_len), sparse_covers_past_reason(co, o.seq_len), "; leave out --sparse-budget");
   }
   if (o.offload && o.near_pages == 0 && o.chunk > 0 && o.page > 0) o.near_pages = 2 * (o.chunk / o.page);
   return o;

@@ -29,6 +29,7 @@ trainer_setup setup_of(const train_options& o, const model_config& c) {
   co.sink = o.sink;
   co.local = o.local;
   co.tile = o.tile;
+  co.score = o.scoring;
   co.keep_attention_outputs = o.keep_attention_outputs;
   return s;
 }
@@ -133,7 +134,8 @@ nlohmann::json options_json(const train_options& o) {
           {"chunk", o.chunk},           {"page", o.page},
           {"sparse", o.sparse},         {"sparse_budget", o.budget},
           {"sink", o.sink},             {"local", o.local},
-          {"tile", o.tile},             {"offload", o.offload},
+          {"tile", o.tile},             {"scoring", oomb::to_string(o.scoring)},
+          {"offload", o.offload},
           {"near_pages", o.near_pages}, {"window_pages", o.window_pages},
           {"keep_attention_outputs", o.keep_attention_outputs},
           {"full_backprop", o.full_backprop},
@@ -362,7 +364,9 @@ std::string training_run::banner() const {
   const auto& c = cfg_;
   std::string mode = o_.full_backprop ? "full-sequence backprop (baseline)"
                                       : fmt::format("chunk-recurrent, chunk {} tokens, page {} tokens", o_.chunk, o_.page);
-  if (o_.sparse) mode += fmt::format(", sparse (budget {} + sink {} + local {} pages per {}-query tile)", o_.budget, o_.sink, o_.local, o_.tile);
+  if (o_.sparse)
+    mode += fmt::format(", sparse (budget {} + sink {} + local {} pages per {}-query tile, {} scoring)", o_.budget, o_.sink,
+                        o_.local, o_.tile, oomb::to_string(o_.scoring));
   if (o_.offload) mode += fmt::format(", offload (near tier {} + {} slots)", o_.near_pages, o_.near_pages);
   if (o_.keep_attention_outputs) mode += ", attention outputs kept for stage 2";
   const std::string batch = o_.batch == 1 ? fmt::format("{} tokens per step", o_.seq_len)
