@@ -17,9 +17,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <oomb/cuda/page_summary_kernels.cuh>
+
 #include "model_util.hpp"
 #include "trainer/io/config.hpp"
-#include "trainer/train/cuda_training.cuh"
+#include "trainer/train/cuda_device.hpp"
 #include "trainer/train/run.hpp"
 #include "training_test_util.hpp"
 

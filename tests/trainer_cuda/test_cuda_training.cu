@@ -28,7 +28,7 @@
 #include "model_util.hpp"
 #include "test_util.hpp"
 #include "trainer/io/config.hpp"
-#include "trainer/train/cuda_training.cuh"
+#include "trainer/train/cuda_device.hpp"
 #include "trainer/train/run.hpp"
 #include "training_test_util.hpp"
 

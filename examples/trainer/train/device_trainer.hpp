@@ -98,7 +98,7 @@ struct device_memory_use {
   std::uint64_t used = 0, free = 0, total = 0;
 };
 
-/// How a build reaches a device other than the CPU (train/cuda_training.cuh for --device cuda).
+/// How a build reaches a device other than the CPU (train/cuda_device.hpp for --device cuda).
 struct device_trainer_maker {
   std::string name;  ///< the --device value it serves
   /// Throws, naming what is missing, unless the device can train as `s` says: the model, the
