@@ -12,6 +12,7 @@
 
 #include <oomb/core/error.hpp>
 
+#include "trainer/train/chunk_options.hpp"
 #include "trainer/train/memory_plan.hpp"
 #include "trainer/train/sparse_flags.hpp"
 
@@ -158,6 +159,24 @@ inline double parse_double(const std::string& flag, const std::string& v) {
 
 }  // namespace detail
 
+/// The chunk-recurrent options the flags ask for (what training_run gives the device trainer).
+inline chunk_options chunk_options_of(const train_options& o) {
+  chunk_options co;
+  co.chunk = o.chunk;
+  co.page = o.page;
+  co.offload = o.offload;
+  co.near_pages = o.near_pages;
+  co.window_pages = o.window_pages;
+  co.sparse = o.sparse;
+  co.budget = o.budget;
+  co.sink = o.sink;
+  co.local = o.local;
+  co.tile = o.tile;
+  co.score = o.scoring;
+  co.keep_attention_outputs = o.keep_attention_outputs;
+  return co;
+}
+
 /// Parses argv; throws oomb::invalid_argument naming the flag for anything wrong or missing.
 inline train_options parse_train_options(const std::vector<std::string>& args) {
   train_options o;
@@ -244,12 +263,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(o.optimizer_gpu_memory < 0 || o.device == "cuda", "--optimizer-gpu-memory places the optimizer state on a GPU: "
                "it needs --device cuda");
   if (o.sparse && o.chunk > 0 && o.page > 0) {
-    chunk_options co;
-    co.chunk = o.chunk;
-    co.page = o.page;
-    co.budget = o.budget;
-    co.sink = o.sink;
-    co.local = o.local;
+    const chunk_options co = chunk_options_of(o);
     OOMB_EXPECTS(!sparse_covers_past(co, o.seq_len), sparse_covers_past_reason(co, o.seq_len), "; leave out --sparse-budget");
   }
   if (o.offload && o.near_pages == 0 && o.chunk > 0 && o.page > 0) o.near_pages = 2 * (o.chunk / o.page);

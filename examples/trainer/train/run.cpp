@@ -18,19 +18,7 @@ trainer_setup setup_of(const train_options& o, const model_config& c) {
   s.full_backprop = o.full_backprop;
   s.max_tokens = o.seq_len;
   s.adam.weight_decay = o.weight_decay;
-  chunk_options& co = s.chunk;
-  co.chunk = o.chunk;
-  co.page = o.page;
-  co.offload = o.offload;
-  co.near_pages = o.near_pages;
-  co.window_pages = o.window_pages;
-  co.sparse = o.sparse;
-  co.budget = o.budget;
-  co.sink = o.sink;
-  co.local = o.local;
-  co.tile = o.tile;
-  co.score = o.scoring;
-  co.keep_attention_outputs = o.keep_attention_outputs;
+  s.chunk = chunk_options_of(o);
   return s;
 }
 
