@@ -50,6 +50,8 @@
 #include "oomb/offload/belady_eviction.hpp"
 #include "oomb/offload/residency_scheduler.hpp"
 #include "oomb/offload/host_backend.hpp"
+#include "oomb/offload/bf16_codec.hpp"
+#include "oomb/offload/converting_host_backend.hpp"
 
 // sparse: per-page key summaries, Quest / mean-key scoring of query tiles, top-k page selection
 // with sink and local pages, the per-tile sparse page table (CSR) and its POD view

@@ -17,6 +17,13 @@
 //       // batch allocates (and fails) on the hot path
 //   void range_begin(const char* name) noexcept;  void range_end() noexcept;
 //       // profiler ranges around each scheduler batch (cuda_backend: NVTX); offload/ stays std-only
+// and, for homes holding a narrower encoding than the slots (converting_host_backend), all three:
+//   std::size_t near_block_bytes(std::size_t far_block_bytes) const;  // a slot's bytes
+//   transfer_report decode_pages(stream_type&, block_pool<near_resource>& near, id_span slots,
+//                                const block_pool<far_resource>& far, id_span homes);  // home -> slot
+//   transfer_report encode_pages(stream_type&, block_pool<far_resource>& far, id_span homes,
+//                                const block_pool<near_resource>& near, id_span slots);  // slot -> home
+//       // then transfer() is not used; the reports count the homes' bytes
 #pragma once
 
 #include <cstddef>
@@ -58,6 +65,29 @@ struct has_backend_transfer<
         decltype(std::declval<B&>().transfer(std::declval<typename B::stream_type&>(), std::declval<block_pool<D>&>(),
                                              id_span{}, std::declval<const block_pool<S>&>(), id_span{})),
         transfer_report>>> : std::true_type {};
+
+template <class B, class = void>
+struct has_backend_near_block_bytes : std::false_type {};
+template <class B>
+struct has_backend_near_block_bytes<
+    B, std::enable_if_t<std::is_same_v<decltype(std::declval<const B&>().near_block_bytes(std::size_t{})), std::size_t>>>
+    : std::true_type {};
+
+// Both directions of a converting backend (named, since near and far may be the same resource).
+template <class B, class = void>
+struct has_backend_codec : std::false_type {};
+template <class B>
+struct has_backend_codec<
+    B, std::enable_if_t<
+           has_backend_near_block_bytes<B>::value &&
+           std::is_same_v<decltype(std::declval<B&>().decode_pages(
+                              std::declval<typename B::stream_type&>(), std::declval<block_pool<typename B::near_resource>&>(),
+                              id_span{}, std::declval<const block_pool<typename B::far_resource>&>(), id_span{})),
+                          transfer_report> &&
+           std::is_same_v<decltype(std::declval<B&>().encode_pages(
+                              std::declval<typename B::stream_type&>(), std::declval<block_pool<typename B::far_resource>&>(),
+                              id_span{}, std::declval<const block_pool<typename B::near_resource>&>(), id_span{})),
+                          transfer_report>>> : std::true_type {};
 
 template <class B, class = void>
 struct has_backend_prepare : std::false_type {};

@@ -4,8 +4,10 @@
 // The residency model (docs/offload.md, DESIGN "Residency model"): every page's home is a block of
 // the far pool (pinned host memory on the GPU, a host pool in CPU builds). The near tier is a fixed
 // set of slots, one contiguous block_pool owned by the scheduler (device memory on the GPU), so
-// kernels address slot s as near_pool().base() + s * block_bytes. The near tier is a cache, never a
-// second home. Pages are named by their far-pool ids. The scheduler composes four pieces, each in
+// kernels address slot s as near_pool().base() + s * page_bytes(). The near tier is a cache, never a
+// second home. A slot is as large as a home, unless the backend converts (residency_backend.hpp:
+// near_block_bytes, decode_pages, encode_pages): then homes hold a narrower encoding of the slots'
+// pages (bf16 homes of fp32 slots), decoded on the way near and encoded on the way home. Pages are named by their far-pool ids. The scheduler composes four pieces, each in
 // its own header and tested alone:
 //   residency_backend.hpp  what a platform provides (streams, resources, fills, transfers)
 //   residency_table.hpp    which slot holds which page; pins, dirtiness, id generations
@@ -81,8 +83,8 @@ OOMB_NAMESPACE_BEGIN
 
 /// Counters of a residency_scheduler. Bytes and copies count what was enqueued.
 struct residency_stats {
-  std::uint64_t bytes_to_near = 0;   ///< home -> slot
-  std::uint64_t bytes_to_far = 0;    ///< slot -> home
+  std::uint64_t bytes_to_near = 0;   ///< home -> slot (bytes of the homes' encoding)
+  std::uint64_t bytes_to_far = 0;    ///< slot -> home (bytes of the homes' encoding)
   std::uint64_t copies_to_near = 0;  ///< copies after merging adjacent pages
   std::uint64_t copies_to_far = 0;
   std::uint64_t zero_fills = 0;      ///< pages zero-filled at first touch
@@ -104,6 +106,9 @@ template <class Backend, class Eviction = lru_eviction>
 class residency_scheduler {
   static_assert(is_residency_backend_v<Backend>, "residency_scheduler needs a residency backend");
   static_assert(is_eviction_policy_v<Eviction>, "residency_scheduler needs an eviction policy");
+  static_assert(!detail::has_backend_near_block_bytes<Backend>::value || detail::has_backend_codec<Backend>::value,
+                "a backend whose slots differ from its homes (near_block_bytes) must convert both ways: "
+                "decode_pages (home -> slot) and encode_pages (slot -> home)");
 
  public:
   using backend_type = Backend;
@@ -116,7 +121,8 @@ class residency_scheduler {
   using near_pool_type = block_pool<near_resource>;
   using far_pool_type = block_pool<far_resource>;
 
-  /// `slots` near slots of far.block_bytes() each, one contiguous range from `near_memory`.
+  /// `slots` near slots of far.block_bytes() each (a converting backend's near_block_bytes of
+  /// it), one contiguous range from `near_memory`.
   /// Copies home -> slot run on `copy_in`, write-backs on `copy_out` (two streams, so the two
   /// directions overlap). The pools, resource and streams must outlive the scheduler. The
   /// backend's prepare() (if any) allocates its transfer staging now, not on the first batch.
@@ -124,7 +130,8 @@ class residency_scheduler {
                       stream_type& copy_in, stream_type& copy_out, Backend backend = Backend{},
                       std::size_t alignment = 256)
       : far_(&far),
-        near_(near_pool_type::contiguous(near_memory, far.block_bytes(), checked_slots(slots), alignment)),
+        near_(near_pool_type::contiguous(near_memory, slot_bytes(backend, far.block_bytes()), checked_slots(slots),
+                                         alignment)),
         copy_in_(&copy_in),
         copy_out_(&copy_out),
         backend_(std::move(backend)),
@@ -395,6 +402,13 @@ class residency_scheduler {
  private:
   using event_ptr = std::shared_ptr<const event_type>;
 
+  static std::size_t slot_bytes(const Backend& backend, std::size_t far_block_bytes) {
+    if constexpr (detail::has_backend_near_block_bytes<Backend>::value)
+      return backend.near_block_bytes(far_block_bytes);
+    else
+      return far_block_bytes;
+  }
+
   static std::int32_t checked_slots(std::int32_t slots) {
     OOMB_EXPECTS(slots > 0, "residency_scheduler: the near tier needs at least one slot, got ", slots);
     return slots;
@@ -604,7 +618,7 @@ class residency_scheduler {
     waits_.apply(*copy_in_);
     touched = true;
     transfer_report moved{};
-    if (!load_slots_.empty()) moved = move_pages(*copy_in_, near_, load_slots_, *far_, load_homes_);
+    if (!load_slots_.empty()) moved = to_near(load_slots_, load_homes_);
     if (!zero_slots_.empty()) {
       std::sort(zero_slots_.begin(), zero_slots_.end());
       const std::size_t bb = near_.block_bytes();
@@ -652,6 +666,21 @@ class residency_scheduler {
     }
   }
 
+  // One batch home -> slot on the copy-in stream, and slot -> home on the copy-out stream: decoded
+  // and encoded by a converting backend, else copied.
+  transfer_report to_near(id_span slots, id_span homes) {
+    if constexpr (detail::has_backend_codec<Backend>::value)
+      return backend_.decode_pages(*copy_in_, near_, slots, *far_, homes);
+    else
+      return move_pages(*copy_in_, near_, slots, *far_, homes);
+  }
+  transfer_report to_far(id_span homes, id_span slots) {
+    if constexpr (detail::has_backend_codec<Backend>::value)
+      return backend_.encode_pages(*copy_out_, *far_, homes, near_, slots);
+    else
+      return move_pages(*copy_out_, *far_, homes, near_, slots);
+  }
+
   // One batch of page copies: through the backend when it says how, else one enqueue_copies.
   template <class D, class S>
   transfer_report move_pages(stream_type& stream, block_pool<D>& dst, id_span dst_ids, const block_pool<S>& src,
@@ -677,7 +706,7 @@ class residency_scheduler {
       wb_homes_.push_back(table_.slot(sid).page);
     }
     waits_.apply(*copy_out_);
-    const transfer_report r = move_pages(*copy_out_, *far_, wb_homes_, near_, wb_slots_);
+    const transfer_report r = to_far(wb_homes_, wb_slots_);
     const event_ptr written = events_.record(*copy_out_);
     for (std::int32_t sid : sids) {
       auto& s = table_.slot(sid);
