@@ -106,6 +106,35 @@ TEST_CASE("memory plan: pages, pools, near slots and activations are what the CP
   }
 }
 
+TEST_CASE("memory plan: bf16 gradient homes are 2 bytes an element, as the CPU trainer reserves; the near slots stay") {
+  const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 2, 13);
+  chunk_options o;
+  o.chunk = 16;
+  o.page = 16;
+  o.offload = true;
+  o.near_pages = 3;
+  const memory_plan fp32 = oomb_trainer::plan_memory(cfg, o, 200, cpu_target());
+  o.grad_homes = oomb_trainer::page_home_format::bf16;
+  const memory_plan bf16 = oomb_trainer::plan_memory(cfg, o, 200, cpu_target());
+  CHECK(2 * bf16.on_host(plan_part::grad_pages) == fp32.on_host(plan_part::grad_pages));  // fp32 -> bf16
+  CHECK(bf16.on_host(plan_part::grad_near) == fp32.on_host(plan_part::grad_near));
+  CHECK(bf16.on_host(plan_part::kv_pages) == fp32.on_host(plan_part::kv_pages));
+  CHECK(bf16.describe().find("; bf16)") != std::string::npos);
+
+  oomb_trainer::qwen2_params<float> p(cfg), g(cfg);
+  oomb_trainer::init_perturbed(p, 7);
+  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>> trainer(cfg, o, 200);
+  trainer.loss_and_grad(p, g, trainer_test::random_sequence(200, cfg.vocab_size, 3));
+  const auto m = trainer.memory();
+  CHECK(bf16.grad_pages == trainer.last_stats().grad_pages_high_water);
+  CHECK(bf16.on_host(plan_part::grad_pages) == m.far_grad_reserved);
+  CHECK(bf16.on_host(plan_part::kv_near) + bf16.on_host(plan_part::grad_near) == m.near_bytes);
+
+  o.offload = false;  // in place the kernels add into the homes: no bf16 there
+  CHECK_THROWS_WITH_AS(oomb_trainer::plan_memory(cfg, o, 200, cpu_target()), doctest::Contains("--grad-homes bf16 needs --offload"),
+                       oomb::invalid_argument);
+}
+
 TEST_CASE("memory plan: kept attention outputs are the blocks the CPU trainer reserves, homes and slots") {
   for (const bool offload : {false, true}) {
     for (const std::int64_t tokens : {37, 200}) {

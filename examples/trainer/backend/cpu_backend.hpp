@@ -23,6 +23,8 @@
 #include <oomb/core/error.hpp>
 #include <oomb/core/tensor.hpp>
 #include <oomb/memory/host_resource.hpp>
+#include <oomb/offload/bf16_codec.hpp>
+#include <oomb/offload/converting_host_backend.hpp>
 #include <oomb/offload/host_backend.hpp>
 #include <oomb/sparse/page_summaries.hpp>
 #include <oomb/sparse/tile_selector.hpp>
@@ -89,6 +91,9 @@ class cpu_backend {
   using grads_type = qwen2_params<T>;
   using rope_type = cpu::rope_table<T>;
   using residency_backend = oomb::host_backend;
+  /// The residency backend of a tier of X pages over bf16 homes (page_tier, --grad-homes bf16).
+  template <class X>
+  using bf16_home_residency = oomb::converting_host_backend<oomb::bf16_codec<X>>;
   using selector_type = cpu_page_selector<T>;
 
   cpu_backend() = default;

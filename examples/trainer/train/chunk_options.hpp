@@ -14,6 +14,12 @@
 
 namespace oomb_trainer {
 
+/// What a streamed tier's homes hold: the slots' own elements, or bf16 (converted on the way).
+enum class page_home_format {
+  same,  ///< as computed: fp32 gradient pages on the GPU, the backend's G on the CPU (--grad-homes fp32)
+  bf16,  ///< bf16, rounded to nearest even on write-back, exact on bring-near (--grad-homes bf16)
+};
+
 /// How the chunk-recurrent path runs.
 struct chunk_options {
   std::int32_t chunk = 256;        ///< tokens per chunk: a multiple of `page`
@@ -24,6 +30,9 @@ struct chunk_options {
   std::int32_t window_pages = 0;
   bool offload = false;            ///< stream pages through near-tier slots (else read them in place)
   std::int32_t near_pages = 0;     ///< near-tier slots for K/V pages, and as many for gradient pages
+  /// The gradient pages' homes (offload only): bf16 halves their host bytes (fp32 on the GPU);
+  /// the near slots still accumulate in the gradient type, each write-back rounds once.
+  page_home_format grad_homes = page_home_format::same;
   bool sparse = false;             ///< page-sparse attention over the past (oomb's selection)
   std::int32_t budget = 0, sink = 1, local = 1;
   std::int32_t tile = 128;         ///< queries per selection tile
@@ -43,6 +52,9 @@ struct chunk_options {
     oomb::page_shape{page, 1, 2, layout}.validate();
     OOMB_EXPECTS(chunk > 0 && chunk % page == 0, "chunk size ", chunk, " must be a positive multiple of the page size ", page);
     OOMB_EXPECTS(window_pages >= 0, "window_pages must not be negative, got ", window_pages);
+    OOMB_EXPECTS(offload || grad_homes == page_home_format::same,
+                 "--grad-homes bf16 needs --offload: in place the kernels add into the gradient pages themselves, which "
+                 "stay in the gradient type");
     if (offload) {
       OOMB_EXPECTS(near_pages >= chunk / page, "--near-pages ", near_pages, " is too small: the near tier must hold a chunk's ",
                    chunk / page, " pages of one layer (chunk ", chunk, " / page ", page, ")");

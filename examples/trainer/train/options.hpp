@@ -31,6 +31,7 @@ struct train_options {
   bool offload = false;
   std::int32_t near_pages = 0;    ///< 0 with --offload: two windows of a chunk's pages
   std::int32_t window_pages = 0;  ///< 0: near_pages / 2 with offload, one window without
+  page_home_format grad_homes = page_home_format::same;  ///< --grad-homes: the gradient pages' homes (offload)
   std::int64_t steps = 0;
   double lr = 1e-3, min_lr = -1.0;  ///< min_lr < 0: lr / 10
   std::int64_t warmup = 0;
@@ -96,6 +97,9 @@ sequence and memory
   --near-pages K        near-tier slots for K/V pages, and as many for gradient pages
                         (default: twice a chunk's pages; at least a chunk's pages)
   --window-pages W      pages per attention window (default: K/2 with --offload, all without)
+  --grad-homes F        what the gradient pages' homes hold with --offload: fp32 (default) or bf16 (half
+                        the host bytes; the near slots still add in fp32, each write-back rounds to
+                        nearest even); --device cpu only for now
   --keep-attention-outputs
                         keep every layer's attention output and lse from stage 1 (in compute memory,
                         or pinned homes through 4 device slots with --offload) and read them in
@@ -159,6 +163,13 @@ inline double parse_double(const std::string& flag, const std::string& v) {
 
 }  // namespace detail
 
+/// --grad-homes fp32|bf16.
+inline page_home_format parse_grad_homes(const std::string& flag, const std::string& v) {
+  if (v == "fp32") return page_home_format::same;
+  if (v == "bf16") return page_home_format::bf16;
+  OOMB_FAIL(oomb::invalid_argument, flag, ": unknown format '", v, "' (known: fp32, bf16)");
+}
+
 /// The chunk-recurrent options the flags ask for (what training_run gives the device trainer).
 inline chunk_options chunk_options_of(const train_options& o) {
   chunk_options co;
@@ -167,6 +178,7 @@ inline chunk_options chunk_options_of(const train_options& o) {
   co.offload = o.offload;
   co.near_pages = o.near_pages;
   co.window_pages = o.window_pages;
+  co.grad_homes = o.grad_homes;
   co.sparse = o.sparse;
   co.budget = o.budget;
   co.sink = o.sink;
@@ -216,6 +228,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--offload") o.offload = true;
     else if (f == "--near-pages") o.near_pages = i32(1);
     else if (f == "--window-pages") o.window_pages = i32(1);
+    else if (f == "--grad-homes") o.grad_homes = parse_grad_homes(f, value());
     else if (f == "--steps") o.steps = i64(1);
     else if (f == "--lr") o.lr = detail::parse_double(f, value());
     else if (f == "--min-lr") o.min_lr = detail::parse_double(f, value());
@@ -255,6 +268,8 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(o.lr >= 0, "--lr must be >= 0, got ", o.lr);
   OOMB_EXPECTS(o.warmup <= o.steps, "--warmup ", o.warmup, " is longer than --steps ", o.steps);
   OOMB_EXPECTS(!o.full_backprop || (!o.sparse && !o.offload), "--full-backprop runs neither sparse attention nor offload");
+  OOMB_EXPECTS(o.grad_homes == page_home_format::same || o.offload, "--grad-homes bf16 needs --offload: in place the kernels add ",
+               "into the gradient pages themselves, which stay fp32");
   OOMB_EXPECTS(o.device == "cpu" || o.device == "cuda", "--device: unknown device '", o.device, "' (known: cpu, cuda)");
   OOMB_EXPECTS(o.device == "cpu" || !o.full_backprop, "--device cuda runs chunk-recurrent training only (--full-backprop ",
                "is the CPU's baseline)");

@@ -73,11 +73,12 @@ class paged_attention {
     gc.shape = shape_;
     gc.kv_ids = capacity;
     gc.pool = pool;
+    if (opt.grad_homes == page_home_format::bf16) gc.home_element_bytes = sizeof(oomb::bf16);  // the slots stay G
     mirror_ = std::make_unique<oomb::grad_mirror<G, far_resource>>(backend.far_memory(), gc);
     // The two tiers share the backend's copy streams.
     const std::int32_t near = opt.offload ? opt.near_pages : 0;
     kv_ = std::make_unique<page_tier<B, E, Eviction>>(backend, cache_->pool(), shape_, near);
-    grad_ = std::make_unique<page_tier<B, G>>(backend, mirror_->pool(), shape_, near);
+    grad_ = std::make_unique<page_tier<B, G>>(backend, mirror_->pool(), shape_, near, opt.grad_homes);
     if (opt.sparse) {
       oomb::tile_selection_config sc;
       sc.tile_queries = opt.tile;

@@ -31,6 +31,10 @@ struct grad_mirror_config {
   std::int32_t kv_ids = 0;     ///< size of the KV id space: KV ids are in [0, kv_ids) (the KV
                                ///< pool's capacity)
   page_pool_config pool{};     ///< capacity of the gradient pool, in dK/dV page pairs
+  /// Bytes of one element in the pool: 0 = sizeof(G). Fewer when a converting residency tier keeps
+  /// the homes in a narrower encoding than the G its slots compute in (bf16 homes of fp32 pages:
+  /// 2); the pool then holds no G, and the host accessors that read pages as G refuse.
+  std::size_t home_element_bytes = 0;
 
   void validate() const {
     shape.validate();
@@ -71,7 +75,7 @@ class grad_mirror {
 
   grad_mirror(Resource& resource, const grad_mirror_config& config)
       : config_(validated(config)),
-        pool_(detail::make_page_pool(resource, pair_bytes_of(config.shape), config.pool)),
+        pool_(detail::make_page_pool(resource, pair_bytes_of(config), config.pool)),
         grad_id_(static_cast<std::size_t>(config.kv_ids), untouched) {}
 
   grad_mirror(const grad_mirror&) = delete;
@@ -84,7 +88,10 @@ class grad_mirror {
   std::int32_t num_kv_ids() const noexcept { return config_.kv_ids; }
   /// KV pages that currently have a gradient page.
   std::int32_t num_touched() const noexcept { return pool_.in_use(); }
-  std::size_t pair_bytes() const noexcept { return pair_bytes_of(config_.shape); }
+  /// Bytes of a dK/dV pair in the pool (its homes' encoding).
+  std::size_t pair_bytes() const noexcept { return pair_bytes_of(config_); }
+  /// True when the pool holds pages of G (no narrower home encoding).
+  bool holds_elements() const noexcept { return element_bytes(config_) == sizeof(G); }
 
   /// Gradient pair of KV page `kv_id`, or -1 (untouched).
   std::int32_t grad_id(std::int32_t kv_id) const {
@@ -132,6 +139,7 @@ class grad_mirror {
   /// either may be null to skip it) into the gradient pair of `kv_id`, zero-filled on first touch.
   void accumulate(std::int32_t kv_id, const G* dk_page, const G* dv_page) {
     static_assert(host_accessible(Resource::kind), "grad_mirror::accumulate runs on the host");
+    check_elements("accumulate");
     const std::int32_t id = touch_zeroed(kv_id);
     G* dst = pair_of(id);
     const std::int64_t n = config_.shape.page_elements();
@@ -171,6 +179,7 @@ class grad_mirror {
 
   /// The gradient pool as kernels address it (contiguous pools only; throws otherwise).
   page_pool_view<G> pool_view() const {
+    check_elements("pool_view/view");
     OOMB_EXPECTS(pool_.is_contiguous(), "grad_mirror: pool_view()/view() need a contiguous pool ",
                  "(config.pool.mode = pool_mode::contiguous)");
     return page_pool_view<G>::over(reinterpret_cast<G*>(pool_.base()), config_.shape);
@@ -195,10 +204,19 @@ class grad_mirror {
  private:
   static const grad_mirror_config& validated(const grad_mirror_config& c) {
     c.validate();
+    OOMB_EXPECTS(c.home_element_bytes <= sizeof(G), "grad_mirror: home elements of ", c.home_element_bytes,
+                 " bytes are wider than the ", sizeof(G), "-byte gradient elements they encode");
     return c;
   }
-  static std::size_t pair_bytes_of(const page_shape& s) noexcept {
-    return static_cast<std::size_t>(s.pair_elements()) * sizeof(G);
+  static std::size_t element_bytes(const grad_mirror_config& c) noexcept {
+    return c.home_element_bytes == 0 ? sizeof(G) : c.home_element_bytes;
+  }
+  static std::size_t pair_bytes_of(const grad_mirror_config& c) noexcept {
+    return static_cast<std::size_t>(c.shape.pair_elements()) * element_bytes(c);
+  }
+  void check_elements(const char* who) const {
+    OOMB_EXPECTS(holds_elements(), "grad_mirror::", who, " reads pages as ", sizeof(G), "-byte elements, but the pool's homes hold ",
+                 element_bytes(config_), "-byte ones (a converting residency tier's encoding)");
   }
   void check_kv(std::int32_t kv_id, const char* where) const {
     OOMB_EXPECTS(kv_id >= 0 && kv_id < config_.kv_ids, "grad_mirror::", where, ": KV page id ", kv_id,
@@ -221,6 +239,7 @@ class grad_mirror {
     return g;
   }
   G* element(std::int32_t kv_id, std::int32_t token, std::int32_t head, std::int64_t kv_offset) const {
+    check_elements("dk/dv");
     const std::int32_t g = touched_id(kv_id, "dk/dv");
     const auto& s = config_.shape;
     OOMB_EXPECTS(token >= 0 && token < s.page_size, "grad_mirror: token ", token, " out of range [0, ",
@@ -230,6 +249,7 @@ class grad_mirror {
     return pair_of(g) + kv_offset + std::int64_t(token) * s.stride_token() + std::int64_t(head) * s.stride_head();
   }
   page_view page_of(std::int32_t kv_id, std::int64_t kv_offset) const {
+    check_elements("dk_page/dv_page");
     const std::int32_t g = touched_id(kv_id, "dk_page/dv_page");
     const auto& s = config_.shape;
     return page_view(pair_of(g) + kv_offset, {s.kv_heads, s.page_size, s.head_dim},

@@ -1,0 +1,131 @@
+// bf16 gradient homes (--grad-homes bf16): the near slots add in the gradient type, every
+// write-back rounds the page to bf16. Against fp32 homes and the full sequence (double arithmetic,
+// offload, windows smaller than the past, so gradient pages go home and come back many times).
+// SPDX-License-Identifier: Apache-2.0
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "model_util.hpp"
+#include "test_util.hpp"
+#include "trainer/backend/cpu_backend.hpp"
+#include "trainer/train/chunk_recurrent.hpp"
+#include "trainer/train/full_sequence.hpp"
+#include "trainer/train/options.hpp"
+
+namespace {
+
+using oomb_trainer::chunk_options;
+using oomb_trainer::page_home_format;
+using oomb_trainer::qwen2_params;
+
+struct homes_run {
+  double loss = 0;
+  std::vector<double> grads;
+  oomb::residency_stats grad_tier;
+  oomb_trainer::tier_memory memory;
+};
+
+homes_run run(const qwen2_params<double>& p, const oomb_trainer::sequence& seq, const chunk_options& o) {
+  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>> trainer(p.config(), o, seq.size());
+  qwen2_params<double> g(p.config());
+  homes_run r;
+  r.loss = trainer.loss_and_grad(p, g, seq);
+  r.grads.assign(g.data(), g.data() + g.size());
+  r.grad_tier = trainer.grad_residency();
+  r.memory = trainer.memory();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("grad homes: bf16 homes differ from fp32 homes, within the bound of one bf16 rounding per write-back") {
+  const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 2, 13);
+  qwen2_params<double> p(cfg);
+  oomb_trainer::init_perturbed(p, 41);
+  const std::int64_t N = 160;  // 10 chunks of one page: a page's gradient is added to by up to 9 chunks
+  const auto seq = trainer_test::random_sequence(N, cfg.vocab_size, 42);
+  qwen2_params<double> gfull(cfg);
+  const double loss_full = oomb_trainer::full_sequence_loss_and_grad(p, gfull, seq);
+  const std::vector<double> full(gfull.data(), gfull.data() + gfull.size());
+
+  chunk_options o;
+  o.chunk = 16;
+  o.page = 16;
+  o.window_pages = 2;
+  o.offload = true;
+  o.near_pages = 4;  // 4 gradient slots for up to 9 past pages a layer: pages go home between windows
+  const homes_run fp32 = run(p, seq, o);
+  o.grad_homes = page_home_format::bf16;
+  const homes_run bf16 = run(p, seq, o);
+
+  // The forward does not read gradient pages; the same schedule moves a quarter of the gradient
+  // bytes (the double trainer's own homes hold doubles: 8 bytes an element, bf16 2).
+  constexpr std::uint64_t narrower = sizeof(double) / sizeof(oomb::bf16);
+  CHECK(bf16.loss == fp32.loss);
+  CHECK(std::abs(fp32.loss - loss_full) <= 1e-12 * std::abs(loss_full));
+  CHECK(bf16.grad_tier.write_backs == fp32.grad_tier.write_backs);
+  CHECK(bf16.grad_tier.write_backs > std::uint64_t(cfg.num_hidden_layers) * (N / 16));  // pages went home repeatedly
+  CHECK(narrower * bf16.grad_tier.bytes_to_far == fp32.grad_tier.bytes_to_far);
+  CHECK(narrower * bf16.grad_tier.bytes_to_near == fp32.grad_tier.bytes_to_near);
+  CHECK(narrower * bf16.memory.far_grad_reserved == fp32.memory.far_grad_reserved);
+  CHECK(bf16.memory.near_bytes == fp32.memory.near_bytes);  // the slots still hold doubles
+
+  std::string which;
+  const double err_fp32 = trainer_test::worst_tensor_error(p, fp32.grads, full, nullptr);
+  const double err_bf16 = trainer_test::worst_tensor_error(p, bf16.grads, full, &which);
+  const double between = trainer_test::worst_tensor_error(p, bf16.grads, fp32.grads, nullptr);
+  CAPTURE(which);
+  CHECK(err_fp32 <= 1e-10);
+  // Each write-back rounds a partial sum to bf16: relative error u = 2^-8 at most per element.
+  // A page goes home at most once per later chunk (9 here), so its final dK/dV is off by at most
+  // 9u of the largest partial sum, and dK/dV enter every gradient linearly: 9 * 2^-8 = 3.5e-2
+  // bounds the norm-wise error of each tensor. (Rounding happened: not 1e-10 from fp32 homes.)
+  const double bound = double((N - 1) / o.chunk) * std::ldexp(1.0, -8);
+  CHECK_FALSE(trainer_test::same_bits(bf16.grads, fp32.grads));
+  CHECK(between > 1e-6);
+  CHECK(err_bf16 <= bound);
+  MESSAGE("bf16 gradient homes: worst tensor gradient error vs the full sequence ", err_bf16, " (", which, "), vs fp32 homes ",
+          between, "; fp32 homes vs full ", err_fp32, "; bound ", bound, "; ", bf16.grad_tier.write_backs, " write-backs");
+}
+
+TEST_CASE("grad homes: the float trainer (oomb-train --device cpu) runs bf16 homes; in place and unknown formats are refused") {
+  const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 2, 13);
+  qwen2_params<float> p(cfg), g(cfg);
+  oomb_trainer::init_perturbed(p, 5);
+  chunk_options o;
+  o.chunk = 16;
+  o.page = 16;
+  o.offload = true;
+  o.near_pages = 2;
+  o.grad_homes = page_home_format::bf16;
+  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>> trainer(cfg, o, 64);
+  const double loss = trainer.loss_and_grad(p, g, trainer_test::random_sequence(64, cfg.vocab_size, 6));
+  CHECK(std::isfinite(loss));
+  CHECK(trainer.memory().far_grad_in_use == 0);
+  CHECK(trainer.memory().grad_pair_bytes == 2 * 16 * 2 * 4 * 2);  // 2 x page x kv heads x head dim x bf16
+
+  o.offload = false;
+  CHECK_THROWS_WITH_AS(oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>>(cfg, o, 64),
+                       doctest::Contains("--grad-homes bf16 needs --offload"), oomb::invalid_argument);
+
+  const std::string tiny = std::string(OOMB_TRAINER_SOURCE_DIR) + "/configs/tiny.json";
+  const std::vector<std::string> args{"--config", tiny, "--synthetic", "kv-recall", "--seq-len", "64", "--chunk", "16",
+                                      "--steps", "1", "--out", "o", "--quiet"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto a = args;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return oomb_trainer::parse_train_options(a);
+  };
+  CHECK(with({}).grad_homes == page_home_format::same);
+  CHECK(with({"--offload", "--grad-homes", "fp32"}).grad_homes == page_home_format::same);
+  const auto bf = with({"--offload", "--grad-homes", "bf16"});
+  CHECK(bf.grad_homes == page_home_format::bf16);
+  CHECK(oomb_trainer::chunk_options_of(bf).grad_homes == page_home_format::bf16);
+  CHECK_THROWS_WITH_AS(with({"--grad-homes", "bf16"}), doctest::Contains("--grad-homes bf16 needs --offload"),
+                       oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(with({"--offload", "--grad-homes", "fp16"}), doctest::Contains("--grad-homes: unknown format 'fp16'"),
+                       oomb::invalid_argument);
+}
