@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include <oomb/memory/host_resource.hpp>
+#include <oomb/paging/grad_mirror.hpp>
+
 #include "model_util.hpp"
 #include "test_util.hpp"
 #include "trainer/backend/cpu_backend.hpp"
@@ -127,5 +130,28 @@ TEST_CASE("grad homes: the float trainer (oomb-train --device cpu) runs bf16 hom
   CHECK_THROWS_WITH_AS(with({"--grad-homes", "bf16"}), doctest::Contains("--grad-homes bf16 needs --offload"),
                        oomb::invalid_argument);
   CHECK_THROWS_WITH_AS(with({"--offload", "--grad-homes", "fp16"}), doctest::Contains("--grad-homes: unknown format 'fp16'"),
+                       oomb::invalid_argument);
+}
+
+TEST_CASE("grad homes: a mirror over bf16 homes holds 2-byte elements and refuses to read them as its gradient type") {
+  oomb::host_resource mem;
+  oomb::grad_mirror_config c;
+  c.shape = oomb::page_shape{16, 2, 4, oomb::kv_layout::head_major};
+  c.kv_ids = 4;
+  c.pool.max_pages = 4;
+  const oomb::grad_mirror<float, oomb::host_resource> fp32(mem, c);
+  c.home_element_bytes = sizeof(oomb::bf16);
+  oomb::grad_mirror<float, oomb::host_resource> bf16(mem, c);
+  CHECK(fp32.holds_elements());
+  CHECK_FALSE(bf16.holds_elements());
+  CHECK(2 * bf16.pair_bytes() == fp32.pair_bytes());
+  CHECK(bf16.pool().block_bytes() == bf16.pair_bytes());
+  CHECK(bf16.touch_zeroed(1) >= 0);  // zero bytes are zeros in any encoding
+  CHECK_THROWS_WITH_AS(bf16.dk_page(1), doctest::Contains("4-byte elements, but the pool's homes hold 2-byte ones"),
+                       oomb::invalid_argument);
+  CHECK_THROWS_AS(bf16.accumulate(1, nullptr, nullptr), oomb::invalid_argument);
+  CHECK_THROWS_AS(bf16.pool_view(), oomb::invalid_argument);
+  c.home_element_bytes = 8;
+  CHECK_THROWS_WITH_AS((oomb::grad_mirror<float, oomb::host_resource>(mem, c)), doctest::Contains("wider than the 4-byte"),
                        oomb::invalid_argument);
 }
