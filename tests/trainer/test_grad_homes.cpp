@@ -63,6 +63,8 @@ TEST_CASE("grad homes: bf16 homes differ from fp32 homes, within the bound of on
   const homes_run fp32 = run(p, seq, o);
   o.grad_homes = page_home_format::bf16;
   const homes_run bf16 = run(p, seq, o);
+  o.grad_homes = page_home_format::bf16_stochastic;
+  const homes_run sr = run(p, seq, o), sr_again = run(p, seq, o);
 
   // The forward does not read gradient pages; the same schedule moves a quarter of the gradient
   // bytes (the double trainer's own homes hold doubles: 8 bytes an element, bf16 2).
@@ -90,8 +92,16 @@ TEST_CASE("grad homes: bf16 homes differ from fp32 homes, within the bound of on
   CHECK_FALSE(trainer_test::same_bits(bf16.grads, fp32.grads));
   CHECK(between > 1e-6);
   CHECK(err_bf16 <= bound);
+  // Stochastic rounding: the same bound (each rounding is within one bf16 ulp, 2u), reproducible
+  // (seed 0, the write counter as key), and other bits than nearest-even.
+  const double err_sr = trainer_test::worst_tensor_error(p, sr.grads, full, nullptr);
+  CHECK(sr.loss == fp32.loss);
+  CHECK(trainer_test::same_bits(sr.grads, sr_again.grads));
+  CHECK_FALSE(trainer_test::same_bits(sr.grads, bf16.grads));
+  CHECK(err_sr <= 2 * bound);
   MESSAGE("bf16 gradient homes: worst tensor gradient error vs the full sequence ", err_bf16, " (", which, "), vs fp32 homes ",
-          between, "; fp32 homes vs full ", err_fp32, "; bound ", bound, "; ", bf16.grad_tier.write_backs, " write-backs");
+          between, "; stochastic rounding ", err_sr, "; fp32 homes vs full ", err_fp32, "; bound ", bound, "; ",
+          bf16.grad_tier.write_backs, " write-backs");
 }
 
 TEST_CASE("grad homes: the float trainer (oomb-train --device cpu) runs bf16 homes; in place and unknown formats are refused") {
@@ -127,9 +137,10 @@ TEST_CASE("grad homes: the float trainer (oomb-train --device cpu) runs bf16 hom
   const auto bf = with({"--offload", "--grad-homes", "bf16"});
   CHECK(bf.grad_homes == page_home_format::bf16);
   CHECK(oomb_trainer::chunk_options_of(bf).grad_homes == page_home_format::bf16);
+  CHECK(with({"--offload", "--grad-homes", "bf16-stochastic"}).grad_homes == page_home_format::bf16_stochastic);
   CHECK_THROWS_WITH_AS(with({"--grad-homes", "bf16"}), doctest::Contains("--grad-homes bf16 needs --offload"),
                        oomb::invalid_argument);
-  CHECK_THROWS_WITH_AS(with({"--offload", "--grad-homes", "fp16"}), doctest::Contains("--grad-homes: unknown format 'fp16'"),
+  CHECK_THROWS_WITH_AS(with({"--offload", "--grad-homes", "fp16"}), doctest::Contains("--grad-homes: unknown format 'fp16' (known: fp32, bf16, bf16-stochastic)"),
                        oomb::invalid_argument);
 }
 

@@ -18,7 +18,11 @@ namespace oomb_trainer {
 enum class page_home_format {
   same,  ///< as computed: fp32 gradient pages on the GPU, the backend's G on the CPU (--grad-homes fp32)
   bf16,  ///< bf16, rounded to nearest even on write-back, exact on bring-near (--grad-homes bf16)
+  bf16_stochastic,  ///< bf16, rounded stochastically on write-back (--grad-homes bf16-stochastic)
 };
+
+/// True for the formats whose homes hold bf16.
+inline bool bf16_homes(page_home_format f) noexcept { return f != page_home_format::same; }
 
 /// How the chunk-recurrent path runs.
 struct chunk_options {
@@ -53,7 +57,7 @@ struct chunk_options {
     OOMB_EXPECTS(chunk > 0 && chunk % page == 0, "chunk size ", chunk, " must be a positive multiple of the page size ", page);
     OOMB_EXPECTS(window_pages >= 0, "window_pages must not be negative, got ", window_pages);
     OOMB_EXPECTS(offload || grad_homes == page_home_format::same,
-                 "--grad-homes bf16 needs --offload: in place the kernels add into the gradient pages themselves, which "
+                 "--grad-homes bf16 needs --offload (either rounding): in place the kernels add into the gradient pages themselves, which "
                  "stay in the gradient type");
     if (offload) {
       OOMB_EXPECTS(near_pages >= chunk / page, "--near-pages ", near_pages, " is too small: the near tier must hold a chunk's ",

@@ -296,8 +296,8 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
   const std::uint64_t kv_pair = 2 * std::uint64_t(P) * std::uint64_t(kvd) * e;
   const std::uint64_t grad_pair = 2 * std::uint64_t(P) * std::uint64_t(kvd) * g;
   // --grad-homes bf16: the homes hold 2 bytes an element, the near slots still g.
-  const bool bf16_homes = o.grad_homes == page_home_format::bf16;
-  const std::uint64_t grad_home_pair = bf16_homes ? 2 * std::uint64_t(P) * std::uint64_t(kvd) * sizeof(oomb::bf16) : grad_pair;
+  const bool bf16_home = bf16_homes(o.grad_homes);
+  const std::uint64_t grad_home_pair = bf16_home ? 2 * std::uint64_t(P) * std::uint64_t(kvd) * sizeof(oomb::bf16) : grad_pair;
   // paged_attention: with offload the far pools grow by slabs of four chunks' pages (all layers).
   const std::int64_t slab = std::max<std::int64_t>(1, std::min<std::int64_t>(capacity, 4 * (n / P) * L));
   const std::int64_t kv_reserved = o.offload ? slab_reserved(capacity, slab, capacity) : capacity;
@@ -386,7 +386,7 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
                     fmt::format("K/V homes, whole sequence ({} pairs of {} B, {}{})", capacity, kv_pair, kvt, pinned)});
     home.push_back({plan_part::grad_pages, std::uint64_t(grad_reserved) * grad_home_pair,
                     fmt::format("gradient homes at the stage-2 peak ({} pairs in use, slabs of {}; {}{})", p.grad_pages,
-                                slab, bf16_homes ? "bf16" : "fp32", pinned)});
+                                slab, bf16_home ? "bf16" : "fp32", pinned)});
     dev.push_back({plan_part::kv_near, std::uint64_t(o.near_pages) * kv_pair, fmt::format("K/V near slots ({})", o.near_pages)});
     dev.push_back({plan_part::grad_near, std::uint64_t(o.near_pages) * grad_pair,
                    fmt::format("gradient near slots ({})", o.near_pages)});

@@ -97,9 +97,10 @@ sequence and memory
   --near-pages K        near-tier slots for K/V pages, and as many for gradient pages
                         (default: twice a chunk's pages; at least a chunk's pages)
   --window-pages W      pages per attention window (default: K/2 with --offload, all without)
-  --grad-homes F        what the gradient pages' homes hold with --offload: fp32 (default) or bf16 (half
+  --grad-homes F        what the gradient pages' homes hold with --offload: fp32 (default), bf16 (half
                         the host bytes; the near slots still add in fp32, each write-back rounds to
-                        nearest even); --device cpu only for now
+                        nearest even) or bf16-stochastic (rounds up with the probability of the
+                        dropped bits: unbiased); --device cpu only for now
   --keep-attention-outputs
                         keep every layer's attention output and lse from stage 1 (in compute memory,
                         or pinned homes through 4 device slots with --offload) and read them in
@@ -163,11 +164,12 @@ inline double parse_double(const std::string& flag, const std::string& v) {
 
 }  // namespace detail
 
-/// --grad-homes fp32|bf16.
+/// --grad-homes fp32|bf16|bf16-stochastic.
 inline page_home_format parse_grad_homes(const std::string& flag, const std::string& v) {
   if (v == "fp32") return page_home_format::same;
   if (v == "bf16") return page_home_format::bf16;
-  OOMB_FAIL(oomb::invalid_argument, flag, ": unknown format '", v, "' (known: fp32, bf16)");
+  if (v == "bf16-stochastic") return page_home_format::bf16_stochastic;
+  OOMB_FAIL(oomb::invalid_argument, flag, ": unknown format '", v, "' (known: fp32, bf16, bf16-stochastic)");
 }
 
 /// The chunk-recurrent options the flags ask for (what training_run gives the device trainer).
@@ -268,7 +270,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(o.lr >= 0, "--lr must be >= 0, got ", o.lr);
   OOMB_EXPECTS(o.warmup <= o.steps, "--warmup ", o.warmup, " is longer than --steps ", o.steps);
   OOMB_EXPECTS(!o.full_backprop || (!o.sparse && !o.offload), "--full-backprop runs neither sparse attention nor offload");
-  OOMB_EXPECTS(o.grad_homes == page_home_format::same || o.offload, "--grad-homes bf16 needs --offload: in place the kernels add ",
+  OOMB_EXPECTS(!bf16_homes(o.grad_homes) || o.offload, "--grad-homes bf16 needs --offload: in place the kernels add ",
                "into the gradient pages themselves, which stay fp32");
   OOMB_EXPECTS(o.device == "cpu" || o.device == "cuda", "--device: unknown device '", o.device, "' (known: cpu, cuda)");
   OOMB_EXPECTS(o.device == "cpu" || !o.full_backprop, "--device cuda runs chunk-recurrent training only (--full-backprop ",

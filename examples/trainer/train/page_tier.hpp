@@ -10,9 +10,11 @@
 // scheduler's policy: with oomb::belady_eviction, expect() declares the order pages will be asked
 // for (the trainer knows its next windows); with LRU it does nothing.
 //
-// Streamed, the homes may hold bf16 while the slots hold X (page_home_format::bf16): the scheduler
-// then runs over the backend's bf16_home_residency<X>, a converting residency backend (a CPU
-// backend's; the CUDA backends have none yet), and every write-back rounds the page once.
+// Streamed, the homes may hold bf16 while the slots hold X (page_home_format::bf16 or
+// bf16_stochastic): the scheduler then runs over the backend's bf16_home_residency<X>, a converting
+// residency backend made from an oomb::bf16_codec<X> (a CPU backend's; the CUDA backends have none
+// yet), and every write-back rounds the page once: to nearest even, or stochastically (seed 0, the
+// backend's write counter as the key: a run is reproducible, each write draws fresh bits).
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,7 @@
 #include <oomb/core/memory_kind.hpp>
 #include <oomb/memory/block_pool.hpp>
 #include <oomb/offload/belady_eviction.hpp>
+#include <oomb/offload/bf16_codec.hpp>
 #include <oomb/offload/residency_scheduler.hpp>
 #include <oomb/paging/views.hpp>
 
@@ -57,10 +60,10 @@ class page_tier {
   static_assert(is_trainer_backend_v<B>, "page_tier needs a trainer backend");
   using residency = typename B::residency_backend;
   using scheduler = oomb::residency_scheduler<residency, Eviction>;
-  using bf16_homes = detail::bf16_home_residency<B, X>;
-  using bf16_scheduler = oomb::residency_scheduler<typename bf16_homes::type, Eviction>;
-  static_assert(std::is_same_v<typename bf16_homes::type::far_resource, typename residency::far_resource> &&
-                    std::is_same_v<typename bf16_homes::type::near_resource, typename residency::near_resource>,
+  using bf16_home = detail::bf16_home_residency<B, X>;
+  using bf16_scheduler = oomb::residency_scheduler<typename bf16_home::type, Eviction>;
+  static_assert(std::is_same_v<typename bf16_home::type::far_resource, typename residency::far_resource> &&
+                    std::is_same_v<typename bf16_home::type::near_resource, typename residency::near_resource>,
                 "bf16 homes live where the backend's other homes do");
 
  public:
@@ -77,11 +80,16 @@ class page_tier {
     OOMB_EXPECTS(near_slots > 0 || residency::far_resource::kind == residency::near_resource::kind,
                  "page_tier: this backend keeps the pages' homes in ", oomb::to_string(residency::far_resource::kind),
                  " memory, which its kernels do not read in place: it needs offload (near slots)");
-    if (homes == page_home_format::bf16) {
+    if (bf16_homes(homes)) {
       OOMB_EXPECTS(near_slots > 0, "page_tier: bf16 homes are converted on their way to near slots: they need offload");
-      OOMB_EXPECTS(bf16_homes::available, "page_tier: this backend has no converting residency backend for bf16 homes");
-      if constexpr (bf16_homes::available)
-        bf16_ = std::make_unique<bf16_scheduler>(far, backend.near_memory(), near_slots, backend.copy_in(), backend.copy_out());
+      OOMB_EXPECTS(bf16_home::available, "page_tier: this backend has no converting residency backend for bf16 homes");
+      if constexpr (bf16_home::available) {
+        oomb::bf16_codec<X> codec;
+        codec.rounding = homes == page_home_format::bf16_stochastic ? oomb::bf16_rounding::stochastic
+                                                                     : oomb::bf16_rounding::nearest_even;
+        bf16_ = std::make_unique<bf16_scheduler>(far, backend.near_memory(), near_slots, backend.copy_in(), backend.copy_out(),
+                                                 typename bf16_home::type(codec));
+      }
     } else if (near_slots > 0) {
       plain_ = std::make_unique<scheduler>(far, backend.near_memory(), near_slots, backend.copy_in(), backend.copy_out());
     }
@@ -167,13 +175,13 @@ class page_tier {
   template <class F>
   void each(F&& f) {
     if (plain_) f(*plain_);
-    if constexpr (bf16_homes::available)
+    if constexpr (bf16_home::available)
       if (bf16_) f(*bf16_);
   }
   template <class F>
   void each(F&& f) const {
     if (plain_) f(static_cast<const scheduler&>(*plain_));
-    if constexpr (bf16_homes::available)
+    if constexpr (bf16_home::available)
       if (bf16_) f(static_cast<const bf16_scheduler&>(*bf16_));
   }
 
@@ -181,7 +189,7 @@ class page_tier {
   far_pool_type* far_;
   oomb::page_shape shape_;
   std::unique_ptr<scheduler> plain_;
-  std::unique_ptr<bf16_scheduler> bf16_;  // page_home_format::bf16
+  std::unique_ptr<bf16_scheduler> bf16_;  // bf16 homes
 };
 
 }  // namespace oomb_trainer

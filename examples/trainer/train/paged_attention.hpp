@@ -73,7 +73,7 @@ class paged_attention {
     gc.shape = shape_;
     gc.kv_ids = capacity;
     gc.pool = pool;
-    if (opt.grad_homes == page_home_format::bf16) gc.home_element_bytes = sizeof(oomb::bf16);  // the slots stay G
+    if (bf16_homes(opt.grad_homes)) gc.home_element_bytes = sizeof(oomb::bf16);  // the slots stay G
     mirror_ = std::make_unique<oomb::grad_mirror<G, far_resource>>(backend.far_memory(), gc);
     // The two tiers share the backend's copy streams.
     const std::int32_t near = opt.offload ? opt.near_pages : 0;
