@@ -17,6 +17,7 @@
 #include "trainer/train/chunk_recurrent.hpp"
 #include "trainer/train/full_sequence.hpp"
 #include "trainer/train/options.hpp"
+#include "trainer/train/run.hpp"
 
 namespace {
 
@@ -138,6 +139,8 @@ TEST_CASE("grad homes: the float trainer (oomb-train --device cpu) runs bf16 hom
   CHECK(bf.grad_homes == page_home_format::bf16);
   CHECK(oomb_trainer::chunk_options_of(bf).grad_homes == page_home_format::bf16);
   CHECK(with({"--offload", "--grad-homes", "bf16-stochastic"}).grad_homes == page_home_format::bf16_stochastic);
+  CHECK(oomb_trainer::options_json(bf)["grad_homes"] == "bf16");  // options.json says what ran
+  CHECK(oomb_trainer::options_json(with({}))["grad_homes"] == "fp32");
   CHECK_THROWS_WITH_AS(with({"--grad-homes", "bf16"}), doctest::Contains("--grad-homes bf16 needs --offload"),
                        oomb::invalid_argument);
   CHECK_THROWS_WITH_AS(with({"--offload", "--grad-homes", "fp16"}), doctest::Contains("--grad-homes: unknown format 'fp16' (known: fp32, bf16, bf16-stochastic)"),

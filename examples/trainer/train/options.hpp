@@ -172,6 +172,11 @@ inline page_home_format parse_grad_homes(const std::string& flag, const std::str
   OOMB_FAIL(oomb::invalid_argument, flag, ": unknown format '", v, "' (known: fp32, bf16, bf16-stochastic)");
 }
 
+/// The --grad-homes name of a format (options.json, the banner).
+inline const char* grad_homes_name(page_home_format f) noexcept {
+  return f == page_home_format::same ? "fp32" : f == page_home_format::bf16 ? "bf16" : "bf16-stochastic";
+}
+
 /// The chunk-recurrent options the flags ask for (what training_run gives the device trainer).
 inline chunk_options chunk_options_of(const train_options& o) {
   chunk_options co;

@@ -123,7 +123,7 @@ nlohmann::json options_json(const train_options& o) {
           {"sparse", o.sparse},         {"sparse_budget", o.budget},
           {"sink", o.sink},             {"local", o.local},
           {"tile", o.tile},             {"scoring", oomb::to_string(o.scoring)},
-          {"offload", o.offload},
+          {"offload", o.offload},       {"grad_homes", grad_homes_name(o.grad_homes)},
           {"near_pages", o.near_pages}, {"window_pages", o.window_pages},
           {"keep_attention_outputs", o.keep_attention_outputs},
           {"full_backprop", o.full_backprop},
@@ -355,7 +355,9 @@ std::string training_run::banner() const {
   if (o_.sparse)
     mode += fmt::format(", sparse (budget {} + sink {} + local {} pages per {}-query tile, {} scoring)", o_.budget, o_.sink,
                         o_.local, o_.tile, oomb::to_string(o_.scoring));
-  if (o_.offload) mode += fmt::format(", offload (near tier {} + {} slots)", o_.near_pages, o_.near_pages);
+  if (o_.offload)
+    mode += fmt::format(", offload (near tier {} + {} slots{})", o_.near_pages, o_.near_pages,
+                        bf16_homes(o_.grad_homes) ? fmt::format(", {} gradient homes", grad_homes_name(o_.grad_homes)) : "");
   if (o_.keep_attention_outputs) mode += ", attention outputs kept for stage 2";
   const std::string batch = o_.batch == 1 ? fmt::format("{} tokens per step", o_.seq_len)
                                           : fmt::format("{} sequences of {} tokens per step", o_.batch, o_.seq_len);
