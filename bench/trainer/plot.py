@@ -66,7 +66,7 @@ def main():
         for r in sorted((r for r in rows if r["model"] == model), key=lambda r: r.get("date", "")):
             latest[(series_name(r), r["tokens"])] = r
         names = sorted({name for name, _ in latest}, key=lambda n: (n != "pytorch", n))
-        fig, (mem_ax, speed_ax) = plt.subplots(1, 2, figsize=(11, 4))
+        fig, (mem_ax, speed_ax) = plt.subplots(1, 2, figsize=(11, 5.2))
         for name in names:
             pts = sorted((r for (n, _), r in latest.items() if n == name), key=lambda r: r["tokens"])
             x = [r["tokens"] for r in pts]
@@ -86,9 +86,10 @@ def main():
         mem_ax.set_ylim(bottom=0)
         speed_ax.set_ylabel("tokens/s (fwd_bwd step)")
         speed_ax.set_ylim(bottom=0)
-        mem_ax.legend(fontsize=7)
+        # Below both axes, so no series is hidden behind it.
+        fig.legend(*mem_ax.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=7, frameon=False)
         fig.suptitle(f"{model}: one forward + backward step on one H200")
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.2, 1, 1))
         out = ROOT / f"docs/img/trainer_{model.replace('qwen2.5-', '')}.png"
         fig.savefig(out, dpi=110)
         print(f"wrote {out.relative_to(ROOT)}")
