@@ -5,7 +5,9 @@
 // Plain program (no Google Benchmark) so the binary runs on the GPU machine as is. Options: --quick
 // (16K only), --past N, --reps N (default 5, every past), --no-extras, --sm90-variants, --alt (older
 // Hopper backward alternatives), --no-sparse (skip the page-sparse run at 256K: 64 pages + sink + local
-// per 128-query tile, TFLOP/s over the attended keys), --json FILE (one line per shape and past: TFLOP/s median, min, max).
+// per 128-query tile, TFLOP/s over the attended keys), --lean (the public entries on paged ids only: no
+// contiguous run, no forced kernels; with --past 262144 the sparse-vs-dense call of hs1), --json FILE (one
+// line per shape and past: TFLOP/s median, min, max).
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 #include <cmath>
@@ -157,7 +159,8 @@ double time_fwd_sm90(const device_problem& dp, int split, int reps) {
   return median_ms(1, reps, [&] { gpu::detail::launch_forward_sm90<Cfg>(a, o.p, lse.p, nullptr, split); });
 }
 
-result time_one(const problem& p, int reps, bool alt) {
+/// lean: the public forward and backward only (the forced kernels' fields stay 0).
+result time_one(const problem& p, int reps, bool alt, bool lean = false) {
   device_problem dp(p);
   const auto a = dp.args();
   const auto& c = p.c;
@@ -168,7 +171,7 @@ result time_one(const problem& p, int reps, bool alt) {
   result r{};
   const gpu::forward_kernels chosen = gpu::get_forward_kernels();
   gpu::set_forward_kernels(gpu::forward_kernels::portable);
-  r.fwd_portable_ms = median_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
+  if (!lean) r.fwd_portable_ms = median_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
   gpu::set_forward_kernels(chosen);
   r.fwd = time_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
   // sanity: a forward output must be finite
@@ -182,7 +185,7 @@ result time_one(const problem& p, int reps, bool alt) {
     gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
     gpu::attention_backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
   });
-  if (gpu::detail::current_device_is_sm90()) {
+  if (gpu::detail::current_device_is_sm90() && !lean) {
     auto hopper = [&] {
       if (c.d == 128)
         gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
@@ -222,7 +225,7 @@ result time_one(const problem& p, int reps, bool alt) {
       hb4();
     });
     auto bm64 = [&] {
-      gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::sparse>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
+      gpu::detail::launch_backward_sm90<gpu::experimental::backward_sm90_d128_bm64>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
                                                                                  dv.p, grads, nullptr);
     };
     const bool d128 = c.d == 128;
@@ -289,11 +292,16 @@ result time_one(const problem& p, int reps, bool alt) {
 
 /// Gives p a page-sparse past: every tile of 128 queries attends the first `sink` past pages, the
 /// last `local` past pages before the chunk and `budget` other past pages drawn at random (sorted),
-/// plus the chunk's own pages. Returns the past keys each query attends.
-std::int64_t select_sparse_budget(problem& p, std::int32_t budget, std::int32_t sink, std::int32_t local) {
+/// plus the chunk's own pages. pool = 0: drawn from every other past page (at 256K each is then
+/// attended by ~1 of the 32 tiles: the backward's shortest walks); pool > 0: drawn from one random set
+/// of `pool` pages shared by all tiles (pool 256: ~8 tiles per page, as the trainer's Quest selection
+/// at 7B 128K, 7.6). Returns the past keys each query attends.
+std::int64_t select_sparse_budget(problem& p, std::int32_t budget, std::int32_t sink, std::int32_t local,
+                                  std::int32_t pool = 0) {
   const std::int32_t past_pages = static_cast<std::int32_t>(p.c.q_start / p.c.page);
-  if (past_pages < sink + local + budget) {
-    std::fprintf(stderr, "sparse budget: %d past pages, fewer than %d\n", past_pages, sink + local + budget);
+  if (past_pages < sink + local + budget || (pool > 0 && (pool < budget || pool > past_pages - sink - local))) {
+    std::fprintf(stderr, "sparse budget: %d past pages, %d + %d + %d from a pool of %d cannot be drawn\n", past_pages,
+                 sink, local, budget, pool);
     std::exit(1);
   }
   p.c.sparse = true;
@@ -301,6 +309,18 @@ std::int64_t select_sparse_budget(problem& p, std::int32_t budget, std::int32_t 
   const std::int32_t ntiles = (p.c.sq + p.c.tile - 1) / p.c.tile;
   std::mt19937_64 rng(p.c.seed + 11);
   std::uniform_int_distribution<std::int32_t> mid(sink, past_pages - local - 1);
+  std::vector<std::int32_t> shared;  // pool > 0: the pages every tile draws from
+  {
+    std::vector<char> in(static_cast<std::size_t>(past_pages), 0);
+    while (static_cast<std::int32_t>(shared.size()) < pool) {
+      const std::int32_t pg = mid(rng);
+      if (in[static_cast<std::size_t>(pg)] == 0) {
+        in[static_cast<std::size_t>(pg)] = 1;
+        shared.push_back(pg);
+      }
+    }
+  }
+  std::uniform_int_distribution<std::int32_t> from_pool(0, pool > 0 ? pool - 1 : 0);
   p.tile_indptr.assign(1, 0);
   p.tile_pages.clear();
   for (std::int32_t t = 0; t < ntiles; ++t) {
@@ -310,7 +330,7 @@ std::int64_t select_sparse_budget(problem& p, std::int32_t budget, std::int32_t 
     std::vector<char> taken(static_cast<std::size_t>(past_pages), 0);
     for (std::int32_t pg : pick) taken[static_cast<std::size_t>(pg)] = 1;
     for (std::int32_t k = 0; k < budget;) {
-      const std::int32_t pg = mid(rng);
+      const std::int32_t pg = pool > 0 ? shared[static_cast<std::size_t>(from_pool(rng))] : mid(rng);
       if (taken[static_cast<std::size_t>(pg)] == 0) {
         taken[static_cast<std::size_t>(pg)] = 1;
         pick.push_back(pg);
@@ -324,8 +344,13 @@ std::int64_t select_sparse_budget(problem& p, std::int32_t budget, std::int32_t 
   return std::int64_t(sink + local + budget) * p.c.page;
 }
 
-/// The public sparse forward and backward (delta included) of p.
-std::pair<timing, timing> time_sparse(const problem& p, int reps) {
+struct sparse_timing {
+  timing fwd, bwd;  // the public entries
+  timing bwd_before;  // the configuration sparse calls took before hs1 (d128 64-row steps, d64 128-row cp.async)
+};
+
+/// The public sparse forward and backward (delta included) of p, and the backward sparse calls ran before hs1.
+sparse_timing time_sparse(const problem& p, int reps) {
   device_problem dp(p);
   const auto a = dp.args();
   const auto& c = p.c;
@@ -333,12 +358,23 @@ std::pair<timing, timing> time_sparse(const problem& p, int reps) {
   auto& o = buf.o;
   auto &lse = buf.lse, &delta = buf.delta, &dq = buf.dq, &dk = buf.dk, &dv = buf.dv;
   const auto& grads = buf.grads;
-  const timing f = time_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
-  const timing b = time_ms(1, reps, [&] {
+  sparse_timing t;
+  t.fwd = time_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
+  t.bwd = time_ms(1, reps, [&] {
     gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
     gpu::attention_backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
   });
-  return {f, b};
+  if (gpu::detail::current_device_is_sm90())
+    t.bwd_before = time_ms(1, reps, [&] {
+      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      if (c.d == 128)
+        gpu::detail::launch_backward_sm90<gpu::experimental::backward_sm90_d128_bm64>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+                                                                                       dk.p, dv.p, grads, nullptr);
+      else
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+                                                                                      dk.p, dv.p, grads, nullptr);
+    });
+  return t;
 }
 
 }  // namespace
@@ -349,11 +385,16 @@ int main(int argc, char** argv) {
   bool extras = true;
   bool sm90_variants = false;  // time the Hopper forward's configurations and splits at every past
   bool alt = false;            // time the Hopper backward's older alternatives (own-keys dQ, pipelined)
+  bool lean = false;           // the public entries on paged ids only
   bool sparse_budget = true;   // at 256K: the page-sparse forward/backward at a 64-page budget (--no-sparse: off)
   const char* json = nullptr;  // one JSON line per shape and past, every timed kernel
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--alt") == 0) alt = true;
     if (std::strcmp(argv[i], "--no-sparse") == 0) sparse_budget = false;
+    if (std::strcmp(argv[i], "--lean") == 0) {
+      lean = true;
+      extras = false;
+    }
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
     if (std::strcmp(argv[i], "--quick") == 0) pasts = {16384};
     if (std::strcmp(argv[i], "--no-extras") == 0) extras = false;
@@ -400,28 +441,37 @@ int main(int argc, char** argv) {
       {
         c.shuffle_ids = true;
         problem p(c, false);
-        paged = time_one(p, r, alt);
-        if (sparse_budget && past == 262144) {
-          // FLOPs over the keys each query attends: the selected past pages plus its causal own keys
-          const std::int64_t keys = select_sparse_budget(p, 64, 1, 8);
-          const double fl_f = 4.0 * sq * double(keys) * s.d * s.hq + 2.0 * sq * double(sq) * s.d * s.hq;
-          const auto [sf, sb] = time_sparse(p, r);
-          const double tf_f = fl_f / sf.median / 1e9, tf_b = 2.5 * fl_f / sb.median / 1e9;
-          const double dense_b = flops_bwd / paged.bwd.median / 1e9;
-          std::printf("  [sparse %s 256K past, 64 pages + sink 1 + local 8 per 128-query tile (%lld past keys): fwd %.1f | "
-                      "bwd %.1f TFLOP/s over attended keys; bwd %.3fx the dense backward's %.1f]\n",
-                      s.name, (long long)keys, tf_f, tf_b, tf_b / dense_b, dense_b);
-          if (jf != nullptr)
-            std::fprintf(jf,
-                         "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"sparse\": \"64 pages + sink 1 + "
-                         "local 8 per 128-query tile\", \"attended_past_keys\": %lld, \"tflops_median_min_max\": "
-                         "{\"fwd_sparse\": [%f, %f, %f], \"bwd_sparse\": [%f, %f, %f]}, \"bwd_dense_paged_median\": %f}\n",
-                         s.name, (long long)past, sq, r, (long long)keys, tf_f, fl_f / sf.hi / 1e9, fl_f / sf.lo / 1e9, tf_b,
-                         2.5 * fl_f / sb.hi / 1e9, 2.5 * fl_f / sb.lo / 1e9, dense_b);
-          p.c.sparse = false;
-          p.tile_indptr.clear();
-          p.tile_pages.clear();
-        }
+        paged = time_one(p, r, alt, lean);
+        if (sparse_budget && past == 262144)
+          for (const std::int32_t pool : {0, 256}) {  // ~1 and ~8 tiles per selected middle page
+            // FLOPs over the keys each query attends: the selected past pages plus its causal own keys
+            const std::int64_t keys = select_sparse_budget(p, 64, 1, 8, pool);
+            const double fl_f = 4.0 * sq * double(keys) * s.d * s.hq + 2.0 * sq * double(sq) * s.d * s.hq;
+            const sparse_timing st = time_sparse(p, r);
+            const double tf_f = fl_f / st.fwd.median / 1e9, tf_b = 2.5 * fl_f / st.bwd.median / 1e9;
+            const double tf_b0 = st.bwd_before.median > 0 ? 2.5 * fl_f / st.bwd_before.median / 1e9 : 0.0;
+            const double dense_f = flops_fwd / paged.fwd.median / 1e9, dense_b = flops_bwd / paged.bwd.median / 1e9;
+            const std::string sel = "64 pages + sink 1 + local 8 per 128-query tile, drawn from " +
+                                    (pool > 0 ? "a shared pool of " + std::to_string(pool) + " pages" : std::string("every past page"));
+            std::printf("  [sparse %s 256K past, %s (%lld past keys), TFLOP/s over attended keys: fwd %.1f (%.3fx dense %.1f) | "
+                        "bwd %.1f (%.3fx dense %.1f) | bwd before hs1 %.1f (%.3fx)]\n",
+                        s.name, sel.c_str(), (long long)keys, tf_f, tf_f / dense_f, dense_f, tf_b, tf_b / dense_b, dense_b,
+                        tf_b0, tf_b0 / dense_b);
+            if (jf != nullptr)
+              std::fprintf(jf,
+                           "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"sparse\": \"%s\", "
+                           "\"pool\": %d, \"attended_past_keys\": %lld, \"tflops_median_min_max\": "
+                           "{\"fwd_sparse\": [%f, %f, %f], \"bwd_sparse\": [%f, %f, %f], \"bwd_sparse_before_hs1\": [%f, %f, %f]}, "
+                           "\"fwd_dense_paged_median\": %f, \"bwd_dense_paged_median\": %f}\n",
+                           s.name, (long long)past, sq, r, sel.c_str(), pool, (long long)keys, tf_f, fl_f / st.fwd.hi / 1e9,
+                           fl_f / st.fwd.lo / 1e9, tf_b, 2.5 * fl_f / st.bwd.hi / 1e9, 2.5 * fl_f / st.bwd.lo / 1e9, tf_b0,
+                           st.bwd_before.hi > 0 ? 2.5 * fl_f / st.bwd_before.hi / 1e9 : 0.0,
+                           st.bwd_before.lo > 0 ? 2.5 * fl_f / st.bwd_before.lo / 1e9 : 0.0, dense_f, dense_b);
+            std::fflush(stdout);
+            p.c.sparse = false;
+            p.tile_indptr.clear();
+            p.tile_pages.clear();
+          }
         if (sm90_variants) {
           device_problem dp(p);
           const double tf = flops_fwd / 1e9;
@@ -474,7 +524,7 @@ int main(int argc, char** argv) {
                       (long long)p.total, ms, 2.0 * p.npages * pair_vec * 16 / ms / 1e6, 100.0 * ms / paged.fwd.median);
         }
       }
-      {
+      if (!lean) {
         c.shuffle_ids = false;
         const problem p(c, false);
         contig = time_one(p, r, alt);

@@ -2,11 +2,11 @@
 # One call on the GPU machine does everything for the attention kernels: gpu tests, compute-sanitizer
 # (memcheck, racecheck) on the tiny shapes, the benchmark, and the PyTorch SDPA baseline; logs go to
 # $OUT (the benchmark's and the baseline's raw results also as bench.jsonl / sdpa.jsonl). Run from the repository root with the binaries built here copied to $BIN (.gpu/attn):
-#   bash bench/attention/run_gpu.sh [all|tests|tests-portable|bench|sdpa|sanitize]...
+#   bash bench/attention/run_gpu.sh [all|tests|tests-portable|bench|sdpa|sanitize|memcheck]...
 # tests-portable reruns the gpu tests with OOMB_ATTENTION_FORWARD=portable and
 # OOMB_ATTENTION_BACKWARD=portable (the mma.sync kernels behind the public entries; the Hopper
-# kernels are still tested through their own launchers); SAN_TC / RACE_TC override the sanitizer's
-# test filters; BENCH_TIMEOUT (seconds, default 240) bounds the benchmark, TEST_TIMEOUT (default 300)
+# kernels are still tested through their own launchers); TEST_TC filters the test cases (doctest -tc);
+# memcheck is sanitize without racecheck; SAN_TC / RACE_TC override the sanitizer's test filters; BENCH_TIMEOUT (seconds, default 240) bounds the benchmark, TEST_TIMEOUT (default 300)
 # each test run, SAN_TIMEOUT (default 150) each sanitizer run.
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,te
   | tee "$OUT/gpu.txt"
 
 if has tests; then
-  timeout "${TEST_TIMEOUT:-300}" "$BIN/test_attention" 2>&1 | tee "$OUT/tests.log"
+  timeout "${TEST_TIMEOUT:-300}" "$BIN/test_attention" ${TEST_TC:+-tc="$TEST_TC"} 2>&1 | tee "$OUT/tests.log"
   summary+=("tests rc=$?")
 fi
 if has tests-portable; then
@@ -36,11 +36,13 @@ if has sdpa; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/attention/sdpa_baseline.py --json "$OUT/sdpa.jsonl" ${SDPA_ARGS:-} 2>&1 | tee "$OUT/sdpa.log"
   summary+=("sdpa rc=$?")
 fi
-if has sanitize; then
+if has sanitize || has memcheck; then
   timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_attention" \
     -tc="${SAN_TC:-*sanitize*,*bit for bit*,*reject*,*split*}" >"$OUT/memcheck.log" 2>&1
   summary+=("memcheck rc=$?")
   tail -4 "$OUT/memcheck.log"
+fi
+if has sanitize; then
   timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/test_attention" -tc="${RACE_TC:-*sanitize*,*split*}" \
     >"$OUT/racecheck.log" 2>&1
   summary+=("racecheck rc=$?")

@@ -4,11 +4,13 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <future>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <tuple>
 #include <type_traits>
@@ -228,10 +230,11 @@ config windowed(config c, std::int32_t windows) {
 }
 
 bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
-/// variant: 0 the chosen configuration for the call (dense or sparse), 1 bulk dQ reductions, 2 d128 dQ
-/// over own keys / d64 software-pipelined, 3 hb2 (dQ by red.add from the consumers, 64-row steps),
-/// 4 d128: the writer warp with dQ over each consumer's own keys, d64: the writer warp with 64-row
-/// steps (hb3); 5 (d128 dense calls only, skipped otherwise): the sparse calls' 64-row writer warp.
+/// variant: 0 the chosen configuration (Q/dO by TMA, whole-query steps; dense and sparse calls since
+/// hs1), 1 bulk dQ reductions, 2 d128 dQ over own keys / d64 software-pipelined, 3 hb2 (dQ by red.add
+/// from the consumers, 64-row steps), 4 d128: the writer warp with dQ over each consumer's own keys,
+/// d64: the writer warp with 64-row steps (hb3); 5 (d128 only, skipped otherwise): the 64-row writer
+/// warp (the sparse calls' kernel before hs1); 6 the wide-group configuration (cp.async Q/dO).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, int variant = 0);
 void check_backward_portable(const problem& p, const cpu_result& ref);
 
@@ -402,8 +405,7 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
 /// Backward of p through the Hopper kernel (all windows summed when p has several), outputs
 /// starting random, checked against the CPU oracle. split: forced query split (0 = policy).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int variant) {
-  if (variant == 5 && (p.c.d != 128 || p.c.sparse)) return;  // variant 0 runs it on sparse calls
-  if (variant == 6 && p.c.sparse) return;  // the wide-group kernel: dense calls (d64's is variant 0's sparse one)
+  if (variant == 5 && p.c.d != 128) return;
   const bool merged = p.c.windows > 1;
   namespace x = gpu::experimental;
   const gpu_result g = run_backward(
@@ -411,16 +413,15 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
       [&](const gpu::attention_args& a, auto... rest) {
         auto run = [&](auto cfg) { gpu::detail::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split); };
         if (p.c.d == 128) {
-          if (variant == 0 && !p.c.sparse) run(gpu::backward_sm90_config<128>::type{});
-          if ((variant == 0 && p.c.sparse) || variant == 5) run(gpu::backward_sm90_config<128>::sparse{});
+          if (variant == 0) run(gpu::backward_sm90_config<128>::type{});
+          if (variant == 5) run(x::backward_sm90_d128_bm64{});
           if (variant == 1) run(x::backward_sm90_d128_bulk{});
           if (variant == 2) run(x::backward_sm90_d128_own{});
           if (variant == 3) run(x::backward_sm90_d128_atomics{});
           if (variant == 4) run(x::backward_sm90_d128_writer_own{});
           if (variant == 6) run(gpu::backward_sm90_config<128>::wide_group{});
         } else {
-          if (variant == 0 && !p.c.sparse) run(gpu::backward_sm90_config<64>::type{});
-          if (variant == 0 && p.c.sparse) run(gpu::backward_sm90_config<64>::sparse{});
+          if (variant == 0) run(gpu::backward_sm90_config<64>::type{});
           if (variant == 1) run(x::backward_sm90_d64_bulk{});
           if (variant == 2) run(x::backward_sm90_d64_pipe{});
           if (variant == 3) run(x::backward_sm90_d64_atomics{});
@@ -433,8 +434,8 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
                                       " [sm90 backward, dQ own keys (d128) / pipelined (d64)",
                                       " [sm90 backward, hb2 (red.add dQ, 64-row steps)",
                                       " [sm90 backward, d128 writer warp with dQ over own keys / d64 64-row steps",
-                                      " [sm90 backward, d128 64-row steps (the sparse calls' kernel)",
-                                      " [sm90 backward, cp.async Q/dO (dense calls with a group wider than a step)"};
+                                      " [sm90 backward, d128 64-row steps (the sparse calls' kernel before hs1)",
+                                      " [sm90 backward, cp.async Q/dO (the configuration of groups wider than a step)"};
   std::string name = p.c.name + names[variant];
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
@@ -505,6 +506,62 @@ TEST_CASE("attention: fast_divmod is exact") {
     INFO("d = ", d);
     CHECK(ok);
   }
+}
+
+TEST_CASE("attention: the Hopper backward's query walk covers the selected tiles' rows once, no others") {
+  // query_walk (backward_sm90.cuh), run on the host: over random selections (1..100 tiles, so one to
+  // four words of bits), GQA groups, step heights (whole-query steps that do not divide a tile, as
+  // hb6's 77 of 80 rows at group 7, and 64/80/128-row cp.async steps), first rows and query splits,
+  // the steps of all split CTAs together must hold every row of a selected tile from the first row on
+  // exactly once, never a row of an unselected tile, each step within one run and at most rs rows,
+  // starting on a whole query where rs is whole queries. Dense (no selection): rows [first step, rows).
+  std::mt19937 rng(12);
+  int walks = 0;
+  bool ok = true;
+  for (int trial = 0; trial < 3000 && ok; ++trial) {
+    const int group = std::array<int, 5>{1, 2, 5, 7, 8}[trial % 5];
+    const int tile = 128 * (1 + static_cast<int>(rng() % 2)) / std::gcd(128, group);  // tile * group: a multiple of 128
+    const int ntiles = 1 + static_cast<int>(rng() % 100);
+    const int sq = (ntiles - 1) * tile + 1 + static_cast<int>(rng() % tile);
+    const int rows = sq * group, tile_rows = tile * group;
+    const int bm = std::array<int, 3>{64, 80, 128}[rng() % 3];
+    const bool whole = rng() % 2 == 0 && group <= bm;
+    const int rs = whole ? bm / group * group : bm;
+    const bool dense = trial % 7 == 0;
+    const double keep = std::array<double, 3>{0.1, 0.5, 0.9}[rng() % 3];
+    std::vector<std::uint32_t> sel(gpu::detail::backward_sm90_tile<128, 2>::SEL_WORDS, 0u);
+    std::vector<char> on(static_cast<std::size_t>(ntiles));
+    for (int t = 0; t < ntiles; ++t) {
+      on[static_cast<std::size_t>(t)] = dense || std::uniform_real_distribution<double>(0, 1)(rng) < keep;
+      if (on[static_cast<std::size_t>(t)]) sel[static_cast<std::size_t>(t >> 5)] |= 1u << (t & 31);
+    }
+    const int first_row = static_cast<int>(rng() % static_cast<std::uint32_t>(rows));
+    const int split = 1 + static_cast<int>(rng() % 4);
+    const gpu::detail::fast_divmod tile_div(static_cast<std::uint32_t>(tile_rows));
+    std::vector<int> seen(static_cast<std::size_t>(rows), 0);
+    for (int z = 0; z < split; ++z)
+      for (gpu::detail::query_walk wk(dense ? nullptr : sel.data(), ntiles, tile_rows, tile_div, rows, rs, first_row, z,
+                                      split);
+           !wk.done(); wk.next()) {
+        const int r0 = wk.r0, r1 = wk.r1();
+        ok = ok && r0 < r1 && r1 - r0 <= rs && r1 <= rows && (!whole || r0 % group == 0);
+        if (!dense) ok = ok && (r1 - 1) / tile_rows >= r0 / tile_rows;  // one run: every tile in between is selected
+        for (int r = r0; ok && r < r1; ++r) {
+          ++seen[static_cast<std::size_t>(r)];
+          ok = on[static_cast<std::size_t>(r / tile_rows)] != 0;
+        }
+        ++walks;
+      }
+    for (int r = 0; ok && r < rows; ++r) {  // (rows of unselected tiles were refused above)
+      const int n = seen[static_cast<std::size_t>(r)];
+      // rows before first_row may ride along in its step (the causal mask zeroes them): at most once
+      ok = r >= first_row && on[static_cast<std::size_t>(r / tile_rows)] ? n == 1 : n <= 1;
+    }
+    INFO("trial ", trial, ": group ", group, ", tile ", tile, ", tiles ", ntiles, ", rs ", rs, ", first row ", first_row,
+         ", split ", split, dense ? ", dense" : "");
+    CHECK(ok);
+  }
+  CHECK(walks > 10000);
 }
 
 TEST_CASE("attention: sparse selecting every past page equals dense, bit for bit") {
@@ -615,9 +672,13 @@ TEST_CASE("attention: large shapes against the fp32 GPU reference") {
   config c2 = make("large 14:2 d64 4096 x 16K past", 4096, 16384, 14, 2, 64, 128);
   config c3 = sparse(make("large sparse 28:4 d128 2048 x 8K", 2048, 8192, 28, 4, 128, 128), 128);
   c3.keep = 0.25;
+  // 40 query tiles: the Hopper backward's selection bits span two words
+  config c4 = sparse(make("large sparse 14:2 d64 5000 x 4K", 5000, 4096, 14, 2, 64, 128), 128);
+  c4.keep = 0.25;
   large_vs_reference(c1);
   large_vs_reference(c2);
   large_vs_reference(c3);
+  large_vs_reference(c4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -835,22 +896,15 @@ TEST_CASE("attention: the public forward picks the Hopper kernel only where it a
     gs.pool.page_size = 64;
     CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<HB>(small, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, gs, nullptr),
                     oomb::invalid_argument);
-    // d128's dense configurations (whole-query and 80-row steps straddle the 128-row sparse tiles)
-    // refuse a sparse call before any launch
+    // A sparse call (for the chooser only: never launched)
     dev<std::int32_t> tiles(std::size_t(c.sq) + 1);
     tiles.fill_bytes(0);
     auto sp = a;
     sp.tile_indptr = tiles.p;
     sp.tile_pages = tiles.p;
     sp.tile = 128;
-    CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<HB>(sp, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p,
-                                                          dp.grads(buf.p), nullptr),
-                    oomb::invalid_argument);
-    CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::wide_group>(
-                        sp, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, dp.grads(buf.p), nullptr),
-                    oomb::invalid_argument);
-    // The public entry's choice: dense (group <= the TMA step's rows: 80 at d128, 128 at d64), dense
-    // with a wider group, sparse, and unaligned (dense or sparse) calls
+    // The public entry's choice, the same for dense and sparse calls (hs1): Q/dO by TMA where the group
+    // fits a step (<= 80 rows at d128, 128 at d64), cp.async for a wider group, red.add for an unaligned dq
     using call = gpu::detail::backward_sm90_call;
     float* const dq8 = buf.p + 2;  // cudaMalloc is 256-byte aligned: this is 8 mod 16
     auto grouped = [&](int group) {  // a with hkv 1 and `group` query heads (for the chooser only)
@@ -864,7 +918,18 @@ TEST_CASE("attention: the public forward picks the Hopper kernel only where it a
     CHECK(gpu::detail::choose_backward_sm90<128>(grouped(81), buf.p) == call::wide_group);
     CHECK(gpu::detail::choose_backward_sm90<64>(grouped(128), buf.p) == call::dense);
     CHECK(gpu::detail::choose_backward_sm90<64>(grouped(129), buf.p) == call::wide_group);
-    CHECK(gpu::detail::choose_backward_sm90<128>(sp, buf.p) == call::sparse);
+    CHECK(gpu::detail::choose_backward_sm90<128>(sp, buf.p) == call::dense);
+    CHECK(gpu::detail::choose_backward_sm90<64>(sp, buf.p) == call::dense);
+    auto sp_grouped = [&](int group) {
+      auto g = grouped(group);
+      g.tile_indptr = sp.tile_indptr;
+      g.tile_pages = sp.tile_pages;
+      g.tile = 128;
+      return g;
+    };
+    CHECK(gpu::detail::choose_backward_sm90<128>(sp_grouped(80), buf.p) == call::dense);
+    CHECK(gpu::detail::choose_backward_sm90<128>(sp_grouped(81), buf.p) == call::wide_group);
+    CHECK(gpu::detail::choose_backward_sm90<64>(sp_grouped(129), buf.p) == call::wide_group);
     CHECK(gpu::detail::choose_backward_sm90<128>(a, dq8) == call::unaligned);
     CHECK(gpu::detail::choose_backward_sm90<128>(grouped(81), dq8) == call::unaligned);
     CHECK(gpu::detail::choose_backward_sm90<128>(sp, dq8) == call::unaligned);
@@ -880,11 +945,9 @@ TEST_CASE("attention: the public forward picks the Hopper kernel only where it a
     using gpu::detail::backward_dq;
     CHECK(cfg_of(d128, call::dense) == std::tuple{80, true, backward_dq::writer_warp});
     CHECK(cfg_of(d128, call::wide_group) == std::tuple{80, false, backward_dq::writer_warp});
-    CHECK(cfg_of(d128, call::sparse) == std::tuple{64, false, backward_dq::writer_warp});
     CHECK(cfg_of(d128, call::unaligned) == std::tuple{64, false, backward_dq::atomics});
     CHECK(cfg_of(d64, call::dense) == std::tuple{128, true, backward_dq::writer_warp});
     CHECK(cfg_of(d64, call::wide_group) == std::tuple{128, false, backward_dq::writer_warp});
-    CHECK(cfg_of(d64, call::sparse) == std::tuple{128, false, backward_dq::writer_warp});
     CHECK(cfg_of(d64, call::unaligned) == std::tuple{64, false, backward_dq::atomics});
   }
   // the Hopper launcher refuses pages shorter than its tile
@@ -942,6 +1005,7 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
   using oomb::kv_layout;
   for (const config& c : {make("sm90 qsplit g7 d128", 200, 1300, 14, 2, 128, 128),
                           sparse(make("sm90 qsplit sparse g5 d64 tm", 150, 900, 10, 2, 64, 128, kv_layout::token_major), 128),
+                          sparse(make("sm90 qsplit sparse g7 d128", 400, 1000, 14, 2, 128, 128), 128),
                           make("sm90 qsplit g2 d64 short", 70, 100, 4, 2, 64, 128)}) {
     const problem p(c);
     const cpu_result ref = run_cpu(p);
@@ -962,9 +1026,9 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
 }
 
 TEST_CASE("attention: public backward, dense and sparse, into a 16- and an 8-byte aligned dq, matches") {
-  // On Hopper the public entry takes a configuration per call (choose_backward_sm90): dense calls
-  // Q/dO by TMA in whole-query steps, or cp.async where the group is wider than a step (g96 d128,
-  // g160 d64); d128 sparse 64-row steps; red.add for a dq that is 8 but not 16 mod 16 (the writer
+  // On Hopper the public entry takes a configuration per call (choose_backward_sm90): dense and
+  // sparse calls Q/dO by TMA in whole-query steps, or cp.async where the group is wider than a step
+  // (g96 d128, g160 d64); red.add for a dq that is 8 but not 16 mod 16 (the writer
   // warp's bulk reductions need 16); elsewhere the portable kernel. All must give the CPU oracle's
   // gradients (a configuration that refused its call would throw here).
   using oomb::kv_layout;
@@ -1004,7 +1068,8 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
   using oomb::kv_layout;
   for (const config& c : {make("sanitize sm90 bwd g7 d128", 40, 300, 14, 2, 128, 128),
                           make("sanitize sm90 bwd g7 d64", 40, 300, 14, 2, 64, 128),
-                          sparse(make("sanitize sm90 bwd sparse g5 d64 tm", 70, 500, 10, 2, 64, 128, kv_layout::token_major), 128)}) {
+                          sparse(make("sanitize sm90 bwd sparse g5 d64 tm", 70, 500, 10, 2, 64, 128, kv_layout::token_major), 128),
+                          sparse(make("sanitize sm90 bwd sparse g7 d128", 200, 300, 14, 2, 128, 128), 128)}) {
     const problem p(c);
     const cpu_result ref = run_cpu(p);
     check_backward_sm90(p, ref);
@@ -1141,9 +1206,9 @@ void check_unselected_pages_unread(const config& c, double keep) {
   if (hopper_device() && c.page >= 128)
     backward("sm90", [&](const gpu::attention_args& a, auto... rest) {
       if (c.d == 128)
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::sparse>(a, rest..., nullptr, 0);
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, rest..., nullptr, 0);
       else
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::sparse>(a, rest..., nullptr, 0);
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, rest..., nullptr, 0);
     });
 }
 

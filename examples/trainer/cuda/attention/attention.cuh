@@ -566,9 +566,6 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
   check_backward_outputs(a, lse, delta, d_o, dq, dk_own, dv_own, dpast);
   OOMB_EXPECTS(a.kv.pool.page_size >= Cfg::BN, "attention_backward (sm90): page_size must be >= ", Cfg::BN,
                ", got ", a.kv.pool.page_size);
-  if constexpr (!Cfg::SPARSE)
-    OOMB_EXPECTS(a.tile_indptr == nullptr, "attention_backward (sm90): steps of ", Cfg::BM,
-                 " rows straddle the 128-row sparse tiles; this configuration takes dense calls only");
   if (!sm90_backward_built<Cfg>())
     OOMB_FAIL(oomb::cuda_error, "attention_backward (sm90): this binary holds no sm_90a code for the kernel");
   OOMB_EXPECTS(split_hint >= 0 && split_hint <= 4, "attention_backward (sm90): split must be 0..4, got ", split_hint);
@@ -604,13 +601,13 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
 
 namespace detail {
 
-/// Which of backward_sm90_config<D>'s configurations the public backward takes on Hopper.
-enum class backward_sm90_call { dense, wide_group, sparse, unaligned };
+/// Which of backward_sm90_config<D>'s configurations the public backward takes on Hopper. Dense and
+/// page-sparse calls alike (every configuration walks the sparse tiles without straddling them, hs1).
+enum class backward_sm90_call { dense, wide_group, unaligned };
 
 template <int D>
 backward_sm90_call choose_backward_sm90(const attention_args& a, const float* dq) {
   if (!aligned16(dq)) return backward_sm90_call::unaligned;  // the writer warp's bulk reductions need 16 bytes
-  if (a.tile_indptr != nullptr) return backward_sm90_call::sparse;
   // the TMA Q/dO steps hold whole queries (a bad hkv is left to the launcher's checks)
   const bool wide = a.hkv > 0 && a.hq / a.hkv > backward_sm90_config<D>::type::BM;
   return wide ? backward_sm90_call::wide_group : backward_sm90_call::dense;
@@ -623,7 +620,6 @@ decltype(auto) with_backward_sm90_config(backward_sm90_call call, F&& f) {
   switch (call) {
     case backward_sm90_call::dense: return f(typename C::type{});
     case backward_sm90_call::wide_group: return f(typename C::wide_group{});
-    case backward_sm90_call::sparse: return f(typename C::sparse{});
     default: return f(typename C::unaligned{});
   }
 }

@@ -4,11 +4,13 @@
 //
 // Same contract, arguments and packed GQA rows as backward.cuh. One CTA owns BN = 128 keys of one
 // KV head (one page tile, page_size >= 128) and walks the packed query rows in steps of BM = 64
-// (128 for the d64 configurations; 80 for d128's dense one, which computes dQ^T = K^T dS^T so that
-// head_dim is wgmma's M, and takes dense calls only: 80-row steps straddle the 128-row sparse tiles).
+// (128 for the d64 configurations; 80 for d128's, which computes dQ^T = K^T dS^T so that head_dim is
+// wgmma's M). The walk (query_walk) cuts the rows into steps from the start of each run of query tiles
+// that attend the block's keys, so no step straddles a sparse tile that does not (hs1): every
+// configuration takes dense and page-sparse calls.
 // Three warpgroups: warpgroup 0 is the producer (it loads the K/V tile once through the pool-wide
-// TMA maps, then streams Q, dO, lse and delta of each step into STAGES shared-memory stages: dense
-// calls whose GQA group fits a step (TMA_Q, hb6) get Q/dO as TMA boxes of whole queries, steps of
+// TMA maps, then streams Q, dO, lse and delta of each step into STAGES shared-memory stages: calls
+// whose GQA group fits a step (TMA_Q, hb6) get Q/dO as TMA boxes of whole queries, steps of
 // floor(BM / group) * group rows; the others load packed rows with cp.async); warpgroups 1
 // and 2 are consumers, consumer c owning keys 64c .. 64c + 63. Per step a consumer computes, in the
 // transposed ("swap AB") form so that its keys are the wgmma M dimension,
@@ -51,6 +53,82 @@ enum class backward_dq {
   writer_warp,  ///< via shared memory; a producer warp adds whole query segments with bulk reductions
 };
 
+/// One CTA's walk over the packed query rows (query * group + head) of its KV head, in steps.
+/// Dense: one run, rows [0, rows). Sparse: the runs of consecutive query tiles (tile t: rows
+/// [t * tile_rows, (t + 1) * tile_rows)) whose bit in `sel` is set. Each run is cut into steps of `rs`
+/// rows counted from the run's first tile, the last step clipped at the run's end, so a step never
+/// holds rows of a tile that does not attend the keys, whatever rs is: hb6's steps of whole queries
+/// (rs = floor(BM / group) * group, which does not divide a tile) take sparse calls too (hs1). Steps
+/// before the one holding `first_row` (the first row that sees the block's keys) are skipped; with a
+/// query split, CTA z takes steps z, z + split, ... of the walk. Producer, dq writer and consumers each
+/// walk the same sequence. Host code too, for the CPU test of its coverage.
+struct query_walk {
+  const std::uint32_t* sel;  // nullptr: dense
+  int ntiles, tile_rows, rows, rs, split;
+  fast_divmod tile_div;  // row -> tile
+  int r0 = 0;            // the current step: rows [r0, r1()); r0 >= rows: done
+  int run_end = 0;       // where the current run ends (a tile boundary, or rows)
+
+  __host__ __device__ query_walk(const std::uint32_t* sel_, int ntiles_, int tile_rows_, fast_divmod tile_div_, int rows_, int rs_,
+                        int first_row, int z, int split_)
+      : sel(sel_), ntiles(ntiles_), tile_rows(tile_rows_), rows(rows_), rs(rs_), split(split_), tile_div(tile_div_) {
+    if (sel == nullptr) {
+      run_end = rows;
+      r0 = first_row < rows ? first_row / rs * rs : rows;
+    } else {
+      const int t = static_cast<int>(tile_div.div(static_cast<std::uint32_t>(first_row)));
+      const int a = next_tile(t, true);
+      enter_run(a);
+      if (a == t && r0 < rows) r0 += (first_row - r0) / rs * rs;  // first_row inside this run's first tile
+    }
+    for (int k = 0; k < z && !done(); ++k) advance();
+  }
+  __host__ __device__ __forceinline__ bool done() const { return r0 >= rows; }
+  __host__ __device__ __forceinline__ int r1() const { return r0 + rs < run_end ? r0 + rs : run_end; }
+  /// The step split steps later in the walk (this CTA's next step).
+  __host__ __device__ __forceinline__ void next() {
+    for (int k = 0; k < split && !done(); ++k) advance();
+  }
+
+ private:
+  /// First tile >= t whose bit is `set`, or ntiles (bits past ntiles are 0).
+  __host__ __device__ int next_tile(int t, bool set) const {
+    while (t < ntiles) {
+      std::uint32_t word = sel[t >> 5];
+      if (!set) word = ~word;
+      word &= ~0u << (t & 31);
+      if (word != 0) {
+#ifdef __CUDA_ARCH__
+        const int r = (t & ~31) + __ffs(static_cast<int>(word)) - 1;
+#else
+        const int r = (t & ~31) + __builtin_ctz(word);
+#endif
+        return r < ntiles ? r : ntiles;
+      }
+      t = (t & ~31) + 32;
+    }
+    return ntiles;
+  }
+  __host__ __device__ void enter_run(int a) {  // the run that starts at tile a (a == ntiles: done)
+    if (a >= ntiles) {
+      r0 = rows;
+      return;
+    }
+    r0 = a * tile_rows;
+    const int e = next_tile(a + 1, false);
+    run_end = e * tile_rows < rows ? e * tile_rows : rows;
+  }
+  __host__ __device__ void advance() {
+    r0 += rs;
+    if (r0 < run_end) return;
+    if (sel == nullptr || run_end >= rows) {
+      r0 = rows;
+      return;
+    }
+    enter_run(next_tile(static_cast<int>(tile_div.div(static_cast<std::uint32_t>(run_end))), true));
+  }
+};
+
 template <int D_, int STAGES_, backward_dq DQ_ = backward_dq::atomics, bool DQ_OWN_ = false, bool PIPE_ = false,
           int BM_ = 64, bool TMA_Q_ = false>
 struct backward_sm90_tile {
@@ -64,15 +142,13 @@ struct backward_sm90_tile {
   static constexpr int D = D_, BN = 128, BM = BM_, STAGES = STAGES_;
   /// dQ^T = K^T dS^T, head_dim as wgmma's M: a step that is not a multiple of 64 rows cannot be M.
   static constexpr bool DQ_SWAP = BM % 64 != 0;
-  /// TMA_Q (hb6; dense calls whose group fits a step): Q and dO arrive as one TMA box per 64-column
+  /// TMA_Q (hb6; calls whose group fits a step): Q and dO arrive as one TMA box per 64-column
   /// panel, (64 columns, group heads, BM / group queries) of the [sq][hq][d] tensor, whose
   /// shared-memory image is the packed rows of whole queries. A step then covers
   /// floor(BM / group) * group rows (the launcher needs group <= BM); the rows after them stay zero
   /// (written once) and contribute nothing. One producer warp loads lse/delta and issues the boxes,
   /// instead of 96 threads of cp.async.
   static constexpr bool TMA_Q = TMA_Q_;
-  /// Page-sparse calls select keys per 128-row tile: steps must not straddle tiles.
-  static constexpr bool SPARSE = 128 % BM == 0 && !TMA_Q;
   /// Software pipelining across steps (S, dP of the next step issued before this step's dq
   /// additions); needs the registers of d64.
   static constexpr bool PIPE = PIPE_;
@@ -111,9 +187,12 @@ struct backward_sm90_tile {
   static constexpr int KV_BYTES = BN * D * 2;
   static constexpr int Q_BYTES = BM * D * 2;   // one Q (or dO) stage
   static constexpr int DS_BYTES = BM * BN * 2; // one dS buffer (2 key panels of BM rows)
-  static constexpr int max_tiles = SPARSE ? 4096 : 0;  // sparse: one selection byte per query tile
+  /// Sparse: one selection bit per query tile (at most 4096 tiles, the launcher's limit); bits, not
+  /// bytes, because d128's TMA_Q configuration has under 1 KB of shared memory to spare.
+  static constexpr int SEL_WORDS = 4096 / 32;
   static constexpr int tiles_bytes = 2 * KV_BYTES + 2 * STAGES * Q_BYTES + DS_BUFS * DS_BYTES;
-  static constexpr int smem_bytes = 1024 /* alignment slack */ + tiles_bytes + DQ_BYTES + 2 * STAGES * BM * 4 + max_tiles;
+  static constexpr int smem_bytes =
+      1024 /* alignment slack */ + tiles_bytes + DQ_BYTES + 2 * STAGES * BM * 4 + SEL_WORDS * 4;
   static constexpr int NBARS = 2 * STAGES + 1 + 2 * DQ_UNITS * DQ_BUFS;
   static constexpr int BAR_BYTES = NBARS * 8;  // static shared memory, sm_90a builds only
   // writer_warp at d128 needs 240 (dq stays live while dK is in flight; at 224 or 232 ptxas
@@ -156,7 +235,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   unsigned char* const tail = smem_raw + (sdQ + Cfg::DQ_BYTES - raw);
   float* const sL = reinterpret_cast<float*>(tail);  // [S][BM] lse
   float* const sDl = sL + S * BM;                    // [S][BM] delta
-  std::uint8_t* const sBits = reinterpret_cast<std::uint8_t*>(sDl + S * BM);
+  std::uint32_t* const sSel = reinterpret_cast<std::uint32_t*>(sDl + S * BM);  // [SEL_WORDS] sparse selection bits
   __shared__ alignas(8) std::uint64_t bar_mem[Cfg::NBARS];
   const std::uint32_t bars = smem_addr(bar_mem);
   auto full = [&](int s) { return bars + 8u * s; };
@@ -170,9 +249,26 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;
-  const int kvh = blockIdx.y;
-  const std::int32_t s0 = blockIdx.x * BN;
   const window_extent win(p);
+  const bool sparse = p.tile_indptr != nullptr;
+  const std::int64_t p_own = first_own_page(p, win);
+  // Which key block and KV head this CTA takes. Dense: blockIdx.x, blockIdx.y (all blocks of a KV head
+  // do the same work; one head's Q/dO at a time stays in L2). Sparse: a block's work is the tiles that
+  // attend it, from none to all, and the heaviest are the chunk's own blocks (causal: every later tile),
+  // then the window's first and last pages (sink and local selections), so the CTAs in launch order
+  // take, for every KV head in turn, the own blocks first, then the past blocks alternately from its
+  // start and its end (longest first: the tail of the grid is short walks; hs1).
+  int kb = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y);
+  if (sparse) {
+    const int nkb = static_cast<int>(gridDim.x);
+    const int lin = kvh * nkb + kb, o = lin / p.hkv;
+    kvh = lin - o * p.hkv;
+    const std::int64_t own_page = p_own - p.first_page;
+    const int own_kb = static_cast<int>(((own_page < 0 ? 0 : own_page > win.pages ? win.pages : own_page) << p.log_page) / BN);
+    const int k = o - (nkb - own_kb);
+    kb = k < 0 ? own_kb + o : (k & 1) ? own_kb - 1 - (k >> 1) : k >> 1;
+  }
+  const std::int32_t s0 = kb * BN;
   if (s0 >= win.len) return;
   const std::int32_t s_end = s0 + BN < win.len ? s0 + BN : win.len;
   const std::int64_t pos0 = std::int64_t(p.first_page) << p.log_page;
@@ -181,42 +277,29 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // Packed rows per step: BM, or (TMA_Q) the whole queries that fit, BM / group of them.
   const int step_q = Cfg::TMA_Q ? BM / p.group : 0;
   const int RS = Cfg::TMA_Q ? step_q * p.group : BM;
-  const int nqb = (rows + RS - 1) / RS;
   const std::int64_t first_q = kmin - p.q_start;
   if (first_q >= p.sq) return;
   const int page_mask = (1 << p.log_page) - 1;
   const std::int32_t page_j = s0 >> p.log_page;  // the block's one page (BN <= page_size)
   const std::int32_t page_id = win.ids[page_j];
 
-  // Sparse: sBits[t] says whether query tile t attends this block's page.
-  const bool sparse = Cfg::SPARSE && p.tile_indptr != nullptr;  // the launcher refuses sparse otherwise
+  // Sparse: bit t of sSel says whether query tile t attends this block's page (one word per warp and pass).
+  const int ntiles = sparse ? (p.sq + p.tile - 1) / p.tile : 0;
   if (sparse) {
-    const std::int64_t p_own = first_own_page(p, win);
     const std::int64_t page = std::int64_t(p.first_page) + page_j;
-    const int ntiles = (p.sq + p.tile - 1) / p.tile;
-    for (int t = tid; t < ntiles; t += Cfg::THREADS) {
-      bool on = page >= p_own;
-      if (!on) {
+    for (int wd = tid >> 5; wd < (ntiles + 31) / 32; wd += Cfg::THREADS / 32) {  // warp-uniform
+      const int t = wd * 32 + lane;
+      bool on = t < ntiles && page >= p_own;
+      if (t < ntiles && !on) {
         const std::int32_t* list = p.tile_pages + p.tile_indptr[t];
         const std::int32_t cnt = p.tile_indptr[t + 1] - p.tile_indptr[t];
         const std::int32_t k = lower_bound(list, cnt, page);
         on = k < cnt && list[k] == page;
       }
-      sBits[t] = on ? 1 : 0;
+      const std::uint32_t word = __ballot_sync(0xffffffffu, on);
+      if (lane == 0) sSel[wd] = word;
     }
   }
-  const int qz = static_cast<int>(blockIdx.z);
-  auto mine = [&](int b) { return b + (qz - b % qsplit + qsplit) % qsplit; };
-  auto next_block = [&](int b) {
-    b = mine(b);
-    if (sparse)
-      while (b < nqb) {
-        const std::uint32_t t = p.tile_rows_div.div(static_cast<std::uint32_t>(b * RS));
-        if (sBits[t] != 0) break;
-        b = mine(static_cast<int>((t + 1) * static_cast<std::uint32_t>(p.tile * p.group) / RS));
-      }
-    return b;
-  };
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
@@ -230,11 +313,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
     fence_barrier_init();
   }
-  __syncthreads();  // barriers and sBits
+  __syncthreads();  // barriers and sSel
 
   const std::int64_t q0 = first_q > 0 ? first_q : 0;
-  const int b_first = next_block(static_cast<int>((q0 * p.group) / RS));
-  if (b_first >= nqb) return;  // uniform: no step of this block's share sees these keys
+  const query_walk walk0(sparse ? sSel : nullptr, ntiles, p.tile * p.group, p.tile_rows_div, rows, RS,
+                         static_cast<int>(q0 * p.group), static_cast<int>(blockIdx.z), qsplit);
+  if (walk0.done()) return;  // uniform: no step of this block's share sees these keys
   const int head0 = kvh * p.group;
 
   if (wg == 0) {
@@ -247,8 +331,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         // query's rows (contiguous in dq: rows query * group + head) with one bulk reduction, and
         // free the tile once the reductions have read it.
         int i = 0;
-        for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
-          const int r0 = b * RS, r1 = r0 + RS < rows ? r0 + RS : rows;
+        for (query_walk wk = walk0; !wk.done(); wk.next(), ++i) {
+          const int r0 = wk.r0, r1 = wk.r1();
           const int qa = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r0)));
           const int qb = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r1 - 1)));
           const int nb = i % Cfg::DQ_BUFS;
@@ -331,24 +415,29 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       }
     }
     int i = 0, prev_s = -1;
-    for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
+    for (query_walk wk = walk0; !wk.done(); wk.next(), ++i) {
       const int s = i % S;
+      const int r0 = wk.r0, n = wk.r1() - r0;  // the step's rows; past n (a clipped step) the consumers mask
       mbar_wait(empty(s), (static_cast<std::uint32_t>(i / S) & 1u) ^ 1u);
       if constexpr (Cfg::TMA_Q) {
-        if (pt == 0) {  // box (64 columns, group heads, one KV head, step_q queries); queries past sq read as 0
+        // Box (64 columns, group heads, one KV head, step_q queries) at the step's first query (r0 is a
+        // multiple of group: runs start at tiles, steps are whole queries); queries past sq read as 0.
+        // A clipped step still loads the whole box: its rows past n are masked.
+        if (pt == 0) {
+          const int qa = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r0)));
           mbar_expect_tx(full(s), static_cast<std::uint32_t>(2 * PANELS * RS * 128));
 #pragma unroll
           for (int c = 0; c < PANELS; ++c) {
-            tma_load_4d(sQ + s * Q_BYTES + c * PANEL_Q, &tmap_q, full(s), c * 64, 0, kvh, b * step_q);
-            tma_load_4d(sdO + s * Q_BYTES + c * PANEL_Q, &tmap_do, full(s), c * 64, 0, kvh, b * step_q);
+            tma_load_4d(sQ + s * Q_BYTES + c * PANEL_Q, &tmap_q, full(s), c * 64, 0, kvh, qa);
+            tma_load_4d(sdO + s * Q_BYTES + c * PANEL_Q, &tmap_do, full(s), c * 64, 0, kvh, qa);
           }
         }
       } else {
 #pragma unroll LOAD_UNROLL
         for (int e = pt; e < BM * CPR; e += Cfg::LOADERS) {
           const int r = e / CPR, chunk = e % CPR;
-          const int R = b * RS + r;
-          const bool ok = R < rows;
+          const int R = r0 + r;
+          const bool ok = r < n;
           const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(ok ? R : 0)));
           const std::int64_t off = ok ? (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + chunk * 8 : 0;
           const std::uint32_t dst = s * Q_BYTES + (chunk >> 3) * PANEL_Q + r * 128 +
@@ -357,9 +446,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
           cp_async_16(sdO + dst, d_o + off, ok);
         }
       }
-      auto load_stats = [&](int r) {  // lse and delta of row r of the step (past RS: zeros, P^T = 1, dS^T = 0)
-        const int R = b * RS + r;
-        const bool ok = R < rows && r < RS;
+      auto load_stats = [&](int r) {  // lse and delta of row r of the step (past n: zeros; masked or P^T = 1, dS^T = 0)
+        const int R = r0 + r;
+        const bool ok = r < n;
         const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(ok ? R : 0)));
         const std::int64_t off = ok ? std::int64_t(head0 + (R - qi * p.group)) * p.sq + qi : 0;
         cp_async_4(smem_addr(sL + s * BM + r), lse + off, ok);
@@ -460,11 +549,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // Waits for S (all but the newest commit group), forms P^T; waits for dP, forms dS^T; packs both
   // into A fragments and stores dS ([query][key], key panel c) into buffer i & 1 for dQ = dS K.
   // release >= 0: the stage whose last reader (the previous step's dK) the S wait retires.
-  auto softmax_ds = [&](int b, int s, int i, int release) {
+  // The step holds rows r0 .. r0 + n - 1; rows past n (a step clipped at its run's end, or sq) are masked.
+  auto softmax_ds = [&](int r0, int n, int s, int i, int release) {
     const float* sLs = sL + s * BM;
     const float* sDs = sDl + s * BM;
-    const bool masked = valid_keys < BN || (b + 1) * RS > rows ||
-                        kmax > p.q_start + std::int64_t(p.group_div.div(static_cast<std::uint32_t>(b * RS)));
+    const bool masked = valid_keys < BN || n < RS ||
+                        kmax > p.q_start + std::int64_t(p.group_div.div(static_cast<std::uint32_t>(r0)));
     wgmma_wait<1>();
 #pragma unroll
     for (int k = 0; k < NS; ++k) fence_operand(sacc[k]);
@@ -486,9 +576,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int R = b * RS + 8 * j + 2 * t4 + e;
+          const int r = 8 * j + 2 * t4 + e;
           const std::int64_t qlim =
-              R < rows ? std::int64_t(p.group_div.div(static_cast<std::uint32_t>(R))) - kbase : std::int64_t(-1);
+              r < n ? std::int64_t(p.group_div.div(static_cast<std::uint32_t>(r0 + r))) - kbase : std::int64_t(-1);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int kr = kr0 + 8 * h;
@@ -606,13 +696,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   };
   // Adds the finished dq tile of step b (rows 16w + g + 8h, columns 64 colp + 8j + 2t4) to global memory.
   // part: the accumulator dq[part] (writer: the first part waits for the tile, the last releases it).
-  auto dq_out = [&](int b, int i, int part) {
+  auto dq_out = [&](int r0, int nr, int i, int part) {  // the step's rows: r0 .. r0 + nr - 1
     const int colp = colp_of(HALVES > 1 ? part : 0);
     if constexpr (Cfg::DQ_WRITER) {
       // Into shared tile n ([BM][D] fp32, the writer warp's source; rows are dq rows, so no
       // swizzle): each thread stores its 8 column blocks of a row in an order rotated by g, so the
       // 8 rows of a store instruction fall on distinct bank groups.
-      (void)b;
+      (void)r0;
+      (void)nr;  // the writer warp adds the step's rows
       const int n = (OWN ? c : 0) * Cfg::DQ_BUFS + i % Cfg::DQ_BUFS;
       if (part == 0) mbar_wait(dq_empty(n), (static_cast<std::uint32_t>(i / Cfg::DQ_BUFS) & 1u) ^ 1u);
       if constexpr (Cfg::DQ_SWAP) {
@@ -677,8 +768,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
         for (int k = 0; k < BM / 32; ++k) {
           const int r = lane + 32 * k;
-          const int R = b * RS + r;
-          if (R < rows) {
+          const int R = r0 + r;
+          if (r < nr) {
             const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
             bulk_reduce_add_f32(outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + colp * 64,
                                 my + r * P, 256);
@@ -689,8 +780,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int R = b * RS + w * 16 + g + 8 * h;
-        if (R >= rows) continue;
+        const int R = r0 + w * 16 + g + 8 * h;
+        if (R >= r0 + nr) continue;
         const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
         float* dst = outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + colp * 64 + 2 * t4;
 #pragma unroll
@@ -715,31 +806,33 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
     mbar_wait(full(0), 0);
     issue_sdp(0);
-    int b = b_first, i = 0, b_prev = -1, s_prev = 0;
+    query_walk wk = walk0;
+    int i = 0, r_prev = -1, n_prev = 0, s_prev = 0;
     while (true) {
       const int s = i % S;
-      softmax_ds(b, s, i, -1);  // its waits also retire dV/dK and dQ of step i - 1
-      if (b_prev >= 0) {
+      const int r0 = wk.r0, nr = wk.r1() - r0;
+      softmax_ds(r0, nr, s, i, -1);  // its waits also retire dV/dK and dQ of step i - 1
+      if (r_prev >= 0) {
         fence_dq();
         mbar_arrive(empty(s_prev));
-        dq_out(b_prev, i - 1, 0);
+        dq_out(r_prev, n_prev, i - 1, 0);
       }
       issue_dkv(s);
       ds_barrier();
       issue_dq(i);
-      const int nb = next_block(b + 1);
-      b_prev = b;
+      wk.next();
+      r_prev = r0;
+      n_prev = nr;
       s_prev = s;
-      if (nb >= nqb) break;
+      if (wk.done()) break;
       ++i;
       mbar_wait(full(i % S), full_parity(i));
       issue_sdp(i % S);
-      b = nb;
     }
     wgmma_wait<0>();
     fence_acc();
     mbar_arrive(empty(s_prev));
-    dq_out(b_prev, i, 0);
+    dq_out(r_prev, n_prev, i, 0);
   } else if constexpr (Cfg::DQ_WRITER) {
     // FlashAttention-3's order: dV, then dQ (needs both consumers' dS), then dK; dQ is drained and
     // copied to its shared tile while dK runs, and the writer warp adds it to global memory. dK of
@@ -750,11 +843,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       fence_operand(acc_dv[k]);
     }
     int i = 0, s_prev = -1;
-    for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
+    for (query_walk wk = walk0; !wk.done(); wk.next(), ++i) {
       const int s = i % S;
+      const int r0 = wk.r0, nr = wk.r1() - r0;
       mbar_wait(full(s), full_parity(i));
       issue_sdp(s);
-      softmax_ds(b, s, i, s_prev);
+      softmax_ds(r0, nr, s, i, s_prev);
       wgmma_fence();
       issue_kv_product(acc_dv, pa, sdO + s * Q_BYTES);
       wgmma_commit();
@@ -766,7 +860,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         wgmma_commit();
         wgmma_wait<1>();  // dV and dQ done, dK in flight
         fence_dq();
-        dq_out(b, i, 0);
+        dq_out(r0, nr, i, 0);
         if constexpr (Cfg::DQ_SWAP) {  // dK done here (see BM): free the stage now
           wgmma_wait<0>();
           mbar_arrive(empty(s));
@@ -779,10 +873,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         issue_dq(i, 1, 2);
         wgmma_wait<2>();  // dV and dQ's first part done
         fence_dq();
-        dq_out(b, i, 0);
+        dq_out(r0, nr, i, 0);
         wgmma_wait<0>();
         fence_dq();
-        dq_out(b, i, 1);
+        dq_out(r0, nr, i, 1);
       }
       s_prev = Cfg::DQ_SWAP ? -1 : s;  // else the next step's S wait retires dK
     }
@@ -791,11 +885,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     if (s_prev >= 0) mbar_arrive(empty(s_prev));
   } else {
     int i = 0;
-    for (int b = b_first; b < nqb; b = next_block(b + 1), ++i) {
+    for (query_walk wk = walk0; !wk.done(); wk.next(), ++i) {
       const int s = i % S;
+      const int r0 = wk.r0, nr = wk.r1() - r0;
       mbar_wait(full(s), full_parity(i));
       issue_sdp(s);
-      softmax_ds(b, s, i, -1);
+      softmax_ds(r0, nr, s, i, -1);
       issue_dkv(s);
       ds_barrier();
 #pragma unroll  // constant indices into dq[]
@@ -804,7 +899,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         wgmma_wait<0>();
         fence_acc();
         if (hf == 0) mbar_arrive(empty(s));  // Q, dO, lse, delta of stage s are no longer read
-        dq_out(b, i, hf);
+        dq_out(r0, nr, i, hf);
       }
     }
   }

@@ -7,8 +7,8 @@
 //   backward  head_dim 64, 128
 //   delta     output element oomb::bf16, float;  merge (float)
 //   forward, Hopper (forward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128  x  bf16, float
-//   backward, Hopper (backward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128  x  dense,
-//       sparse (d128: its own step height), unaligned dq
+//   backward, Hopper (backward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128  x  Q/dO by
+//       TMA, wide groups (cp.async), unaligned dq; each takes dense and page-sparse calls
 // plus the alternative tile shapes in `experimental` (tests check them, the benchmark times
 // them against the chosen ones; docs/attention-notes.md has the numbers).
 // Adding a head size means one line in each table below and one case in dispatch_head_dim.
@@ -52,25 +52,23 @@ template <> struct backward_config<128> { using type = detail::backward_tile<128
 /// (docs/attention-notes.md, hb3-hb6): the dQ writer warp +16-27% at d64 and 0-5% at d128 over
 /// red.add; d64 steps of 128 rows another +6-7%; d128 steps of 80 rows +12-18% over 64; Q/dO as
 /// TMA boxes of whole queries (hb6) -6..+18% at d128 and +2..+15% at d64 over cp.async.
-/// `type`: dense calls whose GQA group fits a step (group <= BM): Q/dO by TMA, steps of
-/// floor(BM / group) * group rows. `wide_group`: dense calls with a wider group (cp.async, packed
-/// rows straddle queries). `sparse`: page-sparse calls, whose selection is per 128-row tile, so a
-/// step must not straddle tiles (d128: 64-row steps). `unaligned`: a dq that is 8- but not 16-byte
-/// aligned (the writer's bulk reductions need 16), dense or sparse: red.add from the consumers,
-/// 64-row steps (hb2).
+/// Every configuration takes dense and page-sparse calls: the query walk cuts steps from the start
+/// of each run of tiles that attend the keys and clips them at its end (hs1).
+/// `type`: calls whose GQA group fits a step (group <= BM): Q/dO by TMA, steps of
+/// floor(BM / group) * group rows. `wide_group`: calls with a wider group (cp.async, packed rows
+/// straddle queries). `unaligned`: a dq that is 8- but not 16-byte aligned (the writer's bulk
+/// reductions need 16): red.add from the consumers, 64-row steps (hb2).
 template <int D>
 struct backward_sm90_config;
 //                                                                D  stages dQ                            own keys pipe rows TMA Q
 template <> struct backward_sm90_config<64> {
   using type = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_warp, false, false, 128, true>;
   using wide_group = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_warp, false, false, 128>;
-  using sparse = wide_group;
   using unaligned = detail::backward_sm90_tile<64, 3>;
 };
 template <> struct backward_sm90_config<128> {
   using type = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp, false, false, 80, true>;
   using wide_group = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp, false, false, 80>;
-  using sparse = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp>;
   using unaligned = detail::backward_sm90_tile<128, 3>;
 };
 
@@ -89,6 +87,8 @@ using backward_sm90_d64_pipe = detail::backward_sm90_tile<64, 3, backward_dq::at
 // hb2's defaults: red.add from the consumers, 64-row steps
 using backward_sm90_d128_atomics = backward_sm90_config<128>::unaligned;
 using backward_sm90_d64_atomics = backward_sm90_config<64>::unaligned;
+// d128 writer warp with 64-row steps: the sparse calls' kernel before hs1 (and the dense default before hb5)
+using backward_sm90_d128_bm64 = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp>;
 // hb3 at d64: the writer warp with 64-row steps
 using backward_sm90_d64_writer_bm64 = detail::backward_sm90_tile<64, 3, backward_dq::writer_warp>;
 // d128 writer warp with dQ over each consumer's own keys: no dS barrier between the consumers (hb4: -8%)
