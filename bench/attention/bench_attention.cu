@@ -346,7 +346,7 @@ std::int64_t select_sparse_budget(problem& p, std::int32_t budget, std::int32_t 
 
 struct sparse_timing {
   timing fwd, bwd;  // the public entries
-  timing bwd_before;  // the configuration sparse calls took before hs1 (d128 64-row steps, d64 128-row cp.async)
+  timing bwd_before;  // the kernel sparse calls took before hs1 (d128 64-row steps, d64 128-row cp.async), in hs1's walk and order
 };
 
 /// The public sparse forward and backward (delta included) of p, and the backward sparse calls ran before hs1.
@@ -454,7 +454,7 @@ int main(int argc, char** argv) {
             const std::string sel = "64 pages + sink 1 + local 8 per 128-query tile, drawn from " +
                                     (pool > 0 ? "a shared pool of " + std::to_string(pool) + " pages" : std::string("every past page"));
             std::printf("  [sparse %s 256K past, %s (%lld past keys), TFLOP/s over attended keys: fwd %.1f (%.3fx dense %.1f) | "
-                        "bwd %.1f (%.3fx dense %.1f) | bwd before hs1 %.1f (%.3fx)]\n",
+                        "bwd %.1f (%.3fx dense %.1f) | bwd with the pre-hs1 sparse kernel (in hs1's walk and order) %.1f (%.3fx)]\n",
                         s.name, sel.c_str(), (long long)keys, tf_f, tf_f / dense_f, dense_f, tf_b, tf_b / dense_b, dense_b,
                         tf_b0, tf_b0 / dense_b);
             if (jf != nullptr)

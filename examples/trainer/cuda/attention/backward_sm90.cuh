@@ -282,6 +282,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const int page_mask = (1 << p.log_page) - 1;
   const std::int32_t page_j = s0 >> p.log_page;  // the block's one page (BN <= page_size)
   const std::int32_t page_id = win.ids[page_j];
+  // Sparse: an id of -1 is a page the caller brought no memory for, which no tile may select
+  // (attention_args): done without the scan below (the trainer's windows are mostly such pages).
+  if (sparse && page_id < 0) return;
 
   // Sparse: bit t of sSel says whether query tile t attends this block's page (one word per warp and pass).
   const int ntiles = sparse ? (p.sq + p.tile - 1) / p.tile : 0;
