@@ -234,7 +234,8 @@ bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
 /// hs1), 1 bulk dQ reductions, 2 d128 dQ over own keys / d64 software-pipelined, 3 hb2 (dQ by red.add
 /// from the consumers, 64-row steps), 4 d128: the writer warp with dQ over each consumer's own keys,
 /// d64: the writer warp with 64-row steps (hb3); 5 (d128 only, skipped otherwise): the 64-row writer
-/// warp (the sparse calls' kernel before hs1); 6 the wide-group configuration (cp.async Q/dO).
+/// warp (the sparse calls' kernel before hs1); 6 the wide-group configuration (cp.async Q/dO);
+/// 7 (sparse calls only): variant 0 with the KV heads interleaved in the launch order (order_hint 2).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, int variant = 0);
 void check_backward_portable(const problem& p, const cpu_result& ref);
 
@@ -406,14 +407,16 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
 /// starting random, checked against the CPU oracle. split: forced query split (0 = policy).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int variant) {
   if (variant == 5 && p.c.d != 128) return;
+  if (variant == 7 && !p.c.sparse) return;
   const bool merged = p.c.windows > 1;
   namespace x = gpu::experimental;
   const gpu_result g = run_backward(
       p, ref,
       [&](const gpu::attention_args& a, auto... rest) {
-        auto run = [&](auto cfg) { gpu::detail::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split); };
+        const int order = variant == 7 ? 2 : 0;
+        auto run = [&](auto cfg) { gpu::detail::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split, order); };
         if (p.c.d == 128) {
-          if (variant == 0) run(gpu::backward_sm90_config<128>::type{});
+          if (variant == 0 || variant == 7) run(gpu::backward_sm90_config<128>::type{});
           if (variant == 5) run(x::backward_sm90_d128_bm64{});
           if (variant == 1) run(x::backward_sm90_d128_bulk{});
           if (variant == 2) run(x::backward_sm90_d128_own{});
@@ -421,7 +424,7 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
           if (variant == 4) run(x::backward_sm90_d128_writer_own{});
           if (variant == 6) run(gpu::backward_sm90_config<128>::wide_group{});
         } else {
-          if (variant == 0) run(gpu::backward_sm90_config<64>::type{});
+          if (variant == 0 || variant == 7) run(gpu::backward_sm90_config<64>::type{});
           if (variant == 1) run(x::backward_sm90_d64_bulk{});
           if (variant == 2) run(x::backward_sm90_d64_pipe{});
           if (variant == 3) run(x::backward_sm90_d64_atomics{});
@@ -435,7 +438,8 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
                                       " [sm90 backward, hb2 (red.add dQ, 64-row steps)",
                                       " [sm90 backward, d128 writer warp with dQ over own keys / d64 64-row steps",
                                       " [sm90 backward, d128 64-row steps (the sparse calls' kernel before hs1)",
-                                      " [sm90 backward, cp.async Q/dO (the configuration of groups wider than a step)"};
+                                      " [sm90 backward, cp.async Q/dO (the configuration of groups wider than a step)",
+                                      " [sm90 backward, KV heads interleaved in the launch order"};
   std::string name = p.c.name + names[variant];
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
@@ -764,6 +768,7 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     check_backward_sm90(p, ref, 0, 4);
     check_backward_sm90(p, ref, 0, 5);
     check_backward_sm90(p, ref, 0, 6);
+    check_backward_sm90(p, ref, 0, 7);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -1015,6 +1020,7 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
       check_backward_sm90(p, ref, split, 4);
       check_backward_sm90(p, ref, split, 5);
       check_backward_sm90(p, ref, split, 6);
+      check_backward_sm90(p, ref, split, 7);
     }
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
@@ -1078,6 +1084,7 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
     check_backward_sm90(p, ref, 2, 4);
     check_backward_sm90(p, ref, 2, 5);
     check_backward_sm90(p, ref, 2, 6);
+    check_backward_sm90(p, ref, 2, 7);
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);

@@ -115,6 +115,7 @@ inline kernel_params make_params(const attention_args& a, int rows_per_tile_mult
   p.tile_pages = a.tile_pages;
   p.tile = a.tile;
   p.stagger = false;
+  p.heads_interleaved = false;
   p.tile_rows_div = fast_divmod(a.tile_indptr != nullptr ? static_cast<std::uint32_t>(a.tile * group) : 1u);
   return p;
 }
@@ -556,13 +557,17 @@ bool use_sm90_backward(const attention_args& a) {
 }
 
 /// Launches the Hopper backward (backward_sm90.cuh) with configuration Cfg; throws when the shape
-/// or the binary does not support it (page_size < 128, no sm_90a code).
+/// or the binary does not support it (page_size < 128, no sm_90a code). order_hint (sparse calls):
+/// 0 or 1 the KV heads one after another (each head's own blocks first, then its past blocks from
+/// both window ends), 2 the same block order with the KV heads taken in turn (hs1: better balance
+/// with 4 KV heads, but every head's Q/dO and dq in L2 at once; the bench times both).
 template <class Cfg>
 void launch_backward_sm90(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
                           float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
-                          cudaStream_t stream, int split_hint = 0) {
+                          cudaStream_t stream, int split_hint = 0, int order_hint = 0) {
   OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
-  const kernel_params p = make_params(a, 128);
+  kernel_params p = make_params(a, 128);
+  p.heads_interleaved = order_hint == 2;
   check_backward_outputs(a, lse, delta, d_o, dq, dk_own, dv_own, dpast);
   OOMB_EXPECTS(a.kv.pool.page_size >= Cfg::BN, "attention_backward (sm90): page_size must be >= ", Cfg::BN,
                ", got ", a.kv.pool.page_size);

@@ -253,16 +253,21 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const bool sparse = p.tile_indptr != nullptr;
   const std::int64_t p_own = first_own_page(p, win);
   // Which key block and KV head this CTA takes. Dense: blockIdx.x, blockIdx.y (all blocks of a KV head
-  // do the same work; one head's Q/dO at a time stays in L2). Sparse: a block's work is the tiles that
-  // attend it, from none to all, and the heaviest are the chunk's own blocks (causal: every later tile),
-  // then the window's first and last pages (sink and local selections), so the CTAs in launch order
-  // take, for every KV head in turn, the own blocks first, then the past blocks alternately from its
-  // start and its end (longest first: the tail of the grid is short walks; hs1).
+  // do the same work; one KV head at a time keeps its Q/dO and dq in L2). Sparse: a block's work is the
+  // tiles that attend it, from none to all, and the heaviest are the chunk's own blocks (causal: every
+  // later tile), then the window's first and last pages (sink and local selections), so within each KV
+  // head the CTAs in launch order take the own blocks first, then the past blocks alternately from the
+  // window's start and its end (longest first: the tail of each head is short walks; hs1).
+  // heads_interleaved (bench option) takes the KV heads in turn instead.
   int kb = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y);
   if (sparse) {
     const int nkb = static_cast<int>(gridDim.x);
-    const int lin = kvh * nkb + kb, o = lin / p.hkv;
-    kvh = lin - o * p.hkv;
+    int o = kb;
+    if (p.heads_interleaved) {
+      const int lin = kvh * nkb + kb;
+      o = lin / p.hkv;
+      kvh = lin - o * p.hkv;
+    }
     const std::int64_t own_page = p_own - p.first_page;
     const int own_kb = static_cast<int>(((own_page < 0 ? 0 : own_page > win.pages ? win.pages : own_page) << p.log_page) / BN);
     const int k = o - (nkb - own_kb);

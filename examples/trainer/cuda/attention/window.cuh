@@ -36,6 +36,7 @@ struct kernel_params {
   std::int32_t tile;
   fast_divmod tile_rows_div;  // packed row -> sparse query tile (tile * group rows each)
   bool stagger;               // backward: each block starts its query walk at its own tile
+  bool heads_interleaved;     // Hopper backward, sparse: launch order takes the KV heads in turn (bench option, hs1)
 };
 
 __device__ __forceinline__ std::int32_t lower_bound(const std::int32_t* a, std::int32_t n, std::int64_t x) {
