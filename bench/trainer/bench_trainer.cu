@@ -557,10 +557,11 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["step_s"] = t;
   row["tok_per_s"] = double(tokens) / t;
   row["peak_gpu_bytes"] = mem.peak();
-  // Pinned host memory: the far pools' slabs with offload (the backend's upload ring, >= 1 MiB
-  // pinned, is not visible from here and is left out).
+  // Pinned host memory: the far pools' slabs with offload, and (sparse) the page summaries' home,
+  // as planned (the backend's upload ring, >= 1 MiB pinned, is not visible from here and is left out).
   row["host_bytes"] =
-      opt.offload ? tiers.far_kv_reserved + tiers.far_grad_reserved + tiers.far_outputs_reserved : std::size_t(0);
+      (opt.offload ? tiers.far_kv_reserved + tiers.far_grad_reserved + tiers.far_outputs_reserved : std::size_t(0)) +
+      (opt.sparse ? plan.on_host(oomb_trainer::plan_part::sparse_summaries) : std::uint64_t(0));
   row["h2d_bytes"] = h2d;
   row["d2h_bytes"] = d2h;
   // The compute stream's waits for page copies, timed on the device (0 in place: nothing moves).
@@ -580,8 +581,10 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
     row["local"] = opt.local;
     row["tile"] = opt.tile;
     row["scoring"] = oomb::to_string(opt.score);
-    // The page summaries' device bytes (every page id of the context, cuda_selector.cuh), as planned.
-    row["summary_bytes"] = plan.on_gpu(oomb_trainer::plan_part::sparse_summaries);
+    // The page summaries' pinned home (every page id of the context, cuda_selector.cuh) and the
+    // device store one layer's past is gathered into for scoring, as planned.
+    row["summary_bytes"] = plan.on_host(oomb_trainer::plan_part::sparse_summaries);
+    row["summary_gathered_bytes"] = plan.on_gpu(oomb_trainer::plan_part::sparse_gathered);
     // The selector's device work (summaries, scoring, top-k) by the op clock; needs --split.
     if (opt.time_ops) row["scoring_s"] = split_last[static_cast<std::size_t>(oomb_trainer::op_kind::selection)];
     if (last.sparse_pages_candidate > 0)

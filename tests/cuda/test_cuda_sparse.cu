@@ -17,6 +17,7 @@
 #include "oomb/core/bf16.hpp"
 #include "oomb/core/error.hpp"
 #include "oomb/cuda/page_summary_kernels.cuh"
+#include "oomb/cuda/staging_ring.hpp"
 #include "oomb/cuda/stream.hpp"
 #include "oomb/cuda/tile_selection.cuh"
 #include "oomb/paging/page_shape.hpp"
@@ -357,6 +358,76 @@ TEST_CASE("summarize_key_rows: summaries from a chunk's key rows equal the host'
     REQUIRE(std::memcmp(download(dev.min, row).data(), h.min, row * 4) == 0);
     REQUIRE(std::memcmp(download(dev.max, row).data(), h.max, row * 4) == 0);
     REQUIRE(std::memcmp(download(dev.mean, row).data(), h.mean, row * 4) == 0);
+  }
+}
+
+TEST_CASE("gather_page_summaries: entries of a far-tier (mapped pinned) or device store copied bit for bit") {
+  for (const oomb::summary_stats stats : {oomb::summary_stats::min_max, oomb::summary_stats::mean,
+                                          oomb::summary_stats::min_max_mean}) {
+    for (const bool pinned_source : {true, false}) {
+      CAPTURE(static_cast<int>(stats));
+      CAPTURE(pinned_source);
+      const std::int32_t kv_heads = 4, head_dim = 128, num_ids = 37, count = 23;
+      std::mt19937_64 rng(7 + static_cast<int>(stats) * 2 + pinned_source);
+      // A source store of random contents: every float and token count distinct from its neighbours.
+      const std::size_t bytes = oomb::device_page_summaries::bytes(num_ids, kv_heads, head_dim, stats);
+      std::vector<unsigned char> host_src(bytes);
+      {
+        std::normal_distribution<float> dist(0.0f, 3.0f);
+        const auto layout = oomb::device_page_summaries::over(host_src.data(), num_ids, kv_heads, head_dim, stats);
+        const std::size_t floats = (reinterpret_cast<unsigned char*>(layout.tokens) - host_src.data()) / sizeof(float);
+        auto* f = reinterpret_cast<float*>(host_src.data());
+        for (std::size_t i = 0; i < floats; ++i) f[i] = dist(rng);
+        for (std::int32_t i = 0; i < num_ids; ++i) layout.tokens[i] = static_cast<std::int32_t>(rng() % 129);
+      }
+      oomb::pinned_staging<unsigned char> pinned;
+      device_buffer<unsigned char> dsrc(pinned_source ? 1 : bytes);
+      void* src_storage = nullptr;
+      if (pinned_source) {
+        pinned = oomb::make_pinned_staging<unsigned char>(bytes, cudaHostAllocMapped, "test");
+        std::memcpy(pinned.get(), host_src.data(), bytes);
+        src_storage = pinned.get();  // unified addressing: the host pointer is the device's too
+      } else {
+        upload(dsrc, host_src);
+        src_storage = dsrc.ptr;
+      }
+      const auto src = oomb::device_page_summaries::over(src_storage, num_ids, kv_heads, head_dim, stats);
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(count));
+      for (auto& id : ids) id = static_cast<std::int32_t>(rng() % num_ids);  // repeats allowed
+      ids[0] = num_ids - 1;
+      device_buffer<std::int32_t> dids(ids.size());
+      upload(dids, ids);
+      const std::int32_t capacity = count + 5;
+      const std::size_t dst_bytes = oomb::device_page_summaries::bytes(capacity, kv_heads, head_dim, stats);
+      device_buffer<unsigned char> dst_storage(dst_bytes);
+      const auto dst = oomb::device_page_summaries::over(dst_storage.ptr, capacity, kv_heads, head_dim, stats);
+      oomb::cuda_stream stream;
+      oomb::gather_page_summaries(src, dids.ptr, count, dst, stream.view());
+      stream.synchronize();
+      std::vector<unsigned char> got = download(dst_storage.ptr, dst_bytes);
+      const auto h_src = oomb::device_page_summaries::over(host_src.data(), num_ids, kv_heads, head_dim, stats);
+      const auto h_dst = oomb::device_page_summaries::over(got.data(), capacity, kv_heads, head_dim, stats);
+      const std::size_t row = std::size_t(kv_heads) * head_dim * sizeof(float);
+      for (std::int32_t i = 0; i < count; ++i) {
+        const std::int32_t id = ids[std::size_t(i)];
+        CAPTURE(i);
+        CHECK(h_dst.tokens[i] == h_src.tokens[id]);
+        if (h_src.min != nullptr) {
+          CHECK(std::memcmp(h_dst.min + std::size_t(i) * row / 4, h_src.min + std::size_t(id) * row / 4, row) == 0);
+          CHECK(std::memcmp(h_dst.max + std::size_t(i) * row / 4, h_src.max + std::size_t(id) * row / 4, row) == 0);
+        }
+        if (h_src.mean != nullptr)
+          CHECK(std::memcmp(h_dst.mean + std::size_t(i) * row / 4, h_src.mean + std::size_t(id) * row / 4, row) == 0);
+      }
+      // Bad input: more entries than the destination holds, stores of different shapes or statistics.
+      CHECK_THROWS_AS(oomb::gather_page_summaries(src, dids.ptr, capacity + 1, dst, stream.view()), oomb::invalid_argument);
+      const auto narrow = oomb::device_page_summaries::over(dst_storage.ptr, 1, kv_heads, head_dim / 2, stats);
+      CHECK_THROWS_AS(oomb::gather_page_summaries(src, dids.ptr, 1, narrow, stream.view()), oomb::invalid_argument);
+      const oomb::summary_stats other =
+          stats == oomb::summary_stats::mean ? oomb::summary_stats::min_max : oomb::summary_stats::mean;
+      const auto unlike = oomb::device_page_summaries::over(dst_storage.ptr, 1, kv_heads, head_dim, other);
+      CHECK_THROWS_AS(oomb::gather_page_summaries(src, dids.ptr, 1, unlike, stream.view()), oomb::invalid_argument);
+    }
   }
 }
 

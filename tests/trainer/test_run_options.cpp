@@ -113,7 +113,12 @@ TEST_CASE("run options: --plan prints the run's plan (kept outputs, the GPU's pa
   const auto gpu_args = run_args(out, {"--seq-len", "128", "--device", "cuda", "--offload", "--sparse-budget", "1", "--gpu-memory", "4G"});
   const auto gpu = oomb_trainer::training_run::plan(parse_train_options(gpu_args), host_as_gpu());
   CHECK(gpu.gpu_limit == (4ull << 30));
-  CHECK(gpu.on_gpu(oomb_trainer::plan_part::sparse_summaries) > 0);
+  // The summaries grow with the context: at home in pinned memory; the device holds one layer's
+  // past, gathered for scoring, and the workspace.
+  CHECK(gpu.on_gpu(oomb_trainer::plan_part::sparse_summaries) == 0);
+  CHECK(gpu.on_host(oomb_trainer::plan_part::sparse_summaries) > 0);
+  CHECK(gpu.on_gpu(oomb_trainer::plan_part::sparse_gathered) > 0);
+  CHECK(gpu.on_gpu(oomb_trainer::plan_part::sparse_gathered) < gpu.on_host(oomb_trainer::plan_part::sparse_summaries));
   CHECK(gpu.on_gpu(oomb_trainer::plan_part::sparse_workspace) > 0);
   CHECK(gpu.optimizer_groups_on_gpu == gpu.optimizer_groups);  // cuda_trainer keeps it all there
   // Without --gpu-memory: the device's free bytes less the 1 GiB margin.

@@ -128,9 +128,11 @@ TEST_CASE("oomb-train --device cuda --sparse-budget: trains, selects fewer pages
     const auto last = log_lines(out / "log.jsonl").back();
     MESSAGE("sparse: " << last["sparse_pages_selected"] << " of " << last["sparse_pages_candidate"] << " past pages");
     CHECK(last["sparse_pages_selected"].get<double>() < last["sparse_pages_candidate"].get<double>());
-    // The plan's summaries are the selector's: Quest's min and max for every page id (2 layers x 16).
+    // The plan's summaries are the selector's: Quest's min and max for every page id (2 layers x
+    // 16), at home in pinned memory.
     REQUIRE(run.memory());
-    CHECK(run.memory()->on_gpu(oomb_trainer::plan_part::sparse_summaries) ==
+    CHECK(run.memory()->on_gpu(oomb_trainer::plan_part::sparse_summaries) == 0);
+    CHECK(run.memory()->on_host(oomb_trainer::plan_part::sparse_summaries) ==
           oomb::device_page_summaries::bytes(2 * 16, 2, 64, oomb::summary_stats_for(oomb::score_kind::quest)));
   }
   // GQA 2: a tile of 32 queries is 64 rows, not a whole 128-row block.

@@ -169,8 +169,9 @@ enum class plan_part {
   page_tables,        ///< host bookkeeping per page: ids, gradient map, pool and residency records
   attention_outputs,  ///< keep_attention_outputs: every (layer but the last, chunk)'s o and lse (homes with offload)
   attention_outputs_near,  ///< keep_attention_outputs with offload: the blocks' device slots
-  sparse_summaries,   ///< cuda sparse: the page summaries, one per page id (cuda_page_selector)
+  sparse_summaries,   ///< cuda sparse: the page summaries' pinned home, one per page id (cuda_page_selector)
   sparse_workspace,   ///< cuda sparse: the selection's scoring workspace and tables at their largest
+  sparse_gathered,    ///< cuda sparse: one layer's past summaries, gathered on the device for scoring
   sequence,           ///< the sequence's tokens
 };
 
@@ -409,16 +410,20 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
   }
   if (cuda && o.sparse) {
     // cuda_page_selector: Quest keeps min and max, mean-key the mean ([ids][hkv][d] fp32 each) plus
-    // an int32 token count per id (device_page_summaries::bytes), for every page id in place or not.
+    // an int32 token count per id (device_page_summaries::bytes), for every page id in place or not,
+    // at home in pinned memory (the far tier: they grow with the context).
     const std::uint64_t stats = o.score == oomb::score_kind::quest ? 2 : 1;
     const std::uint64_t per_id = stats * std::uint64_t(kvd) * f + sizeof(std::int32_t);
-    dev.push_back({plan_part::sparse_summaries, std::uint64_t(capacity) * per_id,
-                   fmt::format("sparse page summaries ({} ids of {} B, fp32)", capacity, per_id)});
-    // Its workspace (plan_tile_selection) grows by doubling the past it plans for, so at most twice
-    // the last chunk's past pages: query-tile summaries, two copies of the scored keys (8 B each),
-    // CUB's sort storage (counted as another copy and 1 MiB), and the selected pages (device and pinned).
+    home.push_back({plan_part::sparse_summaries, std::uint64_t(capacity) * per_id,
+                    fmt::format("sparse page summaries ({} ids of {} B, fp32, pinned)", capacity, per_id)});
+    // Its workspace (plan_tile_selection) and gathered store grow by doubling the past they plan
+    // for, so at most twice the last chunk's past pages: query-tile summaries, two copies of the
+    // scored keys (8 B each), CUB's sort storage (counted as another copy and 1 MiB), the selected
+    // pages (device and pinned); one summary and one int32 page number per planned past page.
     const std::int64_t tiles = (n + o.tile - 1) / o.tile;
     const std::int64_t past = 2 * ((in.tokens - 1) / n) * (n / P);
+    dev.push_back({plan_part::sparse_gathered, std::uint64_t(past) * (per_id + sizeof(std::int32_t)),
+                   fmt::format("sparse summaries gathered for scoring (one layer's past: {} pages at most)", past)});
     const std::int64_t scored = std::max<std::int64_t>(0, past - o.sink - o.local);
     const std::uint64_t keys = std::uint64_t(tiles) * std::uint64_t(scored) * 8;
     const std::uint64_t selected = std::uint64_t(tiles) * std::uint64_t(std::min<std::int64_t>(past, std::int64_t(o.budget) + o.sink + o.local)) * 4;

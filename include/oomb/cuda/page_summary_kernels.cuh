@@ -6,7 +6,9 @@
 // scorers through the same page_summary_view. A launch re-summarises each listed page from its
 // first token (a page holds at most page_size tokens, so recomputing a partial page costs no more
 // than appending to it), summing in double in token order as the host store does: the GPU's
-// summaries equal the host's bit for bit, however the page was filled.
+// summaries equal the host's bit for bit, however the page was filled. A store may live in the far
+// tier (pinned host memory mapped into the device: it grows with the context, the device must
+// not); gather_page_summaries then copies the entries a scorer needs into a small device store.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,7 +37,8 @@ constexpr summary_stats summary_stats_for(score_kind kind) noexcept {
   return kind == score_kind::quest ? summary_stats::min_max : summary_stats::mean;
 }
 
-/// Writable summaries in device memory, carved from one caller-owned allocation by over(): the
+/// Writable summaries in memory kernels address (device memory, or pinned host memory mapped into
+/// the device: a far-tier home), carved from one caller-owned allocation by over(): the
 /// kept statistics (min, max, mean, in that order) as [num_ids][kv_heads][head_dim] floats, then
 /// num_ids int32 token counts; a statistic left out is nullptr. Never owns memory; trivially
 /// copyable.
@@ -61,7 +64,7 @@ struct device_page_summaries {
                            summary_stats stats = summary_stats::min_max_mean) noexcept {
     return std::size_t(num_ids) * bytes_per_id(kv_heads, head_dim, stats);
   }
-  /// Lays the summaries out over `storage` (device memory, 4-byte aligned, bytes(...) long).
+  /// Lays the summaries out over `storage` (device-addressable memory, 4-byte aligned, bytes(...) long).
   /// The caller clears them (clear_page_summaries) before the first read.
   static device_page_summaries over(void* storage, std::int32_t num_ids, std::int32_t kv_heads, std::int32_t head_dim,
                                     summary_stats stats = summary_stats::min_max_mean) {
@@ -89,7 +92,7 @@ struct device_page_summaries {
     return s;
   }
 
-  /// The read-only view the scorers take (host or device, the memory stays on the device).
+  /// The read-only view the scorers take (host or device code; the memory stays where it is).
   OOMB_HOST_DEVICE page_summary_view view() const noexcept {
     page_summary_view v;
     v.min = min;
@@ -236,6 +239,54 @@ inline void clear_page_summaries(const device_page_summaries& s, cuda_stream_vie
   if (s.num_ids == 0) return;
   detail::clear_page_summaries_kernel<0><<<1024, 256, 0, stream>>>(s);
   OOMB_CUDA_CHECK_LAUNCH("clear_page_summaries: launching for ", s.num_ids, " ids");
+}
+
+namespace detail {
+OOMB_KERNEL_NAMESPACE_BEGIN
+/// Block i copies summary ids[i] of `src` into entry i of `dst`: each kept statistic's
+/// [kv_heads][head_dim] row (contiguous, so a block's reads are too) and the token count.
+template <int = 0>
+OOMB_KERNEL void __launch_bounds__(page_summary_threads)
+    gather_page_summaries_kernel(device_page_summaries src, const std::int32_t* __restrict__ ids,
+                                 device_page_summaries dst) {
+  const std::int32_t id = ids[blockIdx.x];
+  const std::int64_t row = std::int64_t(src.kv_heads) * src.head_dim;
+  const std::int64_t from = std::int64_t(id) * row, to = std::int64_t(blockIdx.x) * row;
+  for (std::int64_t c = threadIdx.x; c < row; c += blockDim.x) {
+    if (src.min != nullptr) {
+      dst.min[to + c] = src.min[from + c];
+      dst.max[to + c] = src.max[from + c];
+    }
+    if (src.mean != nullptr) dst.mean[to + c] = src.mean[from + c];
+  }
+  if (threadIdx.x == 0) dst.tokens[blockIdx.x] = src.tokens[id];
+}
+OOMB_KERNEL_NAMESPACE_END
+}  // namespace detail
+
+/// Enqueues on `stream` the copy of summaries ids[0 .. count) of `src` into entries 0 .. count of
+/// `dst`, bit for bit: what a scorer needs of a far-tier store (`src` in mapped pinned memory,
+/// read once over the bus) gathered into a compact device store it then reads as often as it
+/// likes. Both stores keep the same statistics of the same shape; `ids` is a device array of
+/// `count` entries in [0, src.num_ids) (repeats allowed); count <= dst.num_ids. Allocates
+/// nothing, never synchronises. Throws invalid_argument for mismatched stores or a bad count,
+/// cuda_error if the launch fails.
+inline void gather_page_summaries(const device_page_summaries& src, const std::int32_t* ids, std::int32_t count,
+                                  const device_page_summaries& dst, cuda_stream_view stream) {
+  OOMB_EXPECTS(src.kv_heads == dst.kv_heads && src.head_dim == dst.head_dim, "gather_page_summaries: the source has ",
+               src.kv_heads, " KV heads of head_dim ", src.head_dim, ", the destination ", dst.kv_heads, " of ",
+               dst.head_dim);
+  OOMB_EXPECTS((src.min == nullptr) == (dst.min == nullptr) && (src.max == nullptr) == (dst.max == nullptr) &&
+                   (src.mean == nullptr) == (dst.mean == nullptr),
+               "gather_page_summaries: the stores keep different statistics");
+  OOMB_EXPECTS(count >= 0 && count <= dst.num_ids, "gather_page_summaries: ", count,
+               " summaries into a store of ", dst.num_ids);
+  if (count == 0) return;
+  OOMB_EXPECTS(ids != nullptr && src.tokens != nullptr && dst.tokens != nullptr,
+               "gather_page_summaries: null ids or stores for ", count, " summaries");
+  detail::gather_page_summaries_kernel<0><<<static_cast<unsigned>(count), detail::page_summary_threads, 0, stream>>>(
+      src, ids, dst);
+  OOMB_CUDA_CHECK_LAUNCH("gather_page_summaries: launching for ", count, " summaries");
 }
 
 OOMB_NAMESPACE_END
