@@ -47,6 +47,7 @@
 #include "trainer/train/chunk_recurrent.hpp"
 #include "trainer/train/cuda_training.cuh"
 #include "trainer/train/memory_plan.hpp"
+#include "trainer/train/options.hpp"
 #include "trainer/train/sparse_flags.hpp"
 
 namespace {
@@ -70,6 +71,8 @@ const char* usage =
     "  --window-pages W     pages per attention window (0: one window per layer in place, near/2 with offload) [0]\n"
     "  --offload            K/V and gradient pages at home in pinned host memory, streamed through device slots\n"
     "  --near-pages K       device slots per tier with --offload (0: max(4 * chunk / page, 256))  [0]\n"
+    "  --grad-homes F       gradient homes with --offload: fp32, bf16 or bf16-stochastic (half the pinned bytes,\n"
+    "                       converted on the GPU)                                                [fp32]\n"
     "  --keep-attention-outputs  keep stage 1's attention outputs for stage 2 (no attention recompute)\n"
     "  --sparse-budget B    page-sparse attention: each tile of --tile queries attends B scored past pages (a\n"
     "                       length where B + S + L covers every past page runs dense, and its row says why)\n"
@@ -125,6 +128,7 @@ struct bench_options {
   std::vector<std::int64_t> lengths, chunks{8192};
   std::int32_t page = 128, window_pages = 0, near_pages = 0;
   bool offload = false;
+  oomb_trainer::page_home_format grad_homes = oomb_trainer::page_home_format::same;  ///< --grad-homes
   bool keep = false;  ///< keep_attention_outputs
   bool split = false;  ///< chunk_options::time_ops: the row's split_s
   bool sparse = false;  ///< --sparse-budget given
@@ -143,6 +147,7 @@ struct bench_options {
     o.page = page;
     o.window_pages = window_pages;
     o.offload = offload;
+    o.grad_homes = grad_homes;
     o.keep_attention_outputs = keep;
     o.time_ops = split;
     o.sparse = sparse;
@@ -183,6 +188,12 @@ bench_options parse(int argc, char** argv) {
       o.window_pages = static_cast<std::int32_t>(parse_int(flag, value(), 0, i32));
     } else if (flag == "--offload") {
       o.offload = true;
+    } else if (flag == "--grad-homes") {
+      try {
+        o.grad_homes = oomb_trainer::parse_grad_homes(flag, value());
+      } catch (const oomb::invalid_argument& e) {
+        usage_error(e.what());
+      }
     } else if (flag == "--keep-attention-outputs") {
       o.keep = true;
     } else if (flag == "--split") {
@@ -230,6 +241,7 @@ bench_options parse(int argc, char** argv) {
   if (o.config_path.empty()) usage_error("--config is required");
   if (o.lengths.empty()) usage_error("--lengths is required");
   if (o.near_pages > 0 && !o.offload) usage_error("--near-pages needs --offload");
+  if (oomb_trainer::bf16_homes(o.grad_homes) && !o.offload) usage_error("--grad-homes bf16 needs --offload");
   if (o.warmup_tokens == 1) usage_error("--warmup-tokens: a sequence needs at least 2 tokens");
   try {
     oomb_trainer::check_sparse_shape_flags(o.sparse, o.shape_flag);
@@ -572,6 +584,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["page"] = opt.page;
   row["window_pages"] = opt.window_pages;
   row["offload"] = opt.offload;
+  row["grad_homes"] = oomb_trainer::grad_homes_name(opt.grad_homes);
   row["near_pages"] = opt.near_pages;
   row["keep_attention_outputs"] = opt.keep_attention_outputs;
   const oomb_trainer::chunk_step_stats last = trainer.last_stats();  // the last timed step's

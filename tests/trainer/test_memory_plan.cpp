@@ -123,12 +123,20 @@ TEST_CASE("memory plan: bf16 gradient homes are 2 bytes an element, as the CPU t
 
   oomb_trainer::qwen2_params<float> p(cfg), g(cfg);
   oomb_trainer::init_perturbed(p, 7);
-  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>> trainer(cfg, o, 200);
+  cpu_trainer_chunked trainer(cfg, o, 200);
   trainer.loss_and_grad(p, g, trainer_test::random_sequence(200, cfg.vocab_size, 3));
   const auto m = trainer.memory();
   CHECK(bf16.grad_pages == trainer.last_stats().grad_pages_high_water);
   CHECK(bf16.on_host(plan_part::grad_pages) == m.far_grad_reserved);
   CHECK(bf16.on_host(plan_part::kv_near) + bf16.on_host(plan_part::grad_near) == m.near_bytes);
+
+  // On the GPU the conversion stages a bf16 pair per slot in device memory, each direction.
+  chunk_options same = o;
+  same.grad_homes = oomb_trainer::page_home_format::same;
+  const plan_target gpu = cuda_target(80 * GiB, 512 * GiB);
+  const std::uint64_t bf16_pair = 2 * 16 * 2 * 4 * sizeof(oomb::bf16);  // 2 x page x kv heads x head dim
+  CHECK(oomb_trainer::plan_memory(cfg, o, 200, gpu).on_gpu(plan_part::grad_near) ==
+        oomb_trainer::plan_memory(cfg, same, 200, gpu).on_gpu(plan_part::grad_near) + 2 * 3 * bf16_pair);
 
   o.offload = false;  // in place the kernels add into the homes: no bf16 there
   CHECK_THROWS_WITH_AS(oomb_trainer::plan_memory(cfg, o, 200, cpu_target()), doctest::Contains("--grad-homes bf16 needs --offload"),

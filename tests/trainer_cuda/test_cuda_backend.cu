@@ -2,8 +2,9 @@
 // chunk_recurrent<cuda_backend> and chunk_recurrent<cpu_backend<double>> on the same weights (the
 // bf16 values, exactly) and tokens give the same loss and parameter gradients within what bf16
 // explains — with the pages in place in device memory (cuda_backend) and streamed from pinned
-// homes through device slots (cuda_offload_backend) — and the backend refuses what it does not
-// support (offload with device homes, pinned homes in place, a sparse tile the kernels cannot take).
+// homes through device slots (cuda_offload_backend), also over bf16 gradient homes — and the backend
+// refuses what it does not support (offload with device homes, pinned homes in place, a sparse tile
+// the kernels cannot take).
 // Page-sparse attention (cuda_selector.cuh): the GPU selector selects what the CPU's does where
 // their scoring agrees and what a host model of its tile-level scoring does everywhere; a budget
 // covering every page runs the dense windows; a partial selection's loss and gradients equal the
@@ -71,6 +72,7 @@ struct gpu_step {
   qwen2_params<double> grads;
   oomb_trainer::selection_mask mask;
   oomb_trainer::op_seconds op_time{};
+  oomb::residency_stats grad_tier{};  ///< the gradient pages' residency (offload)
 };
 
 template <class Backend>
@@ -88,6 +90,7 @@ gpu_step run_gpu(const qwen2_params<double>& host, const chunk_options& opt, con
   oomb_trainer::gpu::copy_to_host(grads, r.grads);
   r.mask = {opt.chunk, opt.page, opt.tile, cfg.num_hidden_layers, gpu.selections()};
   r.op_time = gpu.last_stats().op_time;
+  r.grad_tier = gpu.grad_residency();
   return r;
 }
 
@@ -222,6 +225,53 @@ TEST_CASE("cuda backend: stage 1's attention outputs kept for stage 2, in place 
   keep.offload = true;
   keep.near_pages = 4;
   expect_step_close(run_gpu<cuda_offload_backend>(host, keep, seq), recomputed.loss, recomputed.grads, 1e-6, 2e-3);
+}
+
+// --grad-homes bf16 on the GPU (cuda_converting_backend), set up as tests/trainer/test_grad_homes.cpp:
+// 10 chunks of one page, windows of 2 pages, 4 gradient slots, so a page goes home and comes back
+// up to 9 times. Against fp32 homes: within that test's bound of one bf16 rounding per write-back
+// (9 x 2^-8 per tensor, norm-wise); against the CPU trainer's bf16 homes (double compute): within
+// what the GPU's bf16 compute explains (grad_tolerance), as every GPU-CPU comparison here.
+TEST_CASE("cuda backend, offload: bf16 gradient homes against fp32 homes and against the CPU's bf16 homes") {
+  const model_config cfg = config(4, 2, /*tied=*/true);
+  const qwen2_params<double> host = bf16_weights(cfg, 61);
+  const std::int64_t N = 160;
+  const oomb_trainer::sequence seq = trainer_test::random_sequence(N, cfg.vocab_size, 62, /*masked=*/false);
+  chunk_options opt;
+  opt.chunk = 16;
+  opt.page = 16;
+  opt.window_pages = 2;
+  opt.offload = true;
+  opt.near_pages = 4;
+  const gpu_step fp32 = run_gpu<cuda_offload_backend>(host, opt, seq), fp32_again = run_gpu<cuda_offload_backend>(host, opt, seq);
+  opt.grad_homes = oomb_trainer::page_home_format::bf16;
+  const gpu_step bf16 = run_gpu<cuda_offload_backend>(host, opt, seq);
+  qwen2_params<double> cpu_grads(cfg);
+  chunk_recurrent<cpu_backend<double>> cpu(cfg, opt, N);
+  const double cpu_loss = cpu.loss_and_grad(host, cpu_grads, seq);
+  opt.grad_homes = oomb_trainer::page_home_format::bf16_stochastic;
+  const gpu_step sr = run_gpu<cuda_offload_backend>(host, opt, seq);
+
+  // The same schedule moves half the gradient bytes (fp32 homes -> bf16).
+  CHECK(bf16.grad_tier.write_backs == fp32.grad_tier.write_backs);
+  CHECK(bf16.grad_tier.write_backs > std::uint64_t(cfg.num_hidden_layers) * (N / 16));  // pages went home repeatedly
+  CHECK(2 * bf16.grad_tier.bytes_to_far == fp32.grad_tier.bytes_to_far);
+  CHECK(2 * bf16.grad_tier.bytes_to_near == fp32.grad_tier.bytes_to_near);
+  CHECK(std::abs(bf16.loss - fp32.loss) <= 1e-6 * std::abs(fp32.loss));  // the forward reads no gradient page
+
+  const auto flat = [](const gpu_step& s) { return std::vector<double>(s.grads.data(), s.grads.data() + s.grads.size()); };
+  std::string which;
+  const double noise = trainer_test::worst_tensor_error(host, flat(fp32_again), flat(fp32), nullptr);
+  const double between = trainer_test::worst_tensor_error(host, flat(bf16), flat(fp32), &which);
+  const double sr_between = trainer_test::worst_tensor_error(host, flat(sr), flat(fp32), nullptr);
+  const double bound = double((N - 1) / opt.chunk) * std::ldexp(1.0, -8);
+  CAPTURE(which);
+  CHECK(between > std::max(1e-6, 10 * noise));  // rounding happened, beyond the GPU's run-to-run noise
+  CHECK(between <= bound);
+  CHECK(sr_between <= 2 * bound);  // each stochastic rounding is within one bf16 ulp
+  MESSAGE("GPU bf16 gradient homes vs fp32 homes: worst tensor ", between, " (", which, "), stochastic ", sr_between,
+          "; run-to-run ", noise, "; bound ", bound, "; ", bf16.grad_tier.write_backs, " write-backs");
+  expect_step_close(bf16, cpu_loss, cpu_grads);
 }
 
 TEST_CASE("cuda backend: offload with device homes, pinned homes in place and sparse attention are refused") {

@@ -27,7 +27,9 @@
 //    after their projection; the kernels address a fixed set of device slots (near_memory()) that
 //    the residency scheduler fills on the copy-in stream and writes back on the copy-out stream,
 //    both ordered against the compute stream by events, never by a host wait. Needs offload:
-//    page_tier refuses to read pinned pages in place.
+//    page_tier refuses to read pinned pages in place. With bf16 gradient homes (--grad-homes
+//    bf16), the gradient tier's residency backend is bf16_home_residency: bf16 crosses PCIe and
+//    the device converts to and from the fp32 slots.
 // Page-sparse attention (--sparse): selector_type is cuda_page_selector (backend/cuda_selector.cuh:
 // summaries and selection on the GPU, the table back on the host for stage 2); each window call
 // uploads the chunk-layer's selection with its window table and the kernels read only the
@@ -52,6 +54,7 @@
 #include <oomb/core/bf16.hpp>
 #include <oomb/core/error.hpp>
 #include <oomb/core/id_span.hpp>
+#include <oomb/cuda/converting_residency.cuh>
 #include <oomb/cuda/device_resource.hpp>
 #include <oomb/cuda/error.hpp>
 #include <oomb/cuda/pinned_resource.hpp>
@@ -59,6 +62,7 @@
 #include <oomb/cuda/stream.hpp>
 #include <oomb/cuda/stream_view.hpp>
 #include <oomb/cuda/upload_ring.hpp>
+#include <oomb/offload/bf16_codec.hpp>
 #include <oomb/paging/views.hpp>
 #include <oomb/sparse/sparse_page_table.hpp>
 #include <oomb/sparse/tile_selector.hpp>
@@ -133,6 +137,10 @@ class basic_cuda_backend {
   using grads_type = gpu::device_params<float>;
   /// Near slots in device memory; homes in Far.
   using residency_backend = oomb::cuda_backend<oomb::device_resource, oomb::cuda_stream, Far>;
+  /// The residency backend of a tier of X pages over bf16 homes (page_tier, --grad-homes bf16):
+  /// the homes cross PCIe as bf16 and convert on the device (oomb/cuda/converting_residency.cuh).
+  template <class X>
+  using bf16_home_residency = oomb::cuda_converting_backend<oomb::bf16_codec<X>, oomb::device_resource, oomb::cuda_stream, Far>;
   using selector_type = cuda_page_selector<basic_cuda_backend>;
 
   /// fp32 cos/sin of a run of positions on the device (computed on the host in double, as the CPU

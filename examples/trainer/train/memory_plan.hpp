@@ -389,8 +389,13 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
                     fmt::format("gradient homes at the stage-2 peak ({} pairs in use, slabs of {}; {}{})", p.grad_pages,
                                 slab, bf16_home ? "bf16" : "fp32", pinned)});
     dev.push_back({plan_part::kv_near, std::uint64_t(o.near_pages) * kv_pair, fmt::format("K/V near slots ({})", o.near_pages)});
-    dev.push_back({plan_part::grad_near, std::uint64_t(o.near_pages) * grad_pair,
-                   fmt::format("gradient near slots ({})", o.near_pages)});
+    // bf16 homes on the GPU: the conversion stages each direction's pages in device memory, a
+    // home's bytes per slot (cuda_converting_backend).
+    const std::uint64_t grad_staging = cuda && bf16_home ? 2 * std::uint64_t(o.near_pages) * grad_home_pair : 0;
+    dev.push_back({plan_part::grad_near, std::uint64_t(o.near_pages) * grad_pair + grad_staging,
+                   grad_staging > 0 ? fmt::format("gradient near slots ({}) and their bf16 conversion staging (2 x {})",
+                                                  o.near_pages, o.near_pages)
+                                    : fmt::format("gradient near slots ({})", o.near_pages)});
   }
   if (o.keep_attention_outputs) {
     // attention_outputs: one block per (layer but the last, chunk), all held at the end of stage 1;

@@ -100,7 +100,8 @@ sequence and memory
   --grad-homes F        what the gradient pages' homes hold with --offload: fp32 (default), bf16 (half
                         the host bytes; the near slots still add in fp32, each write-back rounds to
                         nearest even) or bf16-stochastic (rounds up with the probability of the
-                        dropped bits: unbiased); --device cpu only for now
+                        dropped bits: unbiased); on --device cuda the GPU converts (the same
+                        bits as the CPU's rounding)
   --keep-attention-outputs
                         keep every layer's attention output and lse from stage 1 (in compute memory,
                         or pinned homes through 4 device slots with --offload) and read them in

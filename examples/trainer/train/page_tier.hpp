@@ -12,9 +12,10 @@
 //
 // Streamed, the homes may hold bf16 while the slots hold X (page_home_format::bf16 or
 // bf16_stochastic): the scheduler then runs over the backend's bf16_home_residency<X>, a converting
-// residency backend made from an oomb::bf16_codec<X> (a CPU backend's; the CUDA backends have none
-// yet), and every write-back rounds the page once: to nearest even, or stochastically (seed 0, the
-// backend's write counter as the key: a run is reproducible, each write draws fresh bits).
+// residency backend made from an oomb::bf16_codec<X> (the CPU's converts on its copy streams; the
+// CUDA offload backend's moves bf16 over PCIe and converts on the device, the same bits), and every
+// write-back rounds the page once: to nearest even, or stochastically (seed 0, the backend's write
+// counter as the key: a run is reproducible, each write draws fresh bits).
 #pragma once
 
 #include <cstddef>
