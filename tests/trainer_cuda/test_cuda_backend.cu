@@ -266,7 +266,7 @@ TEST_CASE("cuda backend, offload: bf16 gradient homes against fp32 homes and aga
   const double sr_between = trainer_test::worst_tensor_error(host, flat(sr), flat(fp32), nullptr);
   const double bound = double((N - 1) / opt.chunk) * std::ldexp(1.0, -8);
   CAPTURE(which);
-  CHECK(between > std::max(1e-6, 10 * noise));  // rounding happened, beyond the GPU's run-to-run noise
+  CHECK(between > std::max(1e-6, 2 * noise));  // rounding happened, beyond the GPU's run-to-run noise
   CHECK(between <= bound);
   CHECK(sr_between <= 2 * bound);  // each stochastic rounding is within one bf16 ulp
   MESSAGE("GPU bf16 gradient homes vs fp32 homes: worst tensor ", between, " (", which, "), stochastic ", sr_between,
