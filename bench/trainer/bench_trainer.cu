@@ -613,6 +613,11 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   }
   // Gradient page pairs alive at once in the far tier (stage 2's peak: they are released as they complete).
   row["live_grad_pages_peak"] = last.grad_pages_high_water;
+  // The host's time in the last timed step's attention work (paged_attention's calls, by part):
+  // next to split_outside_ops_s it says whether the GPU waited for the host.
+  const oomb_trainer::attention_host_seconds& h = last.attention_host;
+  row["attention_host_s"] = {{"residency", h.residency}, {"kernels", h.kernels}, {"selection", h.selection},
+                             {"selection_wait", h.selection_wait}, {"total", h.total}};
   if (opt.time_ops) {
     // The last timed step's GPU time per kind of op, and what no op accounts for (host work,
     // transfer waits between ops, the optimizer with --phase step).

@@ -216,8 +216,38 @@ TEST_CASE("run options: a step's counters add up over the batch, exposed transfe
   b.exposed_transfer_seconds = 0.5;
   a.bytes_to_near = 3;
   b.bytes_to_near = 4;
+  a.attention_host.residency = 1;
+  b.attention_host.residency = 2;
+  a.attention_host.selection_wait = 0.5;
+  b.attention_host.total = 4;
   oomb_trainer::add_stats(sum, a);
   oomb_trainer::add_stats(sum, b);
   CHECK(sum.exposed_transfer_seconds == 0.75);
   CHECK(sum.bytes_to_near == 7);
+  CHECK(sum.attention_host.residency == 3);
+  CHECK(sum.attention_host.selection_wait == 0.5);
+  CHECK(sum.attention_host.total == 4);
+}
+
+TEST_CASE("run options: log.jsonl splits the host's attention time: residency, kernel calls, selection, within the step") {
+  temp_dir tmp("host-times");
+  const fs::path out = tmp / "run";
+  oomb_trainer::training_run(
+      parse_train_options(run_args(out.string(), {"--steps", "2", "--seq-len", "128", "--offload", "--near-pages", "4", "--sparse-budget", "1"})))
+      .run();
+  const auto log = log_lines(out / "log.jsonl");
+  REQUIRE(log.size() == 2);
+  for (const auto& line : log) {
+    const auto& h = line["attention_host_seconds"];
+    const double residency = h["residency"], kernels = h["kernels"], selection = h["selection"],
+                 wait = h["selection_wait"], total = h["total"];
+    // Streamed pages, computed attention and a selection per (chunk, layer) past the first chunk.
+    CHECK(residency > 0);
+    CHECK(kernels > 0);
+    CHECK(selection > 0);
+    CHECK(wait == 0);  // the CPU selector never waits
+    // The parts are inside paged_attention's calls, which are inside the stages.
+    CHECK(residency + kernels + selection <= total);
+    CHECK(total <= line["stage1_seconds"].get<double>() + line["stage2_seconds"].get<double>());
+  }
 }

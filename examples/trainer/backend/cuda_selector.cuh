@@ -28,6 +28,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -159,9 +160,14 @@ class cuda_page_selector {
                                     cudaMemcpyDeviceToHost, stream_.get()),
                     "cuda_page_selector: reading the selection back");
     stream_.record(done_);
+    const auto waited = std::chrono::steady_clock::now();
     done_.wait();  // the one wait: stage 1 stores the selection on the host for stage 2
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - waited).count();
     for (std::int32_t i = 0; i < tiles; ++i) out.add_tile(host_pages_.get() + std::size_t(i) * per_tile, per_tile);
   }
+
+  /// Seconds the host has been blocked in select()'s waits since construction.
+  double wait_seconds() const noexcept { return wait_seconds_; }
 
   /// Page `id` holds no keys any more (emptied on the device before the next summarize or select).
   void forget(std::int32_t id) { forgotten_.push_back(id); }
@@ -217,6 +223,7 @@ class cuda_page_selector {
   gpu::device_buffer<std::int32_t> indptr_, pages_;
   oomb::pinned_staging<std::int32_t> host_pages_;
   std::vector<std::int32_t> chosen_, forgotten_;
+  double wait_seconds_ = 0;
 };
 
 }  // namespace oomb_trainer

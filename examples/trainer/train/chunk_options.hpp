@@ -85,6 +85,18 @@ struct chunk_progress {
   std::int32_t chunks = 0;
 };
 
+/// The host's time in a step's attention work, by part (seconds of the host thread's wall clock).
+/// On a GPU the calls enqueue work, so these are the host's costs of driving it (and the one wait
+/// per (chunk, layer) of sparse selection); on the CPU backend the calls compute, so `kernels` is
+/// the attention itself.
+struct attention_host_seconds {
+  double residency = 0;       ///< the page tiers' prefetch, acquire, release, write_back, discard, expect, drain
+  double kernels = 0;         ///< the backend's attention_*, write_pages and add_from_pages calls
+  double selection = 0;       ///< the selector's summarize and select, its wait included
+  double selection_wait = 0;  ///< of selection: blocked in that wait (selectors that report it; else 0)
+  double total = 0;           ///< every paged_attention call: the above and its own bookkeeping
+};
+
 /// What one step did.
 struct chunk_step_stats {
   double loss = 0;
@@ -100,6 +112,8 @@ struct chunk_step_stats {
   std::int64_t sparse_pages_candidate = 0; ///< sum over tiles of past pages
   /// GPU time per op_kind (chunk_options::time_ops with a backend that has an op clock; else 0).
   op_seconds op_time{};
+  /// Host time in the attention work (always measured: a few clock reads per call).
+  attention_host_seconds attention_host{};
 };
 
 /// Bytes each tier holds.

@@ -158,6 +158,7 @@ class chunk_recurrent {
     stats_.loss = be_.take_loss() / static_cast<double>(counted);
     if constexpr (has_transfer_wait_probe_v<B>) stats_.exposed_transfer_seconds = be_.take_transfer_wait_seconds();
     if constexpr (has_op_clock_v<B>) stats_.op_time = be_.take_op_seconds();
+    stats_.attention_host = attn_.host_seconds();
     return stats_.loss;
   }
 

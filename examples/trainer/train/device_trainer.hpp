@@ -137,6 +137,11 @@ inline void add_stats(chunk_step_stats& sum, const chunk_step_stats& s) {
   sum.sparse_pages_selected += s.sparse_pages_selected;
   sum.sparse_pages_candidate += s.sparse_pages_candidate;
   for (int k = 0; k < op_kinds; ++k) sum.op_time[static_cast<std::size_t>(k)] += s.op_time[static_cast<std::size_t>(k)];
+  sum.attention_host.residency += s.attention_host.residency;
+  sum.attention_host.kernels += s.attention_host.kernels;
+  sum.attention_host.selection += s.attention_host.selection;
+  sum.attention_host.selection_wait += s.attention_host.selection_wait;
+  sum.attention_host.total += s.attention_host.total;
 }
 
 /// Throws non_finite_error unless sequence i's loss is finite.

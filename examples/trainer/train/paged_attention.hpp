@@ -16,6 +16,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -34,6 +35,27 @@
 #include "trainer/train/page_tier.hpp"
 
 namespace oomb_trainer {
+
+namespace detail {
+/// Adds the seconds between its construction and destruction to `into`.
+class host_clock {
+ public:
+  explicit host_clock(double& into) : into_(into), start_(std::chrono::steady_clock::now()) {}
+  host_clock(const host_clock&) = delete;
+  host_clock& operator=(const host_clock&) = delete;
+  ~host_clock() { into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  double& into_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+template <class Selector, class = void>
+struct has_wait_seconds : std::false_type {};
+template <class Selector>
+struct has_wait_seconds<Selector, std::void_t<decltype(double(std::declval<const Selector&>().wait_seconds()))>>
+    : std::true_type {};
+}  // namespace detail
 
 /// The K/V pages, gradient pages and selections of one sequence of at most `max_tokens` tokens.
 /// Eviction: the K/V scheduler's policy (oomb::lru_eviction or oomb::belady_eviction).
@@ -93,6 +115,14 @@ class paged_attention {
   /// A new step of `chunks` chunks (the selections of the last one are dropped).
   void begin_step(std::int32_t chunks) {
     selections_.assign(opt_.sparse ? static_cast<std::size_t>(chunks) * layers_ : 0, oomb::sparse_page_table{});
+    host_ = {};
+    wait0_ = selector_wait_seconds();
+  }
+  /// The host's time in this step's attention work so far (attention_host_seconds).
+  attention_host_seconds host_seconds() const {
+    attention_host_seconds h = host_;
+    h.selection_wait = selector_wait_seconds() - wait0_;
+    return h;
   }
   /// Chunk c of n tokens gets its pages in every layer.
   void append(std::int64_t n) { cache_->append(seq_, n); }
@@ -100,20 +130,30 @@ class paged_attention {
   /// Writes the chunk's K/V (RoPE applied, [n][hkv*d]) to its pages (written back home once),
   /// and (sparse) summarises them.
   void write(std::int32_t l, std::int32_t c, std::int64_t n, const T* k, const T* v) {
+    const detail::host_clock total(host_.total);
     const auto [first, end] = cache_->chunk_pages(seq_, c);
     ids_ = far_ids(l, first, end);
-    kv_->acquire(ids_, oomb::access::overwrite, where_);
-    be_->write_pages(kv_->view(), where_, n, k, v);
-    kv_->release(ids_);
-    kv_->write_back(ids_);
-    if (selector_) selector_->summarize(ids_, n, k);
+    residency([&] { kv_->acquire(ids_, oomb::access::overwrite, where_); });
+    kernels([&] { be_->write_pages(kv_->view(), where_, n, k, v); });
+    residency([&] {
+      kv_->release(ids_);
+      kv_->write_back(ids_);
+    });
+    if (selector_) {
+      const detail::host_clock t(host_.selection);
+      selector_->summarize(ids_, n, k);
+    }
   }
 
   /// Stage 1, sparse: the past pages each query tile of chunk c (q [n][hq*d]) attends in layer l.
   void select(std::int32_t l, std::int32_t c, std::int64_t n, const T* q) {
+    const detail::host_clock total(host_.total);
     auto& out = selections_[static_cast<std::size_t>(c) * layers_ + l];
     const std::int32_t past = cache_->chunk_pages(seq_, c).first;
-    selector_->select(q, n, cache_->page_ids(seq_, l), past, out);
+    {
+      const detail::host_clock t(host_.selection);
+      selector_->select(q, n, cache_->page_ids(seq_, l), past, out);
+    }
     pages_selected_ += out.num_entries();
     pages_candidate_ += std::int64_t(past) * out.num_tiles();
   }
@@ -122,6 +162,7 @@ class paged_attention {
   /// recomputation), then of layers L-1 .. 0 (the backward); declared to the eviction policy.
   void expect_recompute(std::int32_t c) {
     if (!kv_->wants_order()) return;
+    const detail::host_clock total(host_.total);
     order_.clear();
     for (std::int32_t pass = 0; pass < 2; ++pass)
       for (std::int32_t i = 0; i < layers_; ++i) {
@@ -129,23 +170,29 @@ class paged_attention {
         for (const window& w : plan_windows(l, c))
           for (std::int32_t pg : w.needed) order_.push_back(cache_->page_id(seq_, l, pg));
       }
-    kv_->expect(order_);
+    residency([&] { kv_->expect(order_); });
   }
 
   /// Forward attention of layer l for chunk c over its windows: o [n][hq*d], lse [hq][n].
   void forward(std::int32_t l, std::int32_t c, std::int64_t p0, std::int64_t n, const T* q, T* o, S* lse) {
+    const detail::host_clock total(host_.total);
     const auto windows = plan_windows(l, c);
     const auto chunk = chunk_of(l, c, p0, n, q);
-    be_->fill(n * hq_ * d_, T(0), o);
-    be_->fill(n * hq_, -std::numeric_limits<S>::infinity(), lse);
-    kv_->prefetch(far_ids(l, windows[0].needed));
+    kernels([&] {
+      be_->fill(n * hq_ * d_, T(0), o);
+      be_->fill(n * hq_, -std::numeric_limits<S>::infinity(), lse);
+    });
+    residency([&] { kv_->prefetch(far_ids(l, windows[0].needed)); });
     for (std::size_t wi = 0; wi < windows.size(); ++wi) {
       const window& w = windows[wi];
       ids_ = far_ids(l, w.needed);
-      kv_->acquire(ids_, oomb::access::read, where_);
-      if (wi + 1 < windows.size()) kv_->prefetch(far_ids(l, windows[wi + 1].needed));
-      be_->attention_forward(chunk, read_view(*kv_), table(w, p0, n), o, lse);
-      kv_->release(ids_);
+      residency([&] {
+        kv_->acquire(ids_, oomb::access::read, where_);
+        if (wi + 1 < windows.size()) kv_->prefetch(far_ids(l, windows[wi + 1].needed));
+      });
+      const window_table t = table(w, p0, n);
+      kernels([&] { be_->attention_forward(chunk, read_view(*kv_), t, o, lse); });
+      residency([&] { kv_->release(ids_); });
     }
   }
 
@@ -154,32 +201,38 @@ class paged_attention {
   /// and the chunk's own dK/dV gets what chunks > c added to its gradient pages.
   void backward(std::int32_t l, std::int32_t c, std::int64_t p0, std::int64_t n, const T* q, const T* o, const S* lse,
                 const T* d_o, T* dq, T* dk, T* dv) {
+    const detail::host_clock total(host_.total);
     const auto windows = plan_windows(l, c);
     const auto chunk = chunk_of(l, c, p0, n, q);
     const auto own = cache_->chunk_pages(seq_, c);  // not a structured binding: the lambda below
     const std::int32_t own_first = own.first, own_end = own.second;  // captures it (C++20 only)
-    be_->attention_backward_begin(chunk, o, d_o);
+    kernels([&] { be_->attention_backward_begin(chunk, o, d_o); });
     auto prefetch = [&](const window& w) {
       const auto nid = far_ids(l, w.needed);
-      kv_->prefetch(nid);
-      grad_->prefetch(past_grad_ids(own_first, w.needed, nid, nullptr));
+      residency([&] { kv_->prefetch(nid); });
+      const auto gid = past_grad_ids(own_first, w.needed, nid, nullptr);
+      residency([&] { grad_->prefetch(gid); });
     };
     prefetch(windows[0]);
     for (std::size_t wi = 0; wi < windows.size(); ++wi) {
       const window& w = windows[wi];
       ids_ = far_ids(l, w.needed);
       gids_ = past_grad_ids(own_first, w.needed, ids_, &kv_index_);
-      kv_->acquire(ids_, oomb::access::read, where_);
-      grad_->acquire(gids_, oomb::access::write, gwhere_);
+      residency([&] {
+        kv_->acquire(ids_, oomb::access::read, where_);
+        grad_->acquire(gids_, oomb::access::write, gwhere_);
+      });
       if (wi + 1 < windows.size()) prefetch(windows[wi + 1]);
       window_table t = table(w, p0, n);
       table_grads_.assign(static_cast<std::size_t>(w.count), -1);
       for (std::size_t j = 0; j < gids_.size(); ++j)
         table_grads_[static_cast<std::size_t>(w.needed[static_cast<std::size_t>(kv_index_[j])] - w.first)] = gwhere_[j];
       t.grad_ids = table_grads_.data();
-      be_->attention_backward(chunk, read_view(*kv_), t, grad_->view(), o, lse, d_o, dq, dk, dv);
-      kv_->release(ids_);
-      grad_->release(gids_);
+      kernels([&] { be_->attention_backward(chunk, read_view(*kv_), t, grad_->view(), o, lse, d_o, dq, dk, dv); });
+      residency([&] {
+        kv_->release(ids_);
+        grad_->release(gids_);
+      });
     }
     // dK_c = local + mirror: what chunks > c added to the chunk's own gradient pages.
     gids_.clear();
@@ -191,15 +244,16 @@ class paged_attention {
       kv_index_.push_back(pg - own_first);
     }
     if (gids_.empty()) return;
-    grad_->acquire(gids_, oomb::access::read, gwhere_);
+    residency([&] { grad_->acquire(gids_, oomb::access::read, gwhere_); });
     own_where_.assign(static_cast<std::size_t>(own_end - own_first), -1);
     for (std::size_t i = 0; i < gids_.size(); ++i) own_where_[static_cast<std::size_t>(kv_index_[i])] = gwhere_[i];
-    be_->add_from_pages(read_view(*grad_), own_where_, n, dk, dv);
-    grad_->release(gids_);
+    kernels([&] { be_->add_from_pages(read_view(*grad_), own_where_, n, dk, dv); });
+    residency([&] { grad_->release(gids_); });
   }
 
   /// Chunk c is done in stage 2: its K/V pages and their gradient pages are dead.
   void release_chunk(std::int32_t c) {
+    const detail::host_clock total(host_.total);
     const auto [first, end] = cache_->chunk_pages(seq_, c);
     ids_.clear();
     gids_.clear();
@@ -210,16 +264,21 @@ class paged_attention {
         if (mirror_->touched(id)) gids_.push_back(mirror_->grad_id(id));
         if (selector_) selector_->forget(id);
       }
-    kv_->discard(ids_);  // before the ids go back to their pools
-    grad_->discard(gids_);
+    residency([&] {
+      kv_->discard(ids_);  // before the ids go back to their pools
+      grad_->discard(gids_);
+    });
     for (std::int32_t id : ids_) mirror_->release_if_touched(id);
     cache_->pop_chunk(seq_);
   }
 
   /// The end of a step: every copy has landed.
   void drain() {
-    kv_->drain();
-    grad_->drain();
+    const detail::host_clock total(host_.total);
+    residency([&] {
+      kv_->drain();
+      grad_->drain();
+    });
   }
 
   const page_tier<B, E, Eviction>& kv() const noexcept { return *kv_; }
@@ -242,6 +301,24 @@ class paged_attention {
 
   const oomb::sparse_page_table* selection(std::int32_t l, std::int32_t c) const {
     return opt_.sparse ? &selections_[static_cast<std::size_t>(c) * layers_ + l] : nullptr;
+  }
+
+  // Runs f, its host time added to the part it belongs to.
+  template <class F>
+  void residency(F&& f) {
+    const detail::host_clock t(host_.residency);
+    f();
+  }
+  template <class F>
+  void kernels(F&& f) {
+    const detail::host_clock t(host_.kernels);
+    f();
+  }
+  double selector_wait_seconds() const {
+    if constexpr (detail::has_wait_seconds<typename B::selector_type>::value)
+      return selector_ ? selector_->wait_seconds() : 0.0;
+    else
+      return 0.0;
   }
 
   attention_chunk<T> chunk_of(std::int32_t l, std::int32_t c, std::int64_t p0, std::int64_t n, const T* q) const {
@@ -337,6 +414,8 @@ class paged_attention {
   std::unique_ptr<typename B::selector_type> selector_;
   std::vector<oomb::sparse_page_table> selections_;  // [chunk][layer], made in stage 1
   std::int64_t pages_selected_ = 0, pages_candidate_ = 0;
+  attention_host_seconds host_{};  // this step's (begin_step resets it)
+  double wait0_ = 0;               // the selector's wait seconds at begin_step
   // Id lists of the window at hand (reused, never freed within a step).
   std::vector<std::int32_t> ids_, where_, gids_, gwhere_, kv_index_, table_ids_, table_grads_, own_where_, order_;
 };

@@ -454,6 +454,9 @@ void training_run::log(const step_record& r) {
     j["h2d_gb_per_second"] = h2d;
     j["d2h_gb_per_second"] = d2h;
     j["exposed_transfer_seconds"] = s.exposed_transfer_seconds;
+    const attention_host_seconds& h = s.attention_host;
+    j["attention_host_seconds"] = {{"residency", h.residency}, {"kernels", h.kernels}, {"selection", h.selection},
+                                   {"selection_wait", h.selection_wait}, {"total", h.total}};
     j["activation_bytes"] = m.activation_bytes;
     j["pinned_host_bytes"] = pinned ? pinned_host_bytes(m) : 0;
     if (o_.sparse) {
