@@ -8,35 +8,17 @@
 #include <string>
 
 #include "model_util.hpp"
+#include "support/compiled_trainer.hpp"
+#include "support/gradient_runs.hpp"
 #include "test_util.hpp"
-#include "trainer/backend/cpu_backend.hpp"
-#include "trainer/train/chunk_recurrent.hpp"
-#include "trainer/train/full_sequence.hpp"
 
 namespace {
 
 using oomb_trainer::chunk_options;
 using oomb_trainer::qwen2_params;
-
-struct run_out {
-  double loss = 0;
-  std::vector<double> grads;
-  oomb_trainer::chunk_step_stats stats;
-};
-
-run_out run_chunked(const qwen2_params<double>& p, const oomb_trainer::sequence& seq, const chunk_options& opt) {
-  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>> trainer(p.config(), opt, seq.size());
-  qwen2_params<double> g(p.config());
-  run_out r;
-  r.loss = trainer.loss_and_grad(p, g, seq);
-  r.grads.assign(g.data(), g.data() + g.size());
-  r.stats = trainer.last_stats();
-  // Every page went back to its pool.
-  const auto m = trainer.memory();
-  CHECK(m.far_kv_in_use == 0);
-  CHECK(m.far_grad_in_use == 0);
-  return r;
-}
+using trainer_test::chunked_run;
+using trainer_test::run_chunked;
+using double_trainer = trainer_test::compiled_trainer<oomb_trainer::cpu_backend<double>>;
 
 }  // namespace
 
@@ -61,27 +43,25 @@ TEST_CASE("chunk-recurrent: gradients equal full-sequence backprop; offload is b
           const auto seq = trainer_test::random_sequence(N, cfg.vocab_size, 200 + cases, /*masked=*/cases % 3 == 0);
           ++cases;
 
-          qwen2_params<double> gfull(cfg);
-          const double loss_full = oomb_trainer::full_sequence_loss_and_grad(p, gfull, seq);
-          const std::vector<double> full(gfull.data(), gfull.data() + gfull.size());
+          const trainer_test::gradient_run full = trainer_test::run_full_sequence(p, seq);
 
           chunk_options opt;
           opt.chunk = chunk;
           opt.page = 16;
           opt.window_pages = 2;  // several windows per layer
-          const run_out plain = run_chunked(p, seq, opt);
+          const chunked_run plain = run_chunked(p, seq, opt);
           std::string which;
-          const double err = trainer_test::worst_tensor_error(p, plain.grads, full, &which);
+          const double err = trainer_test::worst_tensor_error(p, plain.grads, full.grads, &which);
           CAPTURE(which);
           CHECK(err <= 1e-10);
-          CHECK(std::abs(plain.loss - loss_full) <= 1e-12 * std::abs(loss_full));
+          CHECK(std::abs(plain.loss - full.loss) <= 1e-12 * std::abs(full.loss));
           worst_seen = std::max(worst_seen, err);
 
           // Offload: the same windows, streamed through 4 near slots: not one bit differs.
           chunk_options off = opt;
           off.offload = true;
           off.near_pages = std::max(4, chunk / 16);
-          const run_out streamed = run_chunked(p, seq, off);
+          const chunked_run streamed = run_chunked(p, seq, off);
           CHECK(streamed.loss == plain.loss);
           CHECK(trainer_test::same_bits(streamed.grads, plain.grads));
           CHECK(streamed.stats.bytes_to_near > 0);
@@ -94,7 +74,7 @@ TEST_CASE("chunk-recurrent: gradients equal full-sequence backprop; offload is b
           sp.sink = 1;
           sp.local = 1;
           sp.tile = 16;
-          const run_out all = run_chunked(p, seq, sp);
+          const chunked_run all = run_chunked(p, seq, sp);
           CHECK(all.loss == plain.loss);
           CHECK(trainer_test::same_bits(all.grads, plain.grads));
           CHECK(all.stats.sparse_pages_selected == all.stats.sparse_pages_candidate);
@@ -107,15 +87,13 @@ TEST_CASE("chunk-recurrent: one window per layer, token-major pages, and offload
   qwen2_params<double> p(cfg);
   oomb_trainer::init_perturbed(p, 7);
   const auto seq = trainer_test::random_sequence(150, cfg.vocab_size, 8);
-  qwen2_params<double> gfull(cfg);
-  oomb_trainer::full_sequence_loss_and_grad(p, gfull, seq);
-  const std::vector<double> full(gfull.data(), gfull.data() + gfull.size());
+  const std::vector<double> full = trainer_test::run_full_sequence(p, seq).grads;
 
   chunk_options opt;
   opt.chunk = 32;
   opt.page = 16;
   opt.layout = oomb::kv_layout::token_major;
-  const run_out one = run_chunked(p, seq, opt);
+  const chunked_run one = run_chunked(p, seq, opt);
   CHECK(trainer_test::worst_tensor_error(p, one.grads, full, nullptr) <= 1e-10);
 
   // A real sparse selection (1 sink + 1 local + 1 scored page of up to 9 past pages), with and
@@ -125,12 +103,12 @@ TEST_CASE("chunk-recurrent: one window per layer, token-major pages, and offload
   sp.budget = 1;
   sp.tile = 16;
   sp.window_pages = 2;
-  const run_out sparse = run_chunked(p, seq, sp);
+  const chunked_run sparse = run_chunked(p, seq, sp);
   CHECK(sparse.stats.sparse_pages_selected < sparse.stats.sparse_pages_candidate);
   chunk_options spo = sp;
   spo.offload = true;
   spo.near_pages = 4;
-  const run_out sparse_off = run_chunked(p, seq, spo);
+  const chunked_run sparse_off = run_chunked(p, seq, spo);
   CHECK(trainer_test::same_bits(sparse_off.grads, sparse.grads));
   const double err = trainer_test::worst_tensor_error(p, sparse.grads, full, nullptr);
   CHECK(err > 1e-6);  // a real approximation, not dense in disguise
@@ -157,10 +135,10 @@ TEST_CASE("chunk-recurrent: keeping stage 1's attention outputs changes no bit, 
   for (const chunk_options& opt : {base, streamed, sparse}) {
     CAPTURE(opt.offload);
     CAPTURE(opt.sparse);
-    const run_out recomputed = run_chunked(p, seq, opt);
+    const chunked_run recomputed = run_chunked(p, seq, opt);
     chunk_options keep = opt;
     keep.keep_attention_outputs = true;
-    oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>> trainer(cfg, keep, seq.size());
+    double_trainer trainer(cfg, keep, seq.size());
     qwen2_params<double> g(cfg);
     for (int step = 0; step < 2; ++step) {  // the blocks of step 1 are all released: step 2 reuses them
       g.zero();
@@ -189,7 +167,7 @@ TEST_CASE("chunk-recurrent: stage 1 fills the far tier chunk by chunk, stage 2 r
     opt.page = 16;
     opt.offload = offload;
     opt.near_pages = 4;
-    oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>> trainer(cfg, opt, seq.size());
+    double_trainer trainer(cfg, opt, seq.size());
     std::vector<std::int32_t> kv_in_use, grad_in_use;
     std::vector<int> stages;
     trainer.loss_and_grad(p, g, seq, [&](const oomb_trainer::chunk_progress& pr) {
@@ -210,8 +188,8 @@ TEST_CASE("chunk-recurrent: stage 1 fills the far tier chunk by chunk, stage 2 r
 }
 
 TEST_CASE("chunk-recurrent: Belady eviction fed the stage-2 window order changes no bit and misses no more than LRU") {
-  using lru = oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>>;
-  using belady = oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>, oomb::belady_eviction>;
+  using lru = double_trainer;
+  using belady = trainer_test::compiled_trainer<oomb_trainer::cpu_backend<double>, oomb::belady_eviction>;
   const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 3, 13);
   qwen2_params<double> p(cfg);
   oomb_trainer::init_perturbed(p, 27);
@@ -247,14 +225,12 @@ TEST_CASE("chunk-recurrent: Belady eviction fed the stage-2 window order changes
 }
 
 TEST_CASE("chunk-recurrent: bf16 K/V pages and fp32 gradient pages: offload and sparse-all still bit for bit, error of bf16 rounding") {
-  using paged = oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double, oomb::bf16, float>>;
+  using paged = trainer_test::compiled_trainer<oomb_trainer::cpu_backend<double, oomb::bf16, float>>;
   const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 2, 13);
   qwen2_params<double> p(cfg);
   oomb_trainer::init_perturbed(p, 37);
   const auto seq = trainer_test::random_sequence(83, cfg.vocab_size, 38);
-  qwen2_params<double> gfull(cfg);
-  const double loss_full = oomb_trainer::full_sequence_loss_and_grad(p, gfull, seq);
-  const std::vector<double> full(gfull.data(), gfull.data() + gfull.size());
+  const trainer_test::gradient_run full = trainer_test::run_full_sequence(p, seq);
   auto run = [&](const chunk_options& o, std::vector<double>& grads) {
     paged trainer(cfg, o, seq.size());
     qwen2_params<double> g(cfg);
@@ -282,12 +258,12 @@ TEST_CASE("chunk-recurrent: bf16 K/V pages and fp32 gradient pages: offload and 
   // K and V rounded to bf16 (2^-9 = 2e-3 relative per element) and past pages' dK/dV summed in
   // fp32 (1e-7): the gradients move by a few units of bf16 rounding against double (7.7e-3
   // measured; the bound is 10 units), not by 1e-10 (the rounding happened) and not by 1.
-  const double err = trainer_test::worst_tensor_error(p, plain, full, nullptr);
+  const double err = trainer_test::worst_tensor_error(p, plain, full.grads, nullptr);
   CHECK(err > 1e-6);
   CHECK(err < 2e-2);
-  CHECK(std::abs(loss - loss_full) < 1e-2 * std::abs(loss_full));
+  CHECK(std::abs(loss - full.loss) < 1e-2 * std::abs(full.loss));
   MESSAGE("bf16 K/V + fp32 gradient pages vs double full sequence: worst tensor gradient error ", err, ", loss ", loss,
-          " vs ", loss_full);
+          " vs ", full.loss);
 }
 
 TEST_CASE("chunk-recurrent: bad options are named") {

@@ -12,10 +12,9 @@
 #include <oomb/paging/grad_mirror.hpp>
 
 #include "model_util.hpp"
+#include "support/compiled_trainer.hpp"
+#include "support/gradient_runs.hpp"
 #include "test_util.hpp"
-#include "trainer/backend/cpu_backend.hpp"
-#include "trainer/train/chunk_recurrent.hpp"
-#include "trainer/train/full_sequence.hpp"
 #include "trainer/train/options.hpp"
 #include "trainer/train/run.hpp"
 
@@ -24,24 +23,10 @@ namespace {
 using oomb_trainer::chunk_options;
 using oomb_trainer::page_home_format;
 using oomb_trainer::qwen2_params;
-
-struct homes_run {
-  double loss = 0;
-  std::vector<double> grads;
-  oomb::residency_stats grad_tier;
-  oomb_trainer::tier_memory memory;
-};
-
-homes_run run(const qwen2_params<double>& p, const oomb_trainer::sequence& seq, const chunk_options& o) {
-  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>> trainer(p.config(), o, seq.size());
-  qwen2_params<double> g(p.config());
-  homes_run r;
-  r.loss = trainer.loss_and_grad(p, g, seq);
-  r.grads.assign(g.data(), g.data() + g.size());
-  r.grad_tier = trainer.grad_residency();
-  r.memory = trainer.memory();
-  return r;
-}
+using trainer_test::chunked_run;
+using trainer_test::run_chunked;
+// oomb-train --device cpu's trainer.
+using float_trainer = trainer_test::compiled_trainer<oomb_trainer::cpu_backend<float>, oomb::belady_eviction>;
 
 }  // namespace
 
@@ -51,9 +36,7 @@ TEST_CASE("grad homes: bf16 homes differ from fp32 homes, within the bound of on
   oomb_trainer::init_perturbed(p, 41);
   const std::int64_t N = 160;  // 10 chunks of one page: a page's gradient is added to by up to 9 chunks
   const auto seq = trainer_test::random_sequence(N, cfg.vocab_size, 42);
-  qwen2_params<double> gfull(cfg);
-  const double loss_full = oomb_trainer::full_sequence_loss_and_grad(p, gfull, seq);
-  const std::vector<double> full(gfull.data(), gfull.data() + gfull.size());
+  const trainer_test::gradient_run full = trainer_test::run_full_sequence(p, seq);
 
   chunk_options o;
   o.chunk = 16;
@@ -61,17 +44,17 @@ TEST_CASE("grad homes: bf16 homes differ from fp32 homes, within the bound of on
   o.window_pages = 2;
   o.offload = true;
   o.near_pages = 4;  // 4 gradient slots for up to 9 past pages a layer: pages go home between windows
-  const homes_run fp32 = run(p, seq, o);
+  const chunked_run fp32 = run_chunked(p, seq, o);
   o.grad_homes = page_home_format::bf16;
-  const homes_run bf16 = run(p, seq, o);
+  const chunked_run bf16 = run_chunked(p, seq, o);
   o.grad_homes = page_home_format::bf16_stochastic;
-  const homes_run sr = run(p, seq, o), sr_again = run(p, seq, o);
+  const chunked_run sr = run_chunked(p, seq, o), sr_again = run_chunked(p, seq, o);
 
   // The forward does not read gradient pages; the same schedule moves a quarter of the gradient
   // bytes (the double trainer's own homes hold doubles: 8 bytes an element, bf16 2).
   constexpr std::uint64_t narrower = sizeof(double) / sizeof(oomb::bf16);
   CHECK(bf16.loss == fp32.loss);
-  CHECK(std::abs(fp32.loss - loss_full) <= 1e-12 * std::abs(loss_full));
+  CHECK(std::abs(fp32.loss - full.loss) <= 1e-12 * std::abs(full.loss));
   CHECK(bf16.grad_tier.write_backs == fp32.grad_tier.write_backs);
   CHECK(bf16.grad_tier.write_backs > std::uint64_t(cfg.num_hidden_layers) * (N / 16));  // pages went home repeatedly
   CHECK(narrower * bf16.grad_tier.bytes_to_far == fp32.grad_tier.bytes_to_far);
@@ -80,8 +63,8 @@ TEST_CASE("grad homes: bf16 homes differ from fp32 homes, within the bound of on
   CHECK(bf16.memory.near_bytes == fp32.memory.near_bytes);  // the slots still hold doubles
 
   std::string which;
-  const double err_fp32 = trainer_test::worst_tensor_error(p, fp32.grads, full, nullptr);
-  const double err_bf16 = trainer_test::worst_tensor_error(p, bf16.grads, full, &which);
+  const double err_fp32 = trainer_test::worst_tensor_error(p, fp32.grads, full.grads, nullptr);
+  const double err_bf16 = trainer_test::worst_tensor_error(p, bf16.grads, full.grads, &which);
   const double between = trainer_test::worst_tensor_error(p, bf16.grads, fp32.grads, nullptr);
   CAPTURE(which);
   CHECK(err_fp32 <= 1e-10);
@@ -95,7 +78,7 @@ TEST_CASE("grad homes: bf16 homes differ from fp32 homes, within the bound of on
   CHECK(err_bf16 <= bound);
   // Stochastic rounding: the same bound (each rounding is within one bf16 ulp, 2u), reproducible
   // (seed 0, the write counter as key), and other bits than nearest-even.
-  const double err_sr = trainer_test::worst_tensor_error(p, sr.grads, full, nullptr);
+  const double err_sr = trainer_test::worst_tensor_error(p, sr.grads, full.grads, nullptr);
   CHECK(sr.loss == fp32.loss);
   CHECK(trainer_test::same_bits(sr.grads, sr_again.grads));
   CHECK_FALSE(trainer_test::same_bits(sr.grads, bf16.grads));
@@ -115,14 +98,14 @@ TEST_CASE("grad homes: the float trainer (oomb-train --device cpu) runs bf16 hom
   o.offload = true;
   o.near_pages = 2;
   o.grad_homes = page_home_format::bf16;
-  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>> trainer(cfg, o, 64);
+  float_trainer trainer(cfg, o, 64);
   const double loss = trainer.loss_and_grad(p, g, trainer_test::random_sequence(64, cfg.vocab_size, 6));
   CHECK(std::isfinite(loss));
   CHECK(trainer.memory().far_grad_in_use == 0);
   CHECK(trainer.memory().grad_pair_bytes == 2 * 16 * 2 * 4 * 2);  // 2 x page x kv heads x head dim x bf16
 
   o.offload = false;
-  CHECK_THROWS_WITH_AS(oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>>(cfg, o, 64),
+  CHECK_THROWS_WITH_AS(float_trainer(cfg, o, 64),
                        doctest::Contains("--grad-homes bf16 needs --offload"), oomb::invalid_argument);
 
   const std::string tiny = std::string(OOMB_TRAINER_SOURCE_DIR) + "/configs/tiny.json";

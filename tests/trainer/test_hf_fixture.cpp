@@ -9,39 +9,35 @@
 #include <string>
 
 #include "hf_fixture.hpp"
+#include "support/gradient_runs.hpp"
 #include "test_util.hpp"
-#include "trainer/backend/cpu_backend.hpp"
-#include "trainer/train/chunk_recurrent.hpp"
-#include "trainer/train/full_sequence.hpp"
 
 namespace {
 
 void check_against_fixture(const std::string& name) {
   CAPTURE(name);
   const auto fx = trainer_test::hf_fixture::load(std::string(OOMB_TRAINER_FIXTURES) + "/" + name);
-  const auto& cfg = fx.config;
   const auto& p = fx.weights;
   const auto& seq = fx.seq;
   const double ref_loss = fx.loss;
   const auto& grads_file = fx.gradients;
   CHECK(grads_file.tensors().size() == p.layout().entries().size());
 
-  auto compare = [&](const std::string& path, double loss, oomb_trainer::qwen2_params<double>& g) {
+  auto compare = [&](const std::string& path, const trainer_test::gradient_run& run) {
     CAPTURE(path);
-    CHECK(std::abs(loss - ref_loss) <= 1e-9 * std::abs(ref_loss));
+    CHECK(std::abs(run.loss - ref_loss) <= 1e-9 * std::abs(ref_loss));
     double worst = 0;
-    for (const auto& t : g.named()) {
-      CAPTURE(t.name);
-      const auto want = grads_file.read<double>(t.name, t.shape);
-      const double err = trainer_test::rel_err(t.data, want.data(), want.size());
+    for (const auto& e : p.layout().entries()) {
+      CAPTURE(e.name);
+      const auto want = grads_file.read<double>(e.name, e.shape);
+      const double err = trainer_test::rel_err(run.grads.data() + e.offset, want.data(), want.size());
       CHECK(err <= 1e-9);
       worst = std::max(worst, err);
     }
-    MESSAGE(name, " ", path, ": loss ", loss, " (HF ", ref_loss, "), worst gradient error ", worst);
+    MESSAGE(name, " ", path, ": loss ", run.loss, " (HF ", ref_loss, "), worst gradient error ", worst);
   };
 
-  oomb_trainer::qwen2_params<double> gfull(cfg);
-  compare("full sequence", oomb_trainer::full_sequence_loss_and_grad(p, gfull, seq), gfull);
+  compare("full sequence", trainer_test::run_full_sequence(p, seq));
 
   oomb_trainer::chunk_options opt;
   opt.chunk = 16;
@@ -49,9 +45,7 @@ void check_against_fixture(const std::string& name) {
   opt.window_pages = 1;
   opt.offload = true;
   opt.near_pages = 2;
-  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>> trainer(cfg, opt, seq.size());
-  oomb_trainer::qwen2_params<double> gchunk(cfg);
-  compare("chunk-recurrent, offload", trainer.loss_and_grad(p, gchunk, seq), gchunk);
+  compare("chunk-recurrent, offload", trainer_test::run_chunked(p, seq, opt));
 }
 
 }  // namespace

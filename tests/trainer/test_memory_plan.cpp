@@ -14,8 +14,7 @@
 #include <fmt/core.h>
 
 #include "model_util.hpp"
-#include "trainer/backend/cpu_backend.hpp"
-#include "trainer/train/chunk_recurrent.hpp"
+#include "support/compiled_trainer.hpp"
 #include "trainer/train/memory_plan.hpp"
 #include "trainer/train/options.hpp"
 #include "trainer/train/run.hpp"
@@ -26,6 +25,8 @@ using oomb_trainer::chunk_options;
 using oomb_trainer::memory_plan;
 using oomb_trainer::plan_part;
 using oomb_trainer::plan_target;
+// oomb-train --device cpu's trainer (train/cpu_trainer.cpp).
+using cpu_trainer_chunked = trainer_test::compiled_trainer<oomb_trainer::cpu_backend<float>, oomb::belady_eviction>;
 
 constexpr std::uint64_t GiB = std::uint64_t(1) << 30;
 
@@ -92,7 +93,7 @@ TEST_CASE("memory plan: pages, pools, near slots and activations are what the CP
 
     oomb_trainer::qwen2_params<float> p(cfg), g(cfg);
     oomb_trainer::init_perturbed(p, 7);
-    oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>, oomb::belady_eviction> trainer(cfg, o, rc.tokens);
+    cpu_trainer_chunked trainer(cfg, o, rc.tokens);
     trainer.loss_and_grad(p, g, trainer_test::random_sequence(rc.tokens, cfg.vocab_size, 3));
     const auto& s = trainer.last_stats();
     const auto m = trainer.memory();
@@ -158,7 +159,7 @@ TEST_CASE("memory plan: kept attention outputs are the blocks the CPU trainer re
       const memory_plan plan = oomb_trainer::plan_memory(cfg, o, tokens, cpu_target());
       oomb_trainer::qwen2_params<float> p(cfg), g(cfg);
       oomb_trainer::init_perturbed(p, 7);
-      oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>, oomb::belady_eviction> trainer(cfg, o, tokens);
+      cpu_trainer_chunked trainer(cfg, o, tokens);
       trainer.loss_and_grad(p, g, trainer_test::random_sequence(tokens, cfg.vocab_size, 3));
       const auto m = trainer.memory();
       CHECK(plan.on_host(plan_part::attention_outputs) > 0);
@@ -179,7 +180,7 @@ TEST_CASE("memory plan: page-sparse attention touches at most the dense plan's g
   const memory_plan plan = oomb_trainer::plan_memory(cfg, o, tokens, cpu_target());
   oomb_trainer::qwen2_params<float> p(cfg), g(cfg);
   oomb_trainer::init_perturbed(p, 5);
-  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<float>, oomb::belady_eviction> trainer(cfg, o, tokens);
+  cpu_trainer_chunked trainer(cfg, o, tokens);
   trainer.loss_and_grad(p, g, trainer_test::random_sequence(tokens, cfg.vocab_size, 9));
   CHECK(trainer.last_stats().grad_pages_high_water > 0);
   CHECK(trainer.last_stats().grad_pages_high_water < plan.grad_pages);

@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "model_util.hpp"
+#include "support/gradient_runs.hpp"
 #include "test_util.hpp"
-#include "trainer/train/full_sequence.hpp"
 
 TEST_CASE("model: parameter layout uses HF names, one allocation, lm_head only when untied") {
   const auto untied = oomb_trainer::param_layout(trainer_test::tiny_config(2, 1, false));
@@ -31,23 +31,23 @@ TEST_CASE("model: full-sequence gradients equal finite differences for every ten
       CAPTURE(tied);
       CAPTURE(masked);
       const auto cfg = trainer_test::tiny_config(2, 1, tied);
-      oomb_trainer::qwen2_params<double> p(cfg), g(cfg), scratch(cfg);
+      oomb_trainer::qwen2_params<double> p(cfg);
       oomb_trainer::init_perturbed(p, 5);
       const auto seq = trainer_test::random_sequence(13, cfg.vocab_size, 6, masked);
-      const double loss = oomb_trainer::full_sequence_loss_and_grad(p, g, seq);
-      CHECK(std::isfinite(loss));
-      CHECK(loss > 0.5);
+      const trainer_test::gradient_run analytic = trainer_test::run_full_sequence(p, seq);
+      CHECK(std::isfinite(analytic.loss));
+      CHECK(analytic.loss > 0.5);
       const double eps = 1e-6;
       for (const auto& t : p.named()) {
         CAPTURE(t.name);
         std::vector<double> fd(t.numel()), an(t.numel());
-        const double* gt = g.data() + (t.data - p.data());
+        const double* gt = analytic.grads.data() + (t.data - p.data());
         for (std::size_t i = 0; i < t.numel(); ++i) {
           const double keep = t.data[i];
           t.data[i] = keep + eps;
-          const double lp = oomb_trainer::full_sequence_loss_and_grad(p, scratch, seq);
+          const double lp = trainer_test::run_full_sequence(p, seq).loss;
           t.data[i] = keep - eps;
-          const double lm = oomb_trainer::full_sequence_loss_and_grad(p, scratch, seq);
+          const double lm = trainer_test::run_full_sequence(p, seq).loss;
           t.data[i] = keep;
           fd[i] = (lp - lm) / (2 * eps);
           an[i] = gt[i];

@@ -13,51 +13,18 @@
 #include <vector>
 
 #include "model_util.hpp"
+#include "support/gradient_runs.hpp"
 #include "test_util.hpp"
-#include "trainer/backend/cpu_backend.hpp"
-#include "trainer/train/chunk_recurrent.hpp"
-#include "trainer/train/full_sequence.hpp"
 
 namespace {
 
 using oomb_trainer::chunk_options;
 using oomb_trainer::qwen2_params;
 using oomb_trainer::selection_mask;
-
-struct sparse_run {
-  double loss = 0;
-  std::vector<double> grads;
-  selection_mask mask;
-  oomb_trainer::chunk_step_stats stats;
-};
-
-sparse_run run_sparse(const qwen2_params<double>& p, const oomb_trainer::sequence& seq, const chunk_options& opt) {
-  oomb_trainer::chunk_recurrent<oomb_trainer::cpu_backend<double>> trainer(p.config(), opt, seq.size());
-  qwen2_params<double> g(p.config());
-  sparse_run r;
-  r.loss = trainer.loss_and_grad(p, g, seq);
-  r.grads.assign(g.data(), g.data() + g.size());
-  r.stats = trainer.last_stats();
-  r.mask.chunk = opt.chunk;
-  r.mask.page = opt.page;
-  r.mask.tile = opt.tile;
-  r.mask.layers = p.config().num_hidden_layers;
-  r.mask.tables = trainer.selections();
-  return r;
-}
-
-struct reference {
-  double loss = 0;
-  std::vector<double> grads;
-};
-
-reference run_full(const qwen2_params<double>& p, const oomb_trainer::sequence& seq, const selection_mask* mask) {
-  qwen2_params<double> g(p.config());
-  reference r;
-  r.loss = oomb_trainer::full_sequence_loss_and_grad(p, g, seq, mask);
-  r.grads.assign(g.data(), g.data() + g.size());
-  return r;
-}
+using trainer_test::chunked_run;
+using trainer_test::gradient_run;
+using trainer_test::run_chunked;
+using trainer_test::run_full_sequence;
 
 /// The mask with one selected page of one tile swapped for a past page the tile did not select
 /// (the last tile of the last chunk, layer 0, that has both).
@@ -124,11 +91,11 @@ TEST_CASE("sparse reference: chunk-recurrent sparse gradients equal the full seq
         opt.local = 1;
         opt.tile = 16;
         opt.score = score;
-        const sparse_run sparse = run_sparse(p, seq, opt);
+        const chunked_run sparse = run_chunked(p, seq, opt);
         // Partial: half the past pages over the step, 3 of 10 in the last chunk's tile.
         CHECK(2 * sparse.stats.sparse_pages_selected == sparse.stats.sparse_pages_candidate);
         CHECK(sparse.mask.tables.back().num_entries() == 3);
-        const reference masked = run_full(p, seq, &sparse.mask);
+        const gradient_run masked = run_full_sequence(p, seq, &sparse.mask);
         std::string which;
         const double err = trainer_test::worst_tensor_error(p, sparse.grads, masked.grads, &which);
         CAPTURE(which);
@@ -140,20 +107,20 @@ TEST_CASE("sparse reference: chunk-recurrent sparse gradients equal the full seq
         chunk_options off = opt;
         off.offload = true;
         off.near_pages = 4;
-        const sparse_run streamed = run_sparse(p, seq, off);
+        const chunked_run streamed = run_chunked(p, seq, off);
         CHECK(streamed.stats.bytes_to_near > 0);
         CHECK(streamed.loss == sparse.loss);
         CHECK(trainer_test::same_bits(streamed.grads, sparse.grads));
         CHECK(trainer_test::worst_tensor_error(p, streamed.grads, masked.grads, nullptr) <= 1e-10);
 
         // The equality is meaningful: the masked reference is far from dense ...
-        const reference dense = run_full(p, seq, nullptr);
+        const gradient_run dense = run_full_sequence(p, seq, nullptr);
         const double from_dense = trainer_test::worst_tensor_error(p, masked.grads, dense.grads, nullptr);
         CHECK(from_dense > 1e-3);
         closest_to_dense = std::min(closest_to_dense, from_dense);
         // ... and one page swapped in one tile of one layer moves it far beyond the tolerance.
         const selection_mask swapped = swap_one_page(sparse.mask);
-        const reference other = run_full(p, seq, &swapped);
+        const gradient_run other = run_full_sequence(p, seq, &swapped);
         const double from_swap = trainer_test::worst_tensor_error(p, other.grads, sparse.grads, nullptr);
         CHECK(from_swap > 1e-6);
         smallest_swap = std::min(smallest_swap, from_swap);
@@ -174,26 +141,25 @@ TEST_CASE("sparse reference: a mask selecting every page is dense, bit for bit; 
   opt.sparse = true;
   opt.budget = 8;  // covers every past page
   opt.tile = 16;
-  const sparse_run all = run_sparse(p, seq, opt);
+  const chunked_run all = run_chunked(p, seq, opt);
   CHECK(all.stats.sparse_pages_selected == all.stats.sparse_pages_candidate);
-  const reference masked = run_full(p, seq, &all.mask);
-  const reference dense = run_full(p, seq, nullptr);
+  const gradient_run masked = run_full_sequence(p, seq, &all.mask);
+  const gradient_run dense = run_full_sequence(p, seq, nullptr);
   CHECK(masked.loss == dense.loss);
   CHECK(trainer_test::same_bits(masked.grads, dense.grads));
 
-  qwen2_params<double> g(cfg);
   selection_mask bad = all.mask;
   bad.tables.pop_back();
-  CHECK_THROWS_WITH_AS(oomb_trainer::full_sequence_loss_and_grad(p, g, seq, &bad), doctest::Contains("tables for 3 chunks"),
+  CHECK_THROWS_WITH_AS(run_full_sequence(p, seq, &bad), doctest::Contains("tables for 3 chunks"),
                        oomb::invalid_argument);
   bad = all.mask;
   bad.tile = 8;
-  CHECK_THROWS_WITH_AS(oomb_trainer::full_sequence_loss_and_grad(p, g, seq, &bad), doctest::Contains("tiles"),
+  CHECK_THROWS_WITH_AS(run_full_sequence(p, seq, &bad), doctest::Contains("tiles"),
                        oomb::invalid_argument);
   bad = all.mask;
   bad.tables[2] = oomb::sparse_page_table{};  // chunk 1, layer 0: selects page 2, its own
   bad.tables[2].add_tile({0, 2});
   bad.tables[2].add_tile({0});
-  CHECK_THROWS_WITH_AS(oomb_trainer::full_sequence_loss_and_grad(p, g, seq, &bad), doctest::Contains("not before the chunk"),
+  CHECK_THROWS_WITH_AS(run_full_sequence(p, seq, &bad), doctest::Contains("not before the chunk"),
                        oomb::invalid_argument);
 }

@@ -1,0 +1,40 @@
+// One step of the double trainer, chunk-recurrent or full-sequence, on fresh state: the loss and
+// the gradient the equivalence tests compare, and what the chunk-recurrent step reported. Compiled
+// once, in gradient_runs.cpp (the oomb_trainer_test_support library).
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <vector>
+
+#include <oomb/offload/residency_scheduler.hpp>
+
+#include "trainer/model/params.hpp"
+#include "trainer/train/chunk_options.hpp"
+#include "trainer/train/full_sequence.hpp"
+#include "trainer/train/targets.hpp"
+
+namespace trainer_test {
+
+struct gradient_run {
+  double loss = 0;
+  std::vector<double> grads;  ///< the whole gradient, in the parameters' layout
+};
+
+struct chunked_run : gradient_run {
+  oomb_trainer::chunk_step_stats stats;
+  oomb_trainer::tier_memory memory;   ///< after the step
+  oomb::residency_stats grad_tier;    ///< the gradient pages' residency counters (zeros without offload)
+  oomb_trainer::selection_mask mask;  ///< sparse: the step's selections, as the full sequence's mask
+};
+
+/// A fresh chunk_recurrent<cpu_backend<double>> with `opt` over `seq`. Checks that every far page
+/// went back to its pool.
+chunked_run run_chunked(const oomb_trainer::qwen2_params<double>& p, const oomb_trainer::sequence& seq,
+                        const oomb_trainer::chunk_options& opt);
+
+/// Full-sequence backprop over `seq` (full_sequence_loss_and_grad, which throws what it throws);
+/// with `mask`, attention sees only what it marks visible.
+gradient_run run_full_sequence(const oomb_trainer::qwen2_params<double>& p, const oomb_trainer::sequence& seq,
+                               const oomb_trainer::selection_mask* mask = nullptr);
+
+}  // namespace trainer_test
