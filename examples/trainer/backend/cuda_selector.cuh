@@ -113,8 +113,6 @@ class cuda_page_selector {
 
   /// Pinned host bytes of the summaries' home (fixed at construction: every id the trainer may hold).
   std::size_t summary_bytes() const noexcept { return home_.size(); }
-  /// Device bytes of the gathered store (grows with the largest past of one layer, as the workspace does).
-  std::size_t gathered_bytes() const noexcept { return gathered_storage_.size(); }
 
   /// Page ids[i] holds keys rows [i * page, min(n, (i + 1) * page)) of k [n][hkv * d] (device).
   void summarize(oomb::id_span ids, std::int64_t n, const T* k) {
