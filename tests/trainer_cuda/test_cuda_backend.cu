@@ -32,6 +32,7 @@
 #include "device_util.cuh"
 #include "hf_fixture.hpp"
 #include "model_util.hpp"
+#include "support/compiled_trainer.hpp"
 #include "test_util.hpp"
 #include "trainer/backend/cpu_backend.hpp"
 #include "trainer/backend/cuda_backend.cuh"
@@ -47,6 +48,8 @@ using oomb_trainer::cuda_backend;
 using oomb_trainer::cuda_offload_backend;
 using oomb_trainer::model_config;
 using oomb_trainer::qwen2_params;
+// The CPU reference, compiled once in oomb_trainer_test_support (tests/trainer/support/).
+using cpu_reference = trainer_test::compiled_trainer<cpu_backend<double>>;
 
 constexpr double loss_tolerance = 5e-3;
 constexpr double grad_tolerance = 3e-2;
@@ -119,7 +122,7 @@ void compare(const model_config& cfg, const chunk_options& opt, std::int64_t tok
   const oomb_trainer::sequence seq = trainer_test::random_sequence(tokens, cfg.vocab_size, seed + 1, masked);
 
   qwen2_params<double> cpu_grads(cfg);
-  chunk_recurrent<cpu_backend<double>> cpu(cfg, opt, tokens);
+  cpu_reference cpu(cfg, opt, tokens);
   const double cpu_loss = cpu.loss_and_grad(host, cpu_grads, seq);
 
   expect_step_close(run_gpu<Backend>(host, opt, seq), cpu_loss, cpu_grads, loss_tolerance, grad_tol);
@@ -213,7 +216,7 @@ TEST_CASE("cuda backend: stage 1's attention outputs kept for stage 2, in place 
   opt.page = 16;
   opt.window_pages = 2;
   qwen2_params<double> cpu_grads(three);
-  chunk_recurrent<cpu_backend<double>> cpu(three, opt, seq.size());
+  cpu_reference cpu(three, opt, seq.size());
   const double cpu_loss = cpu.loss_and_grad(host, cpu_grads, seq);
   const gpu_step recomputed = run_gpu<cuda_backend>(host, opt, seq);
   chunk_options keep = opt;
@@ -247,7 +250,7 @@ TEST_CASE("cuda backend, offload: bf16 gradient homes against fp32 homes and aga
   opt.grad_homes = oomb_trainer::page_home_format::bf16;
   const gpu_step bf16 = run_gpu<cuda_offload_backend>(host, opt, seq);
   qwen2_params<double> cpu_grads(cfg);
-  chunk_recurrent<cpu_backend<double>> cpu(cfg, opt, N);
+  cpu_reference cpu(cfg, opt, N);
   const double cpu_loss = cpu.loss_and_grad(host, cpu_grads, seq);
   opt.grad_homes = oomb_trainer::page_home_format::bf16_stochastic;
   const gpu_step sr = run_gpu<cuda_offload_backend>(host, opt, seq);
