@@ -73,6 +73,55 @@ TEST_CASE("slot_hazards: what each access waits for; loads and write-backs repla
 }
 
 namespace {
+// An event that counts its queries (on the GPU each is a cudaEventQuery, a driver call).
+struct counted_event {
+  int* queries;
+  bool done;
+  bool ready() const {
+    ++*queries;
+    return done;
+  }
+  void wait() const {}
+};
+}  // namespace
+
+TEST_CASE("wait_list and slot_hazards: an event is queried once per request, not once per page naming it") {
+  using ptr = std::shared_ptr<const counted_event>;
+  int queries = 0;
+  const ptr loaded = std::make_shared<const counted_event>(counted_event{&queries, false});
+  const ptr done = std::make_shared<const counted_event>(counted_event{&queries, true});
+  const std::int32_t slots = 300;  // a window of pages loaded by one batch
+  oomb::slot_hazards<counted_event> h(slots);
+  for (std::int32_t s = 0; s < slots; ++s) h.loaded(s, s % 2 ? loaded : done);
+  oomb::wait_list<counted_event> w;
+  for (std::int32_t s = 0; s < slots; ++s) h.before_write(s, w);
+  CHECK(w.size() == 1);   // the pending batch, once
+  CHECK(queries == 2);    // each distinct event queried once, though 300 slots name them
+  w.clear();
+  h.before_read(0, w);
+  CHECK(queries == 3);    // a new request queries again: an event completes between requests
+
+  // Released uses are pruned once a few have gathered, not at every release.
+  queries = 0;
+  const std::vector<std::int32_t> slot0{0};
+  for (std::size_t i = 0; i + 1 < oomb::slot_hazards<counted_event>::prune_uses_at; ++i) {
+    h.reserve_use(slot0);
+    h.used(0, std::make_shared<const counted_event>(counted_event{&queries, true}), false);
+  }
+  CHECK(queries == 0);
+  h.reserve_use(slot0);
+  h.used(0, std::make_shared<const counted_event>(counted_event{&queries, false}), false);
+  CHECK(queries == 0);  // prune_uses_at uses now: the next reserve prunes
+  h.reserve_use(slot0);
+  CHECK(queries == int(oomb::slot_hazards<counted_event>::prune_uses_at));
+  w.clear();
+  queries = 0;
+  h.before_write(0, w);
+  CHECK(w.size() == 1);  // the completed uses were dropped; the pending one stays
+  CHECK(queries == 2);   // the copy-in and the one use left
+}
+
+namespace {
 // A host stream that re-records an existing event (the CUDA streams' record(event&)), so the pool's
 // reuse path runs on the CPU.
 struct rerecording_stream {

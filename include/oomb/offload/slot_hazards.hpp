@@ -11,6 +11,11 @@
 // A wait_list gathers the pending ones of a request, each once, and makes one stream wait on them.
 // Ready events are dropped as they are met; wait_all() blocks until every one has completed (the
 // scheduler's destructor: nothing may still write its near pool once it is freed).
+// Queries cost: a CUDA event's ready() is a driver call (cudaEventQuery), and a request of a few
+// hundred pages names the same few batch events hundreds of times. So a wait_list queries each
+// distinct event once (it compares pointers first), and a slot's released uses are pruned only
+// once a few have gathered. Querying on every mention cost the GPU trainer ~8 queries per page
+// per call: 55 of a 126-second step at 2M tokens (docs/offload.md, "Host cost").
 #pragma once
 
 #include <algorithm>
@@ -29,10 +34,18 @@ class wait_list {
  public:
   using event_ptr = std::shared_ptr<const Event>;
 
-  void clear() noexcept { events_.clear(); }
+  void clear() noexcept {
+    events_.clear();
+    ready_.clear();
+  }
+  /// Lists `e` if it is pending; an event already met (pending or not) is not queried again.
   void add(const event_ptr& e) {
-    if (!e || e->ready()) return;
-    if (std::find(events_.begin(), events_.end(), e.get()) == events_.end()) events_.push_back(e.get());
+    if (!e) return;
+    const Event* p = e.get();
+    if (std::find(events_.begin(), events_.end(), p) != events_.end() ||
+        std::find(ready_.begin(), ready_.end(), p) != ready_.end())
+      return;
+    (p->ready() ? ready_ : events_).push_back(p);
   }
   /// `stream` waits for every listed event (no host wait).
   template <class Stream>
@@ -42,7 +55,8 @@ class wait_list {
   std::size_t size() const noexcept { return events_.size(); }
 
  private:
-  std::vector<const Event*> events_;
+  std::vector<const Event*> events_;  // pending: waited for
+  std::vector<const Event*> ready_;   // met complete: skipped without another query
 };
 
 /// The events of every slot of a near tier and of every home (see the file comment).
@@ -60,15 +74,18 @@ class slot_hazards {
   void reserve_pages(std::size_t pages) {
     if (homes_.size() < pages) homes_.resize(pages);
   }
-  /// Room for one more use on each slot of `slots`, so used() cannot throw.
+  /// Room for one more use on each slot of `slots`, so used() cannot throw. A slot's completed
+  /// uses are dropped once `prune_uses_at` have gathered (not at every release: see the file
+  /// comment), so a slot holds fewer than that many completed uses.
   template <class Slots>
   void reserve_use(const Slots& slots) {
     for (std::int32_t s : slots) {
       std::vector<event_ptr>& u = at(s).uses;
-      prune(u);
+      if (u.size() >= prune_uses_at) prune(u);
       u.reserve(u.size() + 1);
     }
   }
+  static constexpr std::size_t prune_uses_at = 8;
 
   // What a stream must wait for before it ...
   /// ... reads the slot (compute read, or a write-back).
