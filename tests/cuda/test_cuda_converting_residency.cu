@@ -3,13 +3,18 @@
 // inputs (nearest even and stochastic; every exponent, ties, subnormals, NaN and infinities), and
 // the scheduler over it against the CPU's converting_host_backend driven with the same sequence:
 // homes, slots and counters equal bit for bit. Tolerance: none, the GPU runs the CPU's functions.
+// Every home is compared, also those no tier has written yet: both start with the same bits.
+// A run of homes across two pinned allocations that touch moves as one copy per allocation.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.cuh"
@@ -132,6 +137,12 @@ struct twin_tiers {
     ids.resize(static_cast<std::size_t>(pages));
     far.acquire(pages, ids.data());
     REQUIRE(ids == cpu.ids);
+    // Fresh pinned and heap memory hold different leftovers; a home nobody wrote must compare
+    // equal too (a tier must neither read nor write it), so both start with the same bits.
+    std::mt19937 rng(static_cast<std::uint32_t>(pages));
+    for (std::int32_t p : ids)
+      for (std::size_t i = 0; i < elements(); ++i)
+        gpu_home(p)[i] = cpu_home(p)[i] = bf16::from_bits(static_cast<std::uint16_t>(rng()));
   }
   std::size_t elements() const { return far.block_bytes() / sizeof(bf16); }
   bf16* gpu_home(std::int32_t p) const { return reinterpret_cast<bf16*>(far.address(p)); }
@@ -169,8 +180,10 @@ struct twin_tiers {
     cpu.settle();
   }
   void require_same_homes() const {
-    for (std::int32_t p : ids)
+    for (std::int32_t p : ids) {
+      REQUIRE(gpu.home_written(p) == cpu.sched.home_written(p));
       for (std::size_t i = 0; i < elements(); ++i) REQUIRE(gpu_home(p)[i].bits == cpu_home(p)[i].bits);
+    }
   }
 
   oomb::pinned_resource pinned;
@@ -235,6 +248,62 @@ std::vector<std::uint16_t> run_twins(bf16_rounding rounding) {
   for (std::int32_t p : t.ids)
     for (std::size_t i = 0; i < n; ++i) homes.push_back(t.gpu_home(p)[i].bits);
   return homes;
+}
+
+// Pinned slabs that touch: one page-aligned host buffer handed out back to back, each slab pinned
+// by its own cudaHostRegister, so two slabs are two allocations with neighbouring addresses (as
+// small cudaHostAlloc blocks may be).
+class touching_pinned_resource {
+ public:
+  static constexpr oomb::memory_kind kind = oomb::memory_kind::pinned;
+  static constexpr std::size_t page = 4096;
+  explicit touching_pinned_resource(std::size_t bytes)
+      : buffer_(static_cast<std::byte*>(std::aligned_alloc(page, bytes))), capacity_(bytes) {
+    REQUIRE(buffer_ != nullptr);
+  }
+  ~touching_pinned_resource() { std::free(buffer_); }
+  touching_pinned_resource(const touching_pinned_resource&) = delete;
+  touching_pinned_resource& operator=(const touching_pinned_resource&) = delete;
+
+  void* allocate(std::size_t bytes, std::size_t alignment) {
+    REQUIRE((bytes % page == 0 && page % alignment == 0 && used_ + bytes <= capacity_));
+    void* p = buffer_ + used_;
+    used_ += bytes;
+    OOMB_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped), "test: pinning a slab");
+    return p;
+  }
+  void deallocate(void* p, std::size_t, std::size_t) noexcept { (void)cudaHostUnregister(p); }
+
+ private:
+  std::byte* buffer_;
+  std::size_t capacity_, used_ = 0;
+};
+static_assert(oomb::is_memory_resource_v<touching_pinned_resource>);
+
+// What the driver does with one copy of `bytes` from `host` to the device, a range over two pinned
+// allocations that touch (reported, not asserted: the library never issues such a copy).
+std::string copy_result(const void* host, std::size_t bytes) {
+  device_buffer<std::byte> dev(bytes);
+  const cudaError_t e = cudaMemcpy(dev.ptr, host, bytes, cudaMemcpyDefault);
+  (void)cudaGetLastError();
+  return cudaGetErrorName(e);
+}
+
+// Whether 64 KiB cudaHostAlloc blocks (the bf16 gradient homes' slabs in the trainer's test) come
+// back to back, and what a copy over two that do meets.
+std::string touching_host_allocs() {
+  constexpr std::size_t bytes = 64 << 10;
+  oomb::pinned_resource pinned;
+  std::vector<std::byte*> blocks;
+  for (int i = 0; i < 16; ++i) blocks.push_back(static_cast<std::byte*>(pinned.allocate(bytes)));
+  std::string found = "none of 16 touch";
+  for (std::byte* a : blocks)
+    if (std::find(blocks.begin(), blocks.end(), a + bytes) != blocks.end()) {
+      found = "two touch; one copy over both: " + copy_result(a, 2 * bytes);
+      break;
+    }
+  for (std::byte* b : blocks) pinned.deallocate(b, bytes);
+  return found;
 }
 
 }  // namespace
@@ -307,4 +376,61 @@ TEST_CASE("cuda converting tier: bad input is refused before anything is enqueue
   CHECK_THROWS_AS(oomb::launch_decode_pages<oomb::bf16_codec<float>>(nullptr, nullptr, nullptr, 1, 0, in.get()),
                   oomb::invalid_argument);
   sync_device();
+}
+
+TEST_CASE("cuda converting tier: a run of homes across two pinned allocations that touch moves as two copies") {
+  using far_pool = oomb::block_pool<touching_pinned_resource>;
+  using touching_homes =
+      oomb::cuda_converting_backend<oomb::bf16_codec<float>, oomb::device_resource, oomb::cuda_stream, touching_pinned_resource>;
+  const std::size_t home_bytes = 4096, n = home_bytes / 2;
+  touching_pinned_resource pinned(4 * home_bytes);
+  oomb::device_resource device;
+  oomb::cuda_stream in, out, compute;
+  far_pool far = far_pool::growing(pinned, home_bytes, 2, 4);  // slabs {0, 1} and {2, 3}
+  std::vector<std::int32_t> pages(4);
+  far.acquire(4, pages.data());
+  REQUIRE(far.address(1) + home_bytes == far.address(2));  // the slabs touch
+  MESSAGE("one cudaMemcpy over both registered slabs: " << copy_result(far.address(1), 2 * home_bytes)
+                                                          << "; 64 KiB cudaHostAlloc blocks: " << touching_host_allocs());
+
+  std::mt19937 rng(21);
+  for (std::int32_t p : pages)
+    for (std::size_t i = 0; i < n; ++i)
+      reinterpret_cast<bf16*>(far.address(p))[i] = bf16(std::normal_distribution<float>(0.f, 1.f)(rng));
+  oomb::residency_scheduler<touching_homes> sched(far, device, 4, in, out);
+  sched.mark_written(pages);
+
+  // Homes 0-3 into staging 0-3: a run on both sides, cut at the slabs' border.
+  sched.prefetch(pages);
+  CHECK(sched.stats().copies_to_near == 2);
+  const auto slots = sched.acquire(compute.view(), pages, access::write);
+  std::vector<float> slot(n);
+  for (std::size_t k = 0; k < pages.size(); ++k) {
+    auto* g = reinterpret_cast<float*>(sched.near_pool().address(slots[k]));
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(slot.data(), g, n * 4, cudaMemcpyDeviceToHost, compute.get()), "test: slot down");
+    compute.synchronize();
+    const bf16* home = reinterpret_cast<const bf16*>(far.address(pages[k]));
+    for (std::size_t i = 0; i < n; ++i) {
+      REQUIRE(same_bits(slot[i], oomb::bf16_codec<float>::decode_element(home[i])));
+      slot[i] *= 1.f + std::ldexp(1.f, -10);  // changes the rounded value of about one in 8
+    }
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(g, slot.data(), n * 4, cudaMemcpyHostToDevice, compute.get()), "test: slot up");
+    compute.synchronize();
+  }
+  sched.release(compute.view(), pages);
+
+  // And back: staging 0-3 into homes 0-3, two copies again; the homes are the CPU codec's bits.
+  std::vector<std::vector<float>> want(pages.size(), std::vector<float>(n));
+  for (std::size_t k = 0; k < pages.size(); ++k)
+    OOMB_CUDA_CHECK(cudaMemcpy(want[k].data(), sched.near_pool().address(slots[k]), n * 4, cudaMemcpyDeviceToHost),
+                    "test: slot down");
+  CHECK(sched.write_back(pages) == pages.size());
+  sched.drain();
+  CHECK(sched.stats().copies_to_far == 2);
+  std::vector<bf16> encoded(n);
+  for (std::size_t k = 0; k < pages.size(); ++k) {
+    sched.backend().codec().encode(want[k].data(), encoded.data(), n, k);
+    const bf16* home = reinterpret_cast<const bf16*>(far.address(pages[k]));
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(home[i].bits == encoded[i].bits);
+  }
 }

@@ -4,9 +4,12 @@
 // Moving page src_ids[i] of one pool to page dst_ids[i] of another is one batch: everything is
 // validated first (equal block sizes and page formats, equal counts, every id in use in its pool,
 // no destination written twice, no copy onto its own source) and only then enqueued, as a single
-// enqueue_copies call. Pages whose addresses are adjacent on both sides (runs of neighbouring ids
-// in a contiguous pool, or within a slab) become one copy, so a window of consecutive pages costs
-// one large copy instead of many small ones.
+// enqueue_copies call. Runs of neighbouring ids inside one allocation on both sides (a contiguous
+// pool, or one slab of a growing pool) become one copy, so a window of consecutive pages costs one
+// large copy instead of many small ones. A copy never spans two slabs, even when their addresses
+// happen to touch: CUDA refuses a copy whose range covers two allocations (cudaErrorInvalidValue),
+// and small pinned allocations do come back to back (a converting tier's staging, always pages 0,
+// 1, 2, ..., met such a pair of gradient homes on the H200).
 //
 // Generic over the stream type: the host stream in CPU builds, a CUDA stream (whose enqueue_copies
 // is one cudaMemcpyBatchAsync) on the GPU, with the same code. Like the streams it feeds, a
@@ -114,11 +117,11 @@ class page_transfer {
     }
     for (std::size_t k = 0; k < n; ++k) {
       const entry& e = entries_[k];
-      if (!ops_.empty()) {
-        copy_op& last = ops_.back();
-        if (static_cast<std::byte*>(last.dst) + last.bytes == e.dst &&
-            static_cast<const std::byte*>(last.src) + last.bytes == e.src) {
-          last.bytes += bb;
+      if (k > 0) {
+        const std::size_t prev = entries_[k - 1].index;
+        if (follows_in_slab(*dst_, dst_ids[prev], dst_ids[e.index]) &&
+            follows_in_slab(*src_, src_ids[prev], src_ids[e.index])) {
+          ops_.back().bytes += bb;
           continue;
         }
       }
@@ -147,6 +150,12 @@ class page_transfer {
     const std::byte* src;
     std::size_t index;
   };
+
+  // Block b is the one after block a in the same allocation (a contiguous pool is one slab).
+  template <class Pool>
+  static bool follows_in_slab(const Pool& pool, std::int32_t a, std::int32_t b) noexcept {
+    return b == a + 1 && a / pool.blocks_per_slab() == b / pool.blocks_per_slab();
+  }
 
   bool same_pool() const noexcept {
     return static_cast<const void*>(dst_) == static_cast<const void*>(src_);
