@@ -156,7 +156,7 @@ struct bench_options {
     o.local = local;
     o.tile = tile;
     o.score = score;
-    if (offload) o.near_pages = near_pages > 0 ? near_pages : std::max<std::int32_t>(4 * o.chunk / page, 256);
+    if (offload) o.near_pages = near_pages > 0 ? near_pages : oomb_trainer::default_near_pages(o);
     return o;
   }
 };

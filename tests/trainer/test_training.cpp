@@ -283,7 +283,16 @@ TEST_CASE("training: the command line names what is wrong") {
   CHECK_THROWS_WITH_AS(parse_train_options(with({"--steps"})), doctest::Contains("--steps needs a value"),
                        oomb::invalid_argument);
   const auto off = parse_train_options(with({"--offload"}));
-  CHECK(off.near_pages == 2);  // twice a chunk's pages
+  CHECK(off.near_pages == 256);  // two windows of at least 128 pages
+  // The benchmark's default is the same function: sparse windows hold the chunk's own pages and
+  // 16 (B + S + L) selected ones (Qwen2.5-0.5B's shape: 128 own pages, B 64, S 1, L 1).
+  oomb_trainer::chunk_options sparse;
+  sparse.chunk = 16384;
+  sparse.page = 128;
+  CHECK(oomb_trainer::default_near_pages(sparse) == 512);
+  sparse.sparse = true;
+  sparse.budget = 64;
+  CHECK(oomb_trainer::default_near_pages(sparse) == 2 * (128 + 16 * 66));
   CHECK_THROWS_WITH_AS(parse_train_options(with({"--full-backprop", "--offload"})), doctest::Contains("--full-backprop"),
                        oomb::invalid_argument);
 }

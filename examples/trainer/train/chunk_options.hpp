@@ -78,6 +78,21 @@ struct chunk_options {
   }
 };
 
+/// The near tier's slots per pool when offload is on and near_pages is 0: two windows, one
+/// computing while the next streams in, each window as many needed pages as near_pages / 2.
+/// Dense: twice a chunk's pages per window, at least 128 (a window's fixed costs, its launches and
+/// its merge, amortised over more keys). Sparse: a window holds the chunk's own pages and 16
+/// (B + S + L) selected past ones. A (chunk, layer) of Qwen2.5-0.5B selected 12-14 (B + S + L)
+/// distinct past pages on average and 19 at most (2M-4M tokens, 128 tiles a chunk), so most
+/// (chunk, layer)s run as one window: on the H200 that took the 2M-token sparse step from 111.8 s
+/// (512 slots, ~7 windows) to 88.5 s (2,304 slots), since each window's kernels launch over its
+/// whole range of pages and merge the chunk's whole output (docs/benchmarks.md).
+inline std::int32_t default_near_pages(const chunk_options& o) {
+  const std::int32_t own = o.chunk / o.page;
+  const std::int32_t window = o.sparse ? own + 16 * (o.budget + o.sink + o.local) : std::max(2 * own, 128);
+  return 2 * window;
+}
+
 /// Where a step is, for progress reports within long steps.
 struct chunk_progress {
   int stage = 1;              ///< 1 or 2

@@ -29,7 +29,7 @@ struct train_options {
   std::int32_t budget = 0, sink = 1, local = 1, tile = 128;
   oomb::score_kind scoring = oomb::score_kind::quest;  ///< how a tile scores its past pages
   bool offload = false;
-  std::int32_t near_pages = 0;    ///< 0 with --offload: two windows of a chunk's pages
+  std::int32_t near_pages = 0;    ///< 0 with --offload: default_near_pages (chunk_options.hpp)
   std::int32_t window_pages = 0;  ///< 0: near_pages / 2 with offload, one window without
   page_home_format grad_homes = page_home_format::same;  ///< --grad-homes: the gradient pages' homes (offload)
   std::int64_t steps = 0;
@@ -95,7 +95,8 @@ sequence and memory
                         key min/max; default) or mean (against the page's mean key); needs --sparse-budget
   --offload             stream K/V and gradient pages through a fixed near tier; homes in the far tier
   --near-pages K        near-tier slots for K/V pages, and as many for gradient pages
-                        (default: twice a chunk's pages; at least a chunk's pages)
+                        (default: max(4 x a chunk's pages, 256); sparse: 2 x (a chunk's pages
+                        + 16 (B + S + L)); at least a chunk's pages)
   --window-pages W      pages per attention window (default: K/2 with --offload, all without)
   --grad-homes F        what the gradient pages' homes hold with --offload: fp32 (default), bf16 (half
                         the host bytes; the near slots still add in fp32, each write-back rounds to
@@ -289,7 +290,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     const chunk_options co = chunk_options_of(o);
     OOMB_EXPECTS(!sparse_covers_past(co, o.seq_len), sparse_covers_past_reason(co, o.seq_len), "; leave out --sparse-budget");
   }
-  if (o.offload && o.near_pages == 0 && o.chunk > 0 && o.page > 0) o.near_pages = 2 * (o.chunk / o.page);
+  if (o.offload && o.near_pages == 0 && o.chunk > 0 && o.page > 0) o.near_pages = default_near_pages(chunk_options_of(o));
   return o;
 }
 
