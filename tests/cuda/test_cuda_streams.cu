@@ -42,27 +42,6 @@ TEST_CASE("memcpy_batch_async: report whether the batch API fell back to single 
   CHECK(oomb::memcpy_batch_fallbacks() < 1000000);
 }
 
-TEST_CASE("merge_contiguous_copies: runs on both sides merge, any order, zero-byte copies dropped") {
-  std::vector<unsigned char> a(1000), b(1000);
-  auto A = [&](std::size_t o) { return a.data() + o; };
-  auto B = [&](std::size_t o) { return b.data() + o; };
-  std::vector<oomb::copy_op> ops = {
-      {B(300), A(100), 100}, {B(0), A(500), 100}, {B(100), A(600), 100},  // b[0..200) <- a[500..700)
-      {B(200), A(0), 100},   {B(400), A(200), 50}, {B(600), A(0), 0},     // b[200..400) <- a[0..200)
-  };
-  // b[200..450) <- a[0..250) is one run too (the 50-byte copy continues it on both sides).
-  const std::size_t n = oomb::merge_contiguous_copies(ops.data(), ops.size());
-  REQUIRE(n == 2);
-  CHECK(ops[0].dst == B(0));
-  CHECK(ops[0].src == A(500));
-  CHECK(ops[0].bytes == 200);
-  CHECK(ops[1].dst == B(200));
-  CHECK(ops[1].src == A(0));
-  CHECK(ops[1].bytes == 250);
-  std::vector<oomb::copy_op> gap = {{B(0), A(0), 100}, {B(100), A(200), 100}, {B(300), A(100), 100}};
-  CHECK(oomb::merge_contiguous_copies(gap.data(), gap.size()) == 3);  // one side continues, not both
-}
-
 TEST_CASE("cuda_stream: events order work across streams; the host never waits in the middle") {
   oomb::cuda_stream a, b;
   oomb::pinned_resource pinned;

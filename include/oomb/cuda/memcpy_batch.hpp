@@ -1,10 +1,11 @@
-// oomb — many copies in one call: cudaMemcpyBatchAsync, with contiguous runs merged first.
+// oomb — many copies in one call: cudaMemcpyBatchAsync.
+// Merging runs is page_transfer's (offload/page_transfer.hpp): it knows the pools' slabs, and a
+// copy must never span two allocations, even ones whose addresses touch (CUDA refuses it).
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -15,33 +16,6 @@
 #include "oomb/offload/stream.hpp"
 
 OOMB_NAMESPACE_BEGIN
-
-/// Sorts `ops` by destination and merges neighbours whose sources and destinations both continue
-/// each other into one copy (pages of neighbouring ids in both pools become one DMA transfer).
-/// Returns the new count; ops[0, count) hold the merged batch. Zero-byte copies are dropped.
-/// Host-only arithmetic, O(n log n) (O(n) when already sorted).
-inline std::size_t merge_contiguous_copies(copy_op* ops, std::size_t count) {
-  const auto dst_of = [](const copy_op& o) { return reinterpret_cast<std::uintptr_t>(o.dst); };
-  const auto by_dst = [&](const copy_op& a, const copy_op& b) { return dst_of(a) < dst_of(b); };
-  if (!std::is_sorted(ops, ops + count, by_dst)) std::sort(ops, ops + count, by_dst);
-  std::size_t out = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    const copy_op& op = ops[i];
-    if (op.bytes == 0) continue;
-    if (out > 0) {
-      copy_op& last = ops[out - 1];
-      const bool dst_follows = dst_of(last) + last.bytes == dst_of(op);
-      const bool src_follows = reinterpret_cast<std::uintptr_t>(last.src) + last.bytes ==
-                               reinterpret_cast<std::uintptr_t>(op.src);
-      if (dst_follows && src_follows) {
-        last.bytes += op.bytes;
-        continue;
-      }
-    }
-    ops[out++] = op;
-  }
-  return out;
-}
 
 namespace detail {
 
