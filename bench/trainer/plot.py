@@ -3,7 +3,7 @@
 """Draws docs/img/trainer_<model>.png from the trainer benchmark's committed JSON lines
 (bench/trainer/results/*.jsonl, one object per measured step, oomb's and PyTorch's): peak GPU
 memory and tokens/s against the context, per model, one line per system and configuration
-(ours: chunk, in place or offload, attention recomputed or kept, and for page-sparse rows the
+(ours: chunk, in place or offload with its near slots, attention recomputed or kept, and for page-sparse rows the
 budget, sink, local, tile and scoring: one line each). Where a point was measured more than once,
 the latest row (by date, then file name and line) is drawn. Prints each line's memory growth: the
 least-squares slope of peak_gpu_bytes against tokens, in MB (10^6 bytes) per 10K tokens. A sparse
@@ -38,7 +38,8 @@ def load():
 def series_name(r):
     if r["system"] != "oomb":
         return r["system"]
-    where = "offload" if r.get("offload") else "in place"
+    # The near tier's size changes the device bytes by a constant: a series holds one size.
+    where = f"offload, {r['near_pages']} slots" if r.get("offload") else "in place"
     attention = "keep" if r.get("keep_attention_outputs") else "recompute"
     name = f"oomb, chunk {r['chunk']}, {where}, {attention}"
     if r.get("attention") == "sparse":
