@@ -25,12 +25,14 @@
 #include "oomb/cuda/stream.hpp"
 #include "oomb/offload/bf16_codec.hpp"
 #include "oomb/offload/converting_host_backend.hpp"
+#include "offload/bf16_test_values.hpp"
 #include "offload/scheduler_fixture.hpp"
 
 using namespace oomb_cuda_test;
 using oomb::access;
 using oomb::bf16;
 using oomb::bf16_rounding;
+using oomb_test::random_values;
 
 namespace {
 
@@ -41,28 +43,6 @@ using cpu_homes = oomb::converting_host_backend<oomb::bf16_codec<float>>;
 static_assert(oomb::is_residency_backend_v<gpu_homes<float>>);
 static_assert(oomb::detail::has_backend_codec<gpu_homes<float>>::value);
 static_assert(oomb::detail::has_backend_prepare<gpu_homes<double>>::value);
-
-// Random fp32 bit patterns (every exponent: NaN and infinities too), exact ties, subnormals and
-// ordinary values; for double slots, doubles of them plus bits below float precision.
-template <class Near>
-std::vector<Near> random_values(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<Near> v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t u = rng();
-    if (i % 4 == 1) u = (u & 0xffff0000u) | 0x8000u;  // an exact tie
-    if (i % 4 == 2) u &= 0x807fffffu;                 // subnormal
-    float f;
-    std::memcpy(&f, &u, 4);
-    if (i % 4 == 3) f = std::normal_distribution<float>(0.f, 1.f)(rng);
-    v[i] = static_cast<Near>(f);
-    if constexpr (std::is_same_v<Near, double>) {
-      if (std::isnan(v[i])) v[i] = 0.5;  // float <-> double NaN payloads are the platform's, not the codec's
-      else if (i % 8 == 3) v[i] *= 1.0 + std::ldexp(double(rng() % 1024), -40);  // below float's precision
-    }
-  }
-  return v;
-}
 
 template <class T>
 std::vector<T> to_host(const T* device, std::size_t n) {

@@ -11,11 +11,13 @@
 #include "oomb/offload/bf16_codec.hpp"
 #include "oomb/offload/converting_host_backend.hpp"
 #include "oomb/offload/residency_scheduler.hpp"
+#include "bf16_test_values.hpp"
 #include "scheduler_fixture.hpp"
 
 using oomb::access;
 using oomb::bf16;
 using oomb::bf16_rounding;
+using oomb_test::random_values;
 
 namespace {
 
@@ -44,22 +46,6 @@ float decoded(std::uint16_t bits) {
   return f;
 }
 
-// Random fp32 bit patterns (every exponent, ties and subnormals included) and ordinary values.
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t u = rng();
-    if (i % 4 == 1) u = (u & 0xffff0000u) | 0x8000u;  // an exact tie
-    if (i % 4 == 2) u &= 0x807fffffu;                 // subnormal
-    float f;
-    std::memcpy(&f, &u, 4);
-    if (i % 4 == 3) f = std::normal_distribution<float>(0.f, 1.f)(rng);
-    v[i] = f;
-  }
-  return v;
-}
-
 float* slot_floats(oomb_test::tiers<oomb_test::fast_streams, float_homes>& t, std::int32_t s) {
   return reinterpret_cast<float*>(t.slot(s));
 }
@@ -70,7 +56,7 @@ bf16* home_bf16(oomb_test::tiers<oomb_test::fast_streams, float_homes>& t, std::
 }  // namespace
 
 TEST_CASE("bf16_codec: nearest-even encoding equals a plain reference bit for bit, decoding is exact") {
-  const auto x = random_floats(1 << 16, 7);
+  const auto x = random_values<float>(1 << 16, 7);
   std::vector<bf16> enc(x.size());
   oomb::bf16_codec<float>{}.encode(x.data(), enc.data(), x.size(), 0);
   std::vector<float> back(x.size());
@@ -135,7 +121,7 @@ TEST_CASE("converting tier: slots are fp32 over bf16 homes; pages round-trip, wr
   CHECK(t.sched.near_pool().block_bytes() == 2 * home_bytes);
 
   // Homes of random bf16 values (made from fresh random fp32) come near as exactly those values.
-  const auto x = random_floats(pages * elems, 11);
+  const auto x = random_values<float>(pages * elems, 11);
   for (std::int32_t p = 0; p < pages; ++p)
     for (std::size_t i = 0; i < elems; ++i) home_bf16(t, p)[i] = bf16(x[p * elems + i]);
   t.sched.mark_written(t.ids);
@@ -152,7 +138,7 @@ TEST_CASE("converting tier: slots are fp32 over bf16 homes; pages round-trip, wr
     }
 
   // Modified near in fp32, written back: each home holds the nearest-even bf16 of the slot's value.
-  const auto y = random_floats(want.size() * elems, 12);
+  const auto y = random_values<float>(want.size() * elems, 12);
   for (std::size_t k = 0; k < want.size(); ++k) std::memcpy(slot_floats(t, where[k]), &y[k * elems], elems * 4);
   t.sched.release(t.compute, want);
   CHECK(t.sched.write_back(want) == want.size());
