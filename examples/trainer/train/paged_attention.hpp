@@ -116,6 +116,7 @@ class paged_attention {
   void begin_step(std::int32_t chunks) {
     selections_.assign(opt_.sparse ? static_cast<std::size_t>(chunks) * layers_ : 0, oomb::sparse_page_table{});
     host_ = {};
+    ahead_ = {};
     wait0_ = selector_wait_seconds();
   }
   /// The host's time in this step's attention work so far (attention_host_seconds).
@@ -158,18 +159,23 @@ class paged_attention {
     pages_candidate_ += std::int64_t(past) * out.num_tiles();
   }
 
-  /// Stage 2 of chunk c reads K/V pages in this order: the windows of layers 0 .. L-1 (the
-  /// recomputation), then of layers L-1 .. 0 (the backward); declared to the eviction policy.
+  /// Stage 2 of chunk c calls forward for layers 0 .. L-1 (the recomputation; only the last
+  /// layer when stage 1 kept the outputs), then backward for layers L-1 .. 0. Their windows' K/V
+  /// pages, in that order, are declared to the eviction policy; and streamed, each of these calls
+  /// ends by prefetching the first window of the next one, so its copies run behind the rest of
+  /// the current layer's work instead of in front of the next layer's attention.
   void expect_recompute(std::int32_t c) {
-    if (!kv_->wants_order()) return;
+    ahead_ = {};
+    if (!kv_->streamed()) return;
     const detail::host_clock total(host_.total);
+    ahead_.chunk = c;
+    for (std::int32_t l = opt_.keep_attention_outputs ? layers_ - 1 : 0; l < layers_; ++l) ahead_.calls.push_back({false, l});
+    for (std::int32_t l = layers_; l-- > 0;) ahead_.calls.push_back({true, l});
+    if (!kv_->wants_order()) return;
     order_.clear();
-    for (std::int32_t pass = 0; pass < 2; ++pass)
-      for (std::int32_t i = 0; i < layers_; ++i) {
-        const std::int32_t l = pass == 0 ? i : layers_ - 1 - i;
-        for (const window& w : plan_windows(l, c))
-          for (std::int32_t pg : w.needed) order_.push_back(cache_->page_id(seq_, l, pg));
-      }
+    for (const stage2_call& call : ahead_.calls)
+      for (const window& w : plan_windows(call.layer, c))
+        for (std::int32_t pg : w.needed) order_.push_back(cache_->page_id(seq_, call.layer, pg));
     residency([&] { kv_->expect(order_); });
   }
 
@@ -194,6 +200,7 @@ class paged_attention {
       kernels([&] { be_->attention_forward(chunk, read_view(*kv_), t, o, lse); });
       residency([&] { kv_->release(ids_); });
     }
+    prefetch_next_call({false, l}, c);
   }
 
   /// Backward attention of layer l for chunk c: dq, dk, dv (the chunk's own keys) as the
@@ -207,12 +214,7 @@ class paged_attention {
     const auto own = cache_->chunk_pages(seq_, c);  // not a structured binding: the lambda below
     const std::int32_t own_first = own.first, own_end = own.second;  // captures it (C++20 only)
     kernels([&] { be_->attention_backward_begin(chunk, o, d_o); });
-    auto prefetch = [&](const window& w) {
-      const auto nid = far_ids(l, w.needed);
-      residency([&] { kv_->prefetch(nid); });
-      const auto gid = past_grad_ids(own_first, w.needed, nid, nullptr);
-      residency([&] { grad_->prefetch(gid); });
-    };
+    auto prefetch = [&](const window& w) { prefetch_backward_window(l, own_first, w); };
     prefetch(windows[0]);
     for (std::size_t wi = 0; wi < windows.size(); ++wi) {
       const window& w = windows[wi];
@@ -243,17 +245,20 @@ class paged_attention {
       gids_.push_back(mirror_->grad_id(id));
       kv_index_.push_back(pg - own_first);
     }
-    if (gids_.empty()) return;
-    residency([&] { grad_->acquire(gids_, oomb::access::read, gwhere_); });
-    own_where_.assign(static_cast<std::size_t>(own_end - own_first), -1);
-    for (std::size_t i = 0; i < gids_.size(); ++i) own_where_[static_cast<std::size_t>(kv_index_[i])] = gwhere_[i];
-    kernels([&] { be_->add_from_pages(read_view(*grad_), own_where_, n, dk, dv); });
-    residency([&] { grad_->release(gids_); });
+    if (!gids_.empty()) {
+      residency([&] { grad_->acquire(gids_, oomb::access::read, gwhere_); });
+      own_where_.assign(static_cast<std::size_t>(own_end - own_first), -1);
+      for (std::size_t i = 0; i < gids_.size(); ++i) own_where_[static_cast<std::size_t>(kv_index_[i])] = gwhere_[i];
+      kernels([&] { be_->add_from_pages(read_view(*grad_), own_where_, n, dk, dv); });
+      residency([&] { grad_->release(gids_); });
+    }
+    prefetch_next_call({true, l}, c);
   }
 
   /// Chunk c is done in stage 2: its K/V pages and their gradient pages are dead.
   void release_chunk(std::int32_t c) {
     const detail::host_clock total(host_.total);
+    ahead_ = {};
     const auto [first, end] = cache_->chunk_pages(seq_, c);
     ids_.clear();
     gids_.clear();
@@ -298,6 +303,43 @@ class paged_attention {
     std::int32_t first = 0, count = 0;
     std::vector<std::int32_t> needed;
   };
+
+  /// One attention call of stage 2, and what expect_recompute(chunk) said comes after it.
+  struct stage2_call {
+    bool backward = false;
+    std::int32_t layer = 0;
+  };
+  struct look_ahead {
+    std::int32_t chunk = -1;          // -1: not in stage 2's calls (stage 1, or in place)
+    std::vector<stage2_call> calls;   // in order
+    std::size_t next = 0;             // calls[next] is the call expected now
+  };
+
+  // The call `done` of chunk c finished enqueuing: if it is the one expected, the first window of
+  // the next expected call starts streaming (K/V, and for a backward its gradient pages).
+  void prefetch_next_call(stage2_call done, std::int32_t c) {
+    if (ahead_.chunk != c || ahead_.next >= ahead_.calls.size()) return;
+    const stage2_call& expected = ahead_.calls[ahead_.next];
+    if (expected.backward != done.backward || expected.layer != done.layer) {
+      ahead_ = {};  // called out of the declared order: stop guessing for this chunk
+      return;
+    }
+    if (++ahead_.next == ahead_.calls.size()) return;
+    const stage2_call& call = ahead_.calls[ahead_.next];
+    const window first = plan_windows(call.layer, c).front();
+    if (call.backward)
+      prefetch_backward_window(call.layer, cache_->chunk_pages(seq_, c).first, first);
+    else
+      residency([&] { kv_->prefetch(far_ids(call.layer, first.needed)); });
+  }
+
+  // A backward window's K/V pages and the gradient pages of its past ones start streaming.
+  void prefetch_backward_window(std::int32_t l, std::int32_t own_first, const window& w) {
+    const auto nid = far_ids(l, w.needed);
+    residency([&] { kv_->prefetch(nid); });
+    const auto gid = past_grad_ids(own_first, w.needed, nid, nullptr);
+    residency([&] { grad_->prefetch(gid); });
+  }
 
   const oomb::sparse_page_table* selection(std::int32_t l, std::int32_t c) const {
     return opt_.sparse ? &selections_[static_cast<std::size_t>(c) * layers_ + l] : nullptr;
@@ -416,6 +458,7 @@ class paged_attention {
   std::int64_t pages_selected_ = 0, pages_candidate_ = 0;
   attention_host_seconds host_{};  // this step's (begin_step resets it)
   double wait0_ = 0;               // the selector's wait seconds at begin_step
+  look_ahead ahead_;               // stage 2's calls of the chunk at hand (streamed only)
   // Id lists of the window at hand (reused, never freed within a step).
   std::vector<std::int32_t> ids_, where_, gids_, gwhere_, kv_index_, table_ids_, table_grads_, own_where_, order_;
 };
