@@ -404,6 +404,31 @@ TEST_CASE("memory plan: a context that does not fit is refused with both numbers
     CHECK(m.find(plan_bytes(double(too_long.gpu_total())) + " of GPU memory, 139.00 GiB available") != std::string::npos);
     CHECK(m.find("not enough host memory") != std::string::npos);
     CHECK(m.find("the largest sequence that fits is " + std::to_string(largest) + " tokens") != std::string::npos);
+    // Host memory binds: the message names what bf16 gradient homes would fit.
+    chunk_options bf16 = off;
+    bf16.grad_homes = oomb_trainer::page_home_format::bf16;
+    const std::int64_t with_bf16 = oomb_trainer::largest_fitting_tokens(cfg, bf16, t);
+    REQUIRE(with_bf16 > largest);
+    CHECK(m.find("with --grad-homes bf16 (half the gradient homes' bytes) " + std::to_string(with_bf16) + " tokens fit") !=
+          std::string::npos);
+    CHECK(m.find("dense bound") == std::string::npos);  // dense: no word about sparse
+  }
+  {
+    // Page-sparse: the refusal says the gradient homes were planned at the dense bound; a length
+    // that fits only with bf16 homes says so.
+    chunk_options sparse = off;
+    sparse.sparse = true;
+    sparse.budget = 64;
+    chunk_options sparse_bf16 = sparse;
+    sparse_bf16.grad_homes = oomb_trainer::page_home_format::bf16;
+    const std::int64_t fp32_fits = oomb_trainer::largest_fitting_tokens(cfg, sparse, t);
+    const std::int64_t bf16_fits = oomb_trainer::largest_fitting_tokens(cfg, sparse_bf16, t);
+    REQUIRE(bf16_fits > fp32_fits + 16);
+    CHECK_THROWS_WITH_AS(oomb_trainer::checked_memory_plan(cfg, sparse, bf16_fits, t),
+                         doctest::Contains("with --grad-homes bf16 (half the gradient homes' bytes) this one fits"),
+                         oomb::invalid_argument);
+    CHECK_THROWS_WITH_AS(oomb_trainer::checked_memory_plan(cfg, sparse, bf16_fits, t),
+                         doctest::Contains("planned at the dense bound"), oomb::invalid_argument);
   }
   // A GPU too small for the weights: no length fits, and the message says why, with all of the
   // optimizer state in pinned host memory.

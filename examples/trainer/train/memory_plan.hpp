@@ -552,9 +552,23 @@ inline memory_plan checked_memory_plan(const model_config& c, const chunk_option
   const std::string state = p.device == "cuda" ? fmt::format(" (optimizer state: {})", p.optimizer_summary()) : std::string();
   const std::string fit = largest > 0 ? fmt::format("the largest sequence that fits is {} tokens", largest)
                                       : std::string("no sequence fits: the parts that do not grow with the context are too large");
+  // Where host memory binds, what would change it: bf16 gradient homes (half their bytes), and
+  // for page-sparse runs that their gradient homes are planned at the dense bound.
+  std::string instead;
+  if (!p.host_fits() && opt.offload && opt.grad_homes == page_home_format::same) {
+    chunk_options bf16 = opt;
+    bf16.grad_homes = page_home_format::bf16;
+    const std::int64_t with_bf16 = largest_fitting_tokens(c, bf16, target);
+    if (with_bf16 > largest)
+      instead += with_bf16 >= tokens ? std::string("; with --grad-homes bf16 (half the gradient homes' bytes) this one fits")
+                                     : fmt::format("; with --grad-homes bf16 (half the gradient homes' bytes) {} tokens fit", with_bf16);
+  }
+  if (!p.host_fits() && opt.sparse)
+    instead += "; the gradient homes are planned at the dense bound: page-sparse attention allocates them only for pages "
+               "some chunk selects, which no plan knows ahead (docs/benchmarks.md measures the live ones)";
   OOMB_FAIL(oomb::invalid_argument, "memory plan: ", tokens, " tokens need ", gpu, plan_bytes(double(p.host_total())),
             " of host memory, ", plan_bytes(double(p.host_allowed.bytes)), " allowed (", p.host_allowed.source,
-            "): not enough ", binds, state, "; ", fit, " (--plan prints the plan)");
+            "): not enough ", binds, state, "; ", fit, instead, " (--plan prints the plan)");
 }
 
 inline std::string memory_plan::describe() const {
