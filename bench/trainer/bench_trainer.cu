@@ -70,7 +70,7 @@ const char* usage =
     "  --page P             tokens per K/V page (the Hopper attention kernels need >= 128)        [128]\n"
     "  --window-pages W     pages per attention window (0: one window per layer in place, near/2 with offload) [0]\n"
     "  --offload            K/V and gradient pages at home in pinned host memory, streamed through device slots\n"
-    "  --near-pages K       device slots per tier with --offload (0: max(4 * chunk / page, 256))  [0]\n"
+    "  --near-pages K       device slots per tier with --offload (0: default_near_pages, as oomb-train)  [0]\n"
     "  --grad-homes F       gradient homes with --offload: fp32, bf16 or bf16-stochastic (half the pinned bytes,\n"
     "                       converted on the GPU)                                                [fp32]\n"
     "  --keep-attention-outputs  keep stage 1's attention outputs for stage 2 (no attention recompute)\n"

@@ -15,7 +15,7 @@
 // hundred pages names the same few batch events hundreds of times. So a wait_list queries each
 // distinct event once (it compares pointers first), and a slot's released uses are pruned only
 // once a few have gathered. Querying on every mention cost the GPU trainer ~8 queries per page
-// per call: 55 of a 126-second step at 2M tokens (docs/offload.md, "Host cost").
+// per call: 55 s of host time in a 126-second step at 2M tokens (docs/offload.md, "Host cost").
 #pragma once
 
 #include <algorithm>
