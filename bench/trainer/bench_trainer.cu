@@ -73,6 +73,8 @@ const char* usage =
     "  --near-pages K       device slots per tier with --offload (0: default_near_pages, as oomb-train)  [0]\n"
     "  --grad-homes F       gradient homes with --offload: fp32, bf16 or bf16-stochastic (half the pinned bytes,\n"
     "                       converted on the GPU)                                                [fp32]\n"
+    "  --home-memory M      where the homes live with --offload: pinned, or pageable (through pinned staging:\n"
+    "                       no GPU memory for the driver's mapping of pinned pages)             [pinned]\n"
     "  --keep-attention-outputs  keep stage 1's attention outputs for stage 2 (no attention recompute)\n"
     "  --sparse-budget B    page-sparse attention: each tile of --tile queries attends B scored past pages (a\n"
     "                       length where B + S + L covers every past page runs dense, and its row says why)\n"
@@ -129,6 +131,7 @@ struct bench_options {
   std::int32_t page = 128, window_pages = 0, near_pages = 0;
   bool offload = false;
   oomb_trainer::page_home_format grad_homes = oomb_trainer::page_home_format::same;  ///< --grad-homes
+  oomb_trainer::home_memory homes = oomb_trainer::home_memory::pinned;               ///< --home-memory
   bool keep = false;  ///< keep_attention_outputs
   bool split = false;  ///< chunk_options::time_ops: the row's split_s
   bool sparse = false;  ///< --sparse-budget given
@@ -148,6 +151,7 @@ struct bench_options {
     o.window_pages = window_pages;
     o.offload = offload;
     o.grad_homes = grad_homes;
+    o.homes = homes;
     o.keep_attention_outputs = keep;
     o.time_ops = split;
     o.sparse = sparse;
@@ -191,6 +195,12 @@ bench_options parse(int argc, char** argv) {
     } else if (flag == "--grad-homes") {
       try {
         o.grad_homes = oomb_trainer::parse_grad_homes(flag, value());
+      } catch (const oomb::invalid_argument& e) {
+        usage_error(e.what());
+      }
+    } else if (flag == "--home-memory") {
+      try {
+        o.homes = oomb_trainer::parse_home_memory(flag, value());
       } catch (const oomb::invalid_argument& e) {
         usage_error(e.what());
       }
@@ -242,6 +252,7 @@ bench_options parse(int argc, char** argv) {
   if (o.lengths.empty()) usage_error("--lengths is required");
   if (o.near_pages > 0 && !o.offload) usage_error("--near-pages needs --offload");
   if (oomb_trainer::bf16_homes(o.grad_homes) && !o.offload) usage_error("--grad-homes bf16 needs --offload");
+  if (o.homes == oomb_trainer::home_memory::pageable && !o.offload) usage_error("--home-memory pageable needs --offload");
   if (o.warmup_tokens == 1) usage_error("--warmup-tokens: a sequence needs at least 2 tokens");
   try {
     oomb_trainer::check_sparse_shape_flags(o.sparse, o.shape_flag);
@@ -569,11 +580,15 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["step_s"] = t;
   row["tok_per_s"] = double(tokens) / t;
   row["peak_gpu_bytes"] = mem.peak();
-  // Pinned host memory: the far pools' slabs with offload, and (sparse) the page summaries' home,
-  // as planned (the backend's upload ring, >= 1 MiB pinned, is not visible from here and is left out).
-  row["host_bytes"] =
-      (opt.offload ? tiers.far_kv_reserved + tiers.far_grad_reserved + tiers.far_outputs_reserved : std::size_t(0)) +
-      (opt.sparse ? plan.on_host(oomb_trainer::plan_part::sparse_summaries) : std::uint64_t(0));
+  // Pinned host memory: the far pools' slabs with pinned homes (their staging rings with pageable
+  // ones), and (sparse) the page summaries' home, as planned (the backend's upload ring, >= 1 MiB
+  // pinned, is not visible from here and is left out). Pageable homes: pageable_host_bytes.
+  const bool pageable = opt.offload && opt.homes == oomb_trainer::home_memory::pageable;
+  const std::uint64_t homes = opt.offload ? tiers.far_kv_reserved + tiers.far_grad_reserved + tiers.far_outputs_reserved : 0;
+  row["host_bytes"] = (pageable ? plan.on_host(oomb_trainer::plan_part::home_staging) : homes) +
+                      (opt.sparse ? plan.on_host(oomb_trainer::plan_part::sparse_summaries) : std::uint64_t(0));
+  row["pageable_host_bytes"] = pageable ? homes : 0;
+  row["home_memory"] = oomb_trainer::home_memory_name(opt.homes);
   row["h2d_bytes"] = h2d;
   row["d2h_bytes"] = d2h;
   // The compute stream's waits for page copies, timed on the device (0 in place: nothing moves).
@@ -717,7 +732,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_trainer: %s, baseline %.2f GiB of device memory in use (context, cuBLASLt)\n",
                  o.model.c_str(), double(mem.baseline()) / gib);
     if (o.phase == "step") {  // each point's cuda_trainer holds and initialises its own weights
-      if (o.offload)
+      if (o.offload && o.homes == oomb_trainer::home_memory::pageable)
+        run_all<step_runner<oomb_trainer::cuda_pageable_offload_backend>>(o, cfg, nullptr, mem, start);
+      else if (o.offload)
         run_all<step_runner<oomb_trainer::cuda_offload_backend>>(o, cfg, nullptr, mem, start);
       else
         run_all<step_runner<oomb_trainer::cuda_backend>>(o, cfg, nullptr, mem, start);
@@ -726,7 +743,9 @@ int main(int argc, char** argv) {
     const auto t_init = clock_type::now();
     device_model m(cfg, o.seed);
     std::fprintf(stderr, "bench_trainer: weights initialised on the GPU in %.2f s\n", seconds_since(t_init));
-    if (o.offload)
+    if (o.offload && o.homes == oomb_trainer::home_memory::pageable)
+      run_all<fwd_bwd_runner<oomb_trainer::cuda_pageable_offload_backend>>(o, cfg, &m, mem, start);
+    else if (o.offload)
       run_all<fwd_bwd_runner<oomb_trainer::cuda_offload_backend>>(o, cfg, &m, mem, start);
     else
       run_all<fwd_bwd_runner<oomb_trainer::cuda_backend>>(o, cfg, &m, mem, start);

@@ -8,6 +8,7 @@
 #   PAGE           tokens per page (128)          WINDOW_PAGES  pages per window (0)
 #   OFFLOAD=1      pages at home in pinned host memory (NEAR_PAGES: device slots per tier, 0 = auto)
 #   GRAD_HOMES     with OFFLOAD=1: fp32 (default), bf16 or bf16-stochastic gradient homes (--grad-homes)
+#   HOME_MEMORY    with OFFLOAD=1: pinned (default) or pageable homes (--home-memory)
 #   KEEP=1         keep stage 1's attention outputs for stage 2 (--keep-attention-outputs)
 #   SPLIT=1        time the backend's ops by kind on the device (--split: each row's split_s)
 #   SPARSE_BUDGET  page-sparse attention, B scored past pages per query tile (--sparse-budget); SINK,
@@ -60,7 +61,7 @@ tag=$model-$(date -u +%Y%m%dT%H%M%S)
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   echo "commit $(cat "$here/COMMIT")"
   ldd "$here/bench_trainer" | grep -E "cublas|not found"
-  echo "lengths ${lengths[*]}  phase $PHASE  chunk ${CHUNK:-$chunk_default}  offload ${OFFLOAD:-0}  grad homes ${GRAD_HOMES:-fp32}  keep ${KEEP:-0}  budget $DEADLINE_S s (ours $OOMB_S s)"
+  echo "lengths ${lengths[*]}  phase $PHASE  chunk ${CHUNK:-$chunk_default}  offload ${OFFLOAD:-0}  grad homes ${GRAD_HOMES:-fp32}  homes ${HOME_MEMORY:-pinned}  keep ${KEEP:-0}  budget $DEADLINE_S s (ours $OOMB_S s)"
   echo "attention ${sparse[*]:-dense}  split ${SPLIT:-0}"
 } 2>&1 | tee "$OUT/env-$tag.txt"
 
@@ -71,6 +72,7 @@ if [[ " $SYSTEMS " == *" oomb "* ]]; then
         --commit "$(cat "$here/COMMIT")" --jsonl "$OUT/oomb-$tag.jsonl")
   [ "${OFFLOAD:-0}" = 1 ] && args+=(--offload --near-pages "${NEAR_PAGES:-0}")
   [ -n "${GRAD_HOMES:-}" ] && args+=(--grad-homes "$GRAD_HOMES")
+  [ -n "${HOME_MEMORY:-}" ] && args+=(--home-memory "$HOME_MEMORY")
   [ "${KEEP:-0}" = 1 ] && args+=(--keep-attention-outputs)
   [ "${SPLIT:-0}" = 1 ] && args+=(--split)
   args+=("${sparse[@]}")

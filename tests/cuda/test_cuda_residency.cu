@@ -1,5 +1,6 @@
 // The residency scheduler on CUDA: event ordering with slow streams, K/V home exactly once, zero fill
-// at first touch, bad input, the stress test (thousands of pages, random orders, every byte), and
+// at first touch, bad input, the stress test (thousands of pages, random orders, every byte; the
+// first three with pinned and with pageable homes), and
 // the same under injected transfer and fill failures; destruction with copies in flight, a
 // framework's raw stream through a temporary view, a limiting_adaptor as the far tier, far id
 // reuse, pooled events.
@@ -12,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_test_util.cuh"
@@ -21,6 +23,7 @@
 #include "oomb/cuda/stream.hpp"
 #include "oomb/cuda/stream_view.hpp"
 #include "oomb/cuda/vmm_resource.hpp"
+#include "oomb/memory/host_resource.hpp"
 #include "oomb/memory/limiting_adaptor.hpp"
 #include "offload/fault_injection.hpp"
 
@@ -32,6 +35,9 @@ static_assert(oomb::is_residency_backend_v<oomb::cuda_backend<oomb::vmm_device_r
 namespace {
 
 using far_pool = oomb::block_pool<oomb::pinned_resource>;
+// Homes pinned (DMA and the copy kernel reach them) or pageable (staged through pinned memory).
+using pinned_homes = oomb::pinned_resource;
+using pageable_homes = oomb::host_resource;
 
 // Word k (uint64) of page `page` before any bump: never zero.
 std::uint64_t base_word(std::int32_t page, std::size_t k) {
@@ -56,12 +62,14 @@ std::uint64_t model_checksum(const page_model& m, std::int32_t page, std::size_t
   return h;
 }
 
+template <class Far = pinned_homes>
 struct gpu_tiers {
+  using backend = oomb::cuda_backend<oomb::device_resource, oomb::cuda_stream, Far>;
   gpu_tiers(std::int32_t pages, std::int32_t slots, std::size_t page_bytes, oomb::cuda_transfer_options o)
-      : far(far_pool::growing(pinned, page_bytes, 256)),
+      : far(oomb::block_pool<Far>::growing(home_memory, page_bytes, 256)),
         copy_in(oomb::cuda_stream::greatest_priority()),
         copy_out(oomb::cuda_stream::greatest_priority()),
-        sched(far, device, slots, copy_in, copy_out, oomb::cuda_backend<>(o)),
+        sched(far, device, slots, copy_in, copy_out, backend(o)),
         models(static_cast<std::size_t>(pages)) {
     ids.resize(static_cast<std::size_t>(pages));
     far.acquire(pages, ids.data());
@@ -81,11 +89,11 @@ struct gpu_tiers {
     return true;
   }
 
-  oomb::pinned_resource pinned;
+  Far home_memory;
   oomb::device_resource device;
-  far_pool far;
+  oomb::block_pool<Far> far;
   oomb::cuda_stream copy_in, copy_out, compute;
-  oomb::cuda_residency_scheduler sched;
+  oomb::residency_scheduler<backend> sched;
   std::vector<std::int32_t> ids;
   std::vector<page_model> models;
 };
@@ -110,8 +118,9 @@ struct slot_lists {
 
 }  // namespace
 
-TEST_CASE("cuda residency: compute sees a slot only after its copy, even behind a slow copy stream") {
-  gpu_tiers g(64, 16, 32 << 10, {});
+TEST_CASE_TEMPLATE("cuda residency: compute sees a slot only after its copy, even behind a slow copy stream", Far,
+                   pinned_homes, pageable_homes) {
+  gpu_tiers<Far> g(64, 16, 32 << 10, {});
   for (std::int32_t p : g.ids) g.write_home(p);
   g.sched.mark_written(g.ids);
   slot_lists lists(4096);
@@ -140,8 +149,9 @@ TEST_CASE("cuda residency: compute sees a slot only after its copy, even behind 
   g.sched.drain();
 }
 
-TEST_CASE("cuda residency: K/V produced near reach home exactly once; gradients zero-filled at first touch") {
-  gpu_tiers g(32, 32, 16 << 10, {});
+TEST_CASE_TEMPLATE("cuda residency: K/V produced near reach home exactly once; gradients zero-filled at first touch", Far,
+                   pinned_homes, pageable_homes) {
+  gpu_tiers<Far> g(32, 32, 16 << 10, {});
   std::vector<std::int32_t> kv(g.ids.begin(), g.ids.begin() + 16), grad(g.ids.begin() + 16, g.ids.end());
   slot_lists lists(256);
   // K/V: overwrite access (no copy in), compute writes the base pattern + 5, written home once.
@@ -183,7 +193,7 @@ TEST_CASE("cuda residency: K/V produced near reach home exactly once; gradients 
 }
 
 TEST_CASE("cuda residency: more pages than slots is out_of_memory before anything is enqueued") {
-  gpu_tiers g(64, 8, 16 << 10, {});
+  gpu_tiers<> g(64, 8, 16 << 10, {});
   for (std::int32_t p : g.ids) g.write_home(p);
   g.sched.mark_written(g.ids);
   std::vector<std::int32_t> nine(g.ids.begin(), g.ids.begin() + 9);
@@ -208,14 +218,19 @@ TEST_CASE("cuda residency: more pages than slots is out_of_memory before anythin
 // The stress test: thousands of pages through a small near tier, random windows in random orders,
 // reads and read-modify-writes (a checksum kernel per page, then a bump), random write-backs and
 // evictions, slow copy and compute streams at random; every checksum and every byte checked.
-TEST_CASE("cuda residency stress: prefetch, checksum, modify, write back thousands of pages") {
+TEST_CASE_TEMPLATE("cuda residency stress: prefetch, checksum, modify, write back thousands of pages", Far, pinned_homes,
+                   pageable_homes) {
+  constexpr bool pageable = std::is_same_v<Far, pageable_homes>;
   for (const bool kernel_path : {true, false}) {
+    if (pageable && kernel_path) continue;  // pageable homes always cross by staging and copy engines
     oomb::cuda_transfer_options o;
     o.path = kernel_path ? oomb::transfer_path::automatic : oomb::transfer_path::memcpy_batch;
     o.kernel_min_pages = 4;
     o.kernel_blocks = 4;
     const std::int32_t pages = quick() ? 1200 : 3000, slots = 512;
-    gpu_tiers g(pages, slots, 16 << 10, o);
+    o.pageable.chunk_bytes = 256 << 10;  // 16 pages a chunk: most batches span several chunks
+    o.pageable.chunks = 3;
+    gpu_tiers<Far> g(pages, slots, 16 << 10, o);
     std::mt19937 rng(kernel_path ? 1234 : 4321);
     // Two thirds of the pages have home content (K/V), a third none yet (gradients: zero fill).
     std::vector<std::int32_t> written;
@@ -284,7 +299,7 @@ TEST_CASE("cuda residency stress: prefetch, checksum, modify, write back thousan
     if (kernel_path) CHECK(g.sched.backend().kernel_batches() > 0);
     else CHECK(g.sched.backend().kernel_batches() == 0);
     CHECK(g.sched.backend().copy_engine_batches() > 0);
-    MESSAGE("stress (", std::string(kernel_path ? "automatic" : "memcpy_batch"), "): ", touched, " page touches, ", st.misses,
+    MESSAGE("stress (", std::string(pageable ? "pageable homes" : kernel_path ? "automatic" : "memcpy_batch"), "): ", touched, " page touches, ", st.misses,
             " misses, ", st.evictions, " evictions, ", st.write_backs, " write-backs, ", st.zero_fills,
             " zero fills, kernel batches ", g.sched.backend().kernel_batches(), ", copy-engine batches ",
             g.sched.backend().copy_engine_batches());
@@ -424,20 +439,22 @@ TEST_CASE("cuda residency faults: injected transfer and fill failures never serv
   }
 }
 
-TEST_CASE("cuda residency lifetime: destroying a scheduler waits for copies still queued behind a slow stream") {
-  oomb::pinned_resource pinned;
+TEST_CASE_TEMPLATE("cuda residency lifetime: destroying a scheduler waits for copies still queued behind a slow stream", Far,
+                   pinned_homes, pageable_homes) {
+  Far home_memory;
   oomb::device_resource device;
-  far_pool far = far_pool::contiguous(pinned, 64 << 10, 64);
+  auto far = oomb::block_pool<Far>::contiguous(home_memory, 64 << 10, 64);
   std::vector<std::int32_t> ids(64);
   far.acquire(64, ids.data());
   oomb::cuda_stream copy_in, copy_out, compute;
   {
-    oomb::cuda_residency_scheduler sched(far, device, 32, copy_in, copy_out);
+    oomb::residency_scheduler<oomb::cuda_backend<oomb::device_resource, oomb::cuda_stream, Far>> sched(far, device, 32,
+                                                                                                       copy_in, copy_out);
     sched.mark_written(ids);
     enqueue_delay(copy_in.get(), 50'000'000);  // 50 ms: the copies below are still queued at the '}'
     sched.prefetch(std::vector<std::int32_t>(ids.begin(), ids.begin() + 32));
     CHECK_FALSE(copy_in.ready());
-  }  // without the wait, cudaFree of the near pool races the queued copies into it
+  }  // without the wait, cudaFree of the near pool (and the staging) races the queued copies
   CHECK(copy_in.ready());
 }
 

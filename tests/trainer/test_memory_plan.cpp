@@ -521,9 +521,9 @@ TEST_CASE("memory plan: the host limit comes from MemAvailable, never MemTotal; 
 TEST_CASE("memory plan: the table for Qwen2.5 0.5B and 7B at 128K, 1M and 4M tokens with offload") {
   using oomb_trainer::optimizer_placement;
   std::string table =
-      "| model | chunk | optimizer placement | tokens | GPU | GPU growth per 10K tokens | host (pinned) | + checkpoint staging "
-      "| optimizer on the GPU | fits (no checkpoints) |\n"
-      "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |\n";
+      "| model | chunk | optimizer placement | tokens | GPU | GPU growth per 10K tokens (pinned homes) | GPU growth, pageable "
+      "homes | host | + checkpoint staging | optimizer on the GPU | fits (no checkpoints) |\n"
+      "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n";
   // bench/trainer's settings: page 128, chunk 16,384 (0.5B) or 4,096 (7B), max(4 chunks' pages, 256) near slots.
   struct row {
     const char* model;
@@ -542,18 +542,27 @@ TEST_CASE("memory plan: the table for Qwen2.5 0.5B and 7B at 128K, 1M and 4M tok
     opt.near_pages = std::max(4 * r.chunk / 128, 256);
     for (const std::int64_t tokens : {131072, 1048576, 4194304}) {
       const memory_plan p = oomb_trainer::plan_memory(cfg, opt, tokens, t);
-      CHECK(p.gpu_growth_per_10k == 0.0);
+      // Pinned homes: the GPU grows by the driver's mapping of them alone (8 B per pinned 4 KiB);
+      // pageable homes: nothing on the GPU grows.
+      CHECK(p.gpu_growth_per_10k > 0.0);
+      CHECK(p.gpu_growth_per_10k <= p.host_growth_per_10k / 512 + 1);
+      auto pageable_opt = opt;
+      pageable_opt.homes = oomb_trainer::home_memory::pageable;
+      const memory_plan pageable = oomb_trainer::plan_memory(cfg, pageable_opt, tokens, t);
+      CHECK(pageable.gpu_growth_per_10k == 0.0);
+      CHECK(pageable.host_growth_per_10k == p.host_growth_per_10k);
       using oomb_trainer::detail::plan_bytes;
       plan_target saving = t;
       saving.checkpoint_staging = true;
       const std::uint64_t staging = oomb_trainer::plan_memory(cfg, opt, tokens, saving).on_host(plan_part::checkpoint_staging);
-      table += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} of {} tensors | {} |\n", r.model, r.chunk, r.name, tokens,
-                           plan_bytes(double(p.gpu_total())), plan_bytes(p.gpu_growth_per_10k), plan_bytes(double(p.host_total())),
+      table += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} of {} tensors | {} |\n", r.model, r.chunk, r.name,
+                           tokens, plan_bytes(double(p.gpu_total())), plan_bytes(p.gpu_growth_per_10k),
+                           plan_bytes(pageable.gpu_growth_per_10k), plan_bytes(double(p.host_total())),
                            plan_bytes(double(staging)),
                            p.optimizer_groups_on_gpu, p.optimizer_groups,
                            p.fits() ? "yes" : p.gpu_fits() ? "no: host" : "no: GPU");
     }
-    table += fmt::format("| {} | {} | {} | largest that fits: {} | | | | | | |\n", r.model, r.chunk, r.name,
+    table += fmt::format("| {} | {} | {} | largest that fits: {} | | | | | | | |\n", r.model, r.chunk, r.name,
                          oomb_trainer::largest_fitting_tokens(cfg, opt, t));
   }
   if (std::getenv("OOMB_PRINT_PLAN_TABLE")) std::fputs(table.c_str(), stdout);

@@ -46,6 +46,7 @@ using oomb_trainer::chunk_recurrent;
 using oomb_trainer::cpu_backend;
 using oomb_trainer::cuda_backend;
 using oomb_trainer::cuda_offload_backend;
+using oomb_trainer::cuda_pageable_offload_backend;
 using oomb_trainer::model_config;
 using oomb_trainer::qwen2_params;
 // The CPU reference, compiled once in oomb_trainer_test_support (tests/trainer/support/).
@@ -277,6 +278,42 @@ TEST_CASE("cuda backend, offload: bf16 gradient homes against fp32 homes and aga
   expect_step_close(bf16, cpu_loss, cpu_grads);
 }
 
+// --home-memory pageable (cuda_pageable_offload_backend): the pinned run's pages, moved through
+// pinned staging by host copies (oomb/cuda/staged_page_transfer.cuh). The arithmetic is the same,
+// so the pinned run is the reference: the same schedule moves the same bytes, the loss is equal
+// and the gradients are within the backward's run-to-run noise (its dQ atomics), with every tier
+// streamed (K/V, gradients, kept attention outputs) and with bf16 gradient homes (the converting
+// tier staged too); and against the CPU, as every offload run.
+TEST_CASE("cuda backend, offload: pageable homes against pinned homes (K/V, gradients, kept outputs, bf16 gradient "
+          "homes) and against the CPU") {
+  const model_config cfg = config(4, 2, /*tied=*/true);
+  const qwen2_params<double> host = bf16_weights(cfg, 71);
+  const oomb_trainer::sequence seq = trainer_test::random_sequence(160, cfg.vocab_size, 72, /*masked=*/true);
+  chunk_options opt;
+  opt.chunk = 16;
+  opt.page = 16;
+  opt.window_pages = 2;
+  opt.offload = true;
+  opt.near_pages = 4;
+  opt.keep_attention_outputs = true;
+  for (const auto format : {oomb_trainer::page_home_format::same, oomb_trainer::page_home_format::bf16}) {
+    const bool bf16_grad_homes = oomb_trainer::bf16_homes(format);
+    CAPTURE(bf16_grad_homes);
+    opt.grad_homes = format;
+    opt.homes = oomb_trainer::home_memory::pinned;
+    const gpu_step pinned = run_gpu<cuda_offload_backend>(host, opt, seq);
+    opt.homes = oomb_trainer::home_memory::pageable;
+    const gpu_step pageable = run_gpu<cuda_pageable_offload_backend>(host, opt, seq);
+    CHECK(pageable.grad_tier.bytes_to_near == pinned.grad_tier.bytes_to_near);
+    CHECK(pageable.grad_tier.bytes_to_far == pinned.grad_tier.bytes_to_far);
+    CHECK(pageable.grad_tier.write_backs == pinned.grad_tier.write_backs);
+    CHECK(pageable.grad_tier.bytes_to_far > 0);
+    expect_step_close(pageable, pinned.loss, pinned.grads, 1e-6, 2e-3);
+  }
+  opt.grad_homes = oomb_trainer::page_home_format::same;
+  compare<cuda_pageable_offload_backend>(cfg, opt, /*tokens=*/150, /*masked=*/false, 73);
+}
+
 TEST_CASE("cuda backend: offload with device homes, pinned homes in place and sparse attention are refused") {
   const model_config cfg = config(4, 2, true);
   chunk_options opt;
@@ -289,6 +326,8 @@ TEST_CASE("cuda backend: offload with device homes, pinned homes in place and sp
   CHECK_THROWS_WITH_AS(build<in_place>(cfg, opt), doctest::Contains("use cuda_offload_backend"), oomb::invalid_argument);
   opt.offload = false;
   CHECK_THROWS_WITH_AS(build<pinned>(cfg, opt), doctest::Contains("needs offload"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(build<cuda_pageable_offload_backend>(cfg, opt), doctest::Contains("needs offload"),
+                       oomb::invalid_argument);
   opt.sparse = true;
   opt.budget = 2;
   opt.tile = 32;  // GQA group 2: 64 query rows, the kernels' blocks are 128

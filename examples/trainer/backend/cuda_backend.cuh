@@ -23,6 +23,9 @@
 //  - cuda_backend (oomb::device_resource): every K/V and gradient page in device memory, read in
 //    place; the far pools are contiguous. Refuses offload (near_memory() throws: streaming device
 //    memory through device slots buys nothing).
+//  - cuda_pageable_offload_backend (oomb::host_resource): as cuda_offload_backend, with the homes in
+//    pageable host memory: each batch crosses a pinned staging ring, the host's copies in stream
+//    order (oomb/cuda/staged_page_transfer.cuh), so no device memory grows with the homes.
 //  - cuda_offload_backend (oomb::pinned_resource): homes in pinned host memory, written once right
 //    after their projection; the kernels address a fixed set of device slots (near_memory()) that
 //    the residency scheduler fills on the copy-in stream and writes back on the copy-out stream,
@@ -58,6 +61,7 @@
 #include <oomb/cuda/device_resource.hpp>
 #include <oomb/cuda/error.hpp>
 #include <oomb/cuda/pinned_resource.hpp>
+#include <oomb/memory/host_resource.hpp>
 #include <oomb/cuda/residency.cuh>
 #include <oomb/cuda/stream.hpp>
 #include <oomb/cuda/stream_view.hpp>
@@ -120,7 +124,7 @@ struct nvtx_domain {
 
 /// The CUDA trainer backend (see trainer_backend.hpp for what each member guarantees, and the top
 /// of this file for what this one does); Far: the resource of the pages' homes (device memory:
-/// in place; pinned host memory: streamed). Uses the device current at construction.
+/// in place; pinned or pageable host memory: streamed). Uses the device current at construction.
 template <class Far>
 class basic_cuda_backend {
   using bf16 = oomb::bf16;
@@ -626,8 +630,12 @@ class basic_cuda_backend {
 using cuda_backend = basic_cuda_backend<oomb::device_resource>;
 /// Homes in pinned host memory, streamed through device slots (chunk_options::offload).
 using cuda_offload_backend = basic_cuda_backend<oomb::pinned_resource>;
+/// Homes in pageable host memory, streamed through device slots by way of pinned staging
+/// (chunk_options::offload with home_memory::pageable; oomb/cuda/staged_page_transfer.cuh).
+using cuda_pageable_offload_backend = basic_cuda_backend<oomb::host_resource>;
 
 static_assert(is_trainer_backend_v<cuda_backend>);
 static_assert(is_trainer_backend_v<cuda_offload_backend>);
+static_assert(is_trainer_backend_v<cuda_pageable_offload_backend>);
 
 }  // namespace oomb_trainer

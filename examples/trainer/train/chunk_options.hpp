@@ -24,6 +24,14 @@ enum class page_home_format {
 /// True for the formats whose homes hold bf16.
 inline bool bf16_homes(page_home_format f) noexcept { return f != page_home_format::same; }
 
+/// Where a streamed tier's homes live on a GPU (the CPU's homes are host memory either way).
+enum class home_memory {
+  pinned,    ///< page-locked: the copy engines reach them directly; the driver keeps 8 bytes of device
+             ///< memory per pinned 4 KiB, so the GPU's memory grows with the context (--home-memory pinned)
+  pageable,  ///< ordinary host memory, moved through a fixed pinned staging ring by host threads: nothing
+             ///< on the GPU grows with the homes (--home-memory pageable; oomb/cuda/staged_page_transfer.cuh)
+};
+
 /// How the chunk-recurrent path runs.
 struct chunk_options {
   std::int32_t chunk = 256;        ///< tokens per chunk: a multiple of `page`
@@ -37,6 +45,8 @@ struct chunk_options {
   /// The gradient pages' homes (offload only): bf16 halves their host bytes (fp32 on the GPU);
   /// the near slots still accumulate in the gradient type, each write-back rounds once.
   page_home_format grad_homes = page_home_format::same;
+  /// Where the homes of every streamed tier live (offload on a GPU): K/V, gradients, kept outputs.
+  home_memory homes = home_memory::pinned;
   bool sparse = false;             ///< page-sparse attention over the past (oomb's selection)
   std::int32_t budget = 0, sink = 1, local = 1;
   std::int32_t tile = 128;         ///< queries per selection tile
@@ -59,6 +69,8 @@ struct chunk_options {
     OOMB_EXPECTS(offload || grad_homes == page_home_format::same,
                  "--grad-homes bf16 needs --offload (either rounding): in place the kernels add into the gradient pages themselves, which "
                  "stay in the gradient type");
+    OOMB_EXPECTS(offload || homes == home_memory::pinned,
+                 "--home-memory pageable needs --offload: without it the pages live in the GPU's memory, not in homes");
     if (offload) {
       OOMB_EXPECTS(near_pages >= chunk / page, "--near-pages ", near_pages, " is too small: the near tier must hold a chunk's ",
                    chunk / page, " pages of one layer (chunk ", chunk, " / page ", page, ")");

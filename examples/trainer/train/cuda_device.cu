@@ -41,6 +41,8 @@ device_trainer_maker cuda_device_trainer() {
   m.memory_use = cuda_memory_use;
   m.make = [](const trainer_setup& s) -> std::unique_ptr<device_trainer> {
     require_cuda_device(s);
+    if (s.chunk.offload && s.chunk.homes == home_memory::pageable)
+      return std::make_unique<cuda_trainer<cuda_pageable_offload_backend>>(s);
     if (s.chunk.offload) return std::make_unique<cuda_trainer<cuda_offload_backend>>(s);
     return std::make_unique<cuda_trainer<cuda_backend>>(s);
   };

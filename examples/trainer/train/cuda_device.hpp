@@ -13,7 +13,7 @@ namespace oomb_trainer {
 /// attention kernels take the model's head_dim and, with page-sparse attention, a selection tile
 /// fills whole query blocks; `make` builds cuda_trainer<cuda_backend> (pages in place), or with
 /// --offload cuda_trainer<cuda_offload_backend> (their homes in pinned host memory streamed
-/// through device slots).
+/// through device slots), with --home-memory pageable cuda_trainer<cuda_pageable_offload_backend>.
 device_trainer_maker cuda_device_trainer();
 
 /// The current GPU's memory by cudaMemGetInfo.

@@ -32,6 +32,7 @@
 
 #include <oomb/core/error.hpp>
 #include <oomb/cuda/error.hpp>
+#include <oomb/cuda/page_transfer.cuh>
 #include <oomb/cuda/stream.hpp>
 
 #include "trainer/backend/adamw_state.cuh"
@@ -45,6 +46,7 @@
 #include "trainer/train/chunk_recurrent.hpp"
 #include "trainer/train/cuda_device.hpp"
 #include "trainer/train/device_trainer.hpp"
+#include "trainer/train/memory_plan.hpp"
 
 namespace oomb_trainer {
 
@@ -58,8 +60,12 @@ __global__ void scale_kernel(std::int64_t n, float factor, float* __restrict__ x
 
 }  // namespace gpu::detail
 
+// The memory plan counts each staged transfer's pinned ring at the library's default size.
+static_assert(detail::pageable_staging_bytes == oomb::cuda_transfer_options{}.pageable.chunk_bytes *
+                                                     std::uint64_t(oomb::cuda_transfer_options{}.pageable.chunks));
+
 /// The training state of one model on the current GPU, loss and gradients by chunk_recurrent<B>
-/// (B: cuda_backend or cuda_offload_backend).
+/// (B: cuda_backend, cuda_offload_backend or cuda_pageable_offload_backend).
 template <class B>
 class cuda_trainer final : public device_trainer {
  public:

@@ -172,6 +172,8 @@ enum class plan_part {
   sparse_summaries,   ///< cuda sparse: the page summaries' pinned home, one per page id (cuda_page_selector)
   sparse_workspace,   ///< cuda sparse: the selection's scoring workspace and tables at their largest
   sparse_gathered,    ///< cuda sparse: one layer's past summaries, gathered on the device for scoring
+  home_staging,       ///< cuda, pageable homes: the pinned staging rings their pages move through
+  pinned_mapping,     ///< cuda: the driver's device memory for pinned host memory (8 B per pinned 4 KiB)
   sequence,           ///< the sequence's tokens
 };
 
@@ -264,6 +266,11 @@ constexpr std::size_t cuda_head_budget = std::size_t(256) << 20;    // cuda_back
 constexpr std::size_t cuda_gemm_workspace = std::size_t(32) << 20;  // gemm_context's default
 constexpr std::size_t cuda_upload_ring = std::size_t(1) << 20;      // cuda_backend's ring at start
 constexpr std::uint64_t kept_output_slots = 4;                      // attention_outputs::near_slots
+// cuda_transfer_options{}.pageable: 4 chunks of 8 MiB per staged transfer (checked in cuda_training.cuh).
+constexpr std::uint64_t pageable_staging_bytes = std::uint64_t(32) << 20;
+// The driver keeps 8 bytes of device memory per pinned 4 KiB page, however it is pinned
+// (bench/cuda/pinned_mapping_bench.cu on the H200: 16 GiB pinned took exactly 32 MiB).
+constexpr std::uint64_t pinned_bytes_per_mapping_byte = 4096 / 8;
 
 struct plan_inputs {
   const model_config& c;
@@ -382,7 +389,7 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
                    fmt::format("gradient pages, in place: reserved for all {} pages, at most {} in use (fp32)", capacity,
                                p.grad_pages)});
   } else {
-    const std::string pinned = cuda ? ", pinned" : "";
+    const std::string pinned = !cuda ? "" : o.homes == home_memory::pinned ? ", pinned" : ", pageable";
     home.push_back({plan_part::kv_pages, std::uint64_t(kv_reserved) * kv_pair,
                     fmt::format("K/V homes, whole sequence ({} pairs of {} B, {}{})", capacity, kv_pair, kvt, pinned)});
     home.push_back({plan_part::grad_pages, std::uint64_t(grad_reserved) * grad_home_pair,
@@ -408,7 +415,8 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
     if (!o.offload) {
       dev.push_back({plan_part::attention_outputs, std::uint64_t(blocks) * block, what + ", in place"});
     } else {
-      home.push_back({plan_part::attention_outputs, std::uint64_t(blocks) * block, what + (cuda ? ", pinned homes" : ", homes")});
+      home.push_back({plan_part::attention_outputs, std::uint64_t(blocks) * block,
+                      what + (!cuda ? ", homes" : o.homes == home_memory::pinned ? ", pinned homes" : ", pageable homes")});
       dev.push_back({plan_part::attention_outputs_near, kept_output_slots * block,
                      fmt::format("attention output slots ({})", kept_output_slots)});
     }
@@ -436,6 +444,31 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
                    2 * std::uint64_t(tiles) * std::uint64_t(kvd) * f + 3 * keys + (std::uint64_t(1) << 20) + selected,
                    fmt::format("sparse scoring workspace ({} tiles x {} scored pages at most, an estimate)", tiles, scored)});
     home.push_back({plan_part::sparse_workspace, selected, "sparse selections read back (pinned)"});
+  }
+  if (cuda && o.offload && o.homes == home_memory::pageable) {
+    // A staged transfer per direction of each streamed tier: K/V, gradients, kept outputs.
+    const std::uint64_t transfers = 2 * (2 + (o.keep_attention_outputs ? 1 : 0));
+    home.push_back({plan_part::home_staging, transfers * pageable_staging_bytes,
+                    fmt::format("pinned staging of the pageable homes ({} transfers x {})", transfers,
+                                plan_bytes(double(pageable_staging_bytes)))});
+  }
+  if (cuda) {
+    std::uint64_t pinned = 0;
+    const bool homes_pinned = o.homes == home_memory::pinned;
+    for (const plan_item& i : home)
+      switch (i.part) {
+        case plan_part::kv_pages:
+        case plan_part::grad_pages:
+        case plan_part::attention_outputs: pinned += homes_pinned ? i.bytes : 0; break;
+        case plan_part::optimizer:
+        case plan_part::upload_ring:
+        case plan_part::sparse_summaries:
+        case plan_part::sparse_workspace:
+        case plan_part::home_staging: pinned += i.bytes; break;
+        default: break;  // pageable: checkpoint staging, page tables, the sequence
+      }
+    dev.push_back({plan_part::pinned_mapping, pinned / pinned_bytes_per_mapping_byte,
+                   fmt::format("the driver's mapping of {} of pinned host memory (8 B per 4 KiB)", plan_bytes(double(pinned)))});
   }
   // Host records per page: the page table's id (4 B) and the gradient map's entry (4 B) of every
   // K/V page; per reserved id of both pools the free list, in-use flag and generation (9 B); with
@@ -575,7 +608,10 @@ inline std::string memory_plan::describe() const {
   using detail::plan_bytes;
   std::string s = fmt::format("memory plan: {} tokens on {}, chunk {}, page {}, {}\n", tokens, device, options.chunk,
                               options.page,
-                              options.offload ? fmt::format("offload ({} + {} near slots)", options.near_pages, options.near_pages)
+                              options.offload ? fmt::format("offload ({} + {} near slots{})", options.near_pages, options.near_pages,
+                                                            device == "cuda" && options.homes == home_memory::pageable
+                                                                ? ", pageable homes"
+                                                                : "")
                                               : std::string("pages in place"));
   auto block = [&](const char* place, const std::vector<plan_item>& items, std::uint64_t limit, const std::string& whence,
                    double growth) {
@@ -586,7 +622,7 @@ inline std::string memory_plan::describe() const {
                      whence, sum <= limit ? "" : " -- DOES NOT FIT", plan_bytes(growth));
   };
   if (device == "cuda") block("GPU", gpu, gpu_limit, "available", gpu_growth_per_10k);
-  block(device == "cuda" ? "host (pinned)" : "host", host, host_allowed.bytes,
+  block("host", host, host_allowed.bytes,
         fmt::format("allowed ({})", host_allowed.source), host_growth_per_10k);
   if (device == "cuda") s += fmt::format("optimizer state: {}\n", optimizer_summary());
   return s;

@@ -32,6 +32,7 @@ struct train_options {
   std::int32_t near_pages = 0;    ///< 0 with --offload: default_near_pages (chunk_options.hpp)
   std::int32_t window_pages = 0;  ///< 0: near_pages / 2 with offload, one window without
   page_home_format grad_homes = page_home_format::same;  ///< --grad-homes: the gradient pages' homes (offload)
+  home_memory homes = home_memory::pinned;  ///< --home-memory: where the homes live (offload, cuda)
   std::int64_t steps = 0;
   double lr = 1e-3, min_lr = -1.0;  ///< min_lr < 0: lr / 10
   std::int64_t warmup = 0;
@@ -103,6 +104,11 @@ sequence and memory
                         nearest even) or bf16-stochastic (rounds up with the probability of the
                         dropped bits: unbiased); on --device cuda the GPU converts (the same
                         bits as the CPU's rounding)
+  --home-memory M       where every home lives with --offload on --device cuda: pinned (default: the copy
+                        engines reach it directly, but the driver keeps 8 bytes of GPU memory per
+                        pinned 4 KiB, so GPU memory grows with the context) or pageable (moved
+                        through a fixed pinned staging ring by host threads: nothing on the GPU grows
+                        with the homes; the host copies bound the transfer rate)
   --keep-attention-outputs
                         keep every layer's attention output and lse from stage 1 (in compute memory,
                         or pinned homes through 4 device slots with --offload) and read them in
@@ -179,6 +185,16 @@ inline const char* grad_homes_name(page_home_format f) noexcept {
   return f == page_home_format::same ? "fp32" : f == page_home_format::bf16 ? "bf16" : "bf16-stochastic";
 }
 
+/// --home-memory pinned|pageable.
+inline home_memory parse_home_memory(const std::string& flag, const std::string& v) {
+  if (v == "pinned") return home_memory::pinned;
+  if (v == "pageable") return home_memory::pageable;
+  OOMB_FAIL(oomb::invalid_argument, flag, ": unknown memory '", v, "' (known: pinned, pageable)");
+}
+
+/// The --home-memory name (options.json, the banner).
+inline const char* home_memory_name(home_memory m) noexcept { return m == home_memory::pinned ? "pinned" : "pageable"; }
+
 /// The chunk-recurrent options the flags ask for (what training_run gives the device trainer).
 inline chunk_options chunk_options_of(const train_options& o) {
   chunk_options co;
@@ -188,6 +204,7 @@ inline chunk_options chunk_options_of(const train_options& o) {
   co.near_pages = o.near_pages;
   co.window_pages = o.window_pages;
   co.grad_homes = o.grad_homes;
+  co.homes = o.homes;
   co.sparse = o.sparse;
   co.budget = o.budget;
   co.sink = o.sink;
@@ -238,6 +255,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--near-pages") o.near_pages = i32(1);
     else if (f == "--window-pages") o.window_pages = i32(1);
     else if (f == "--grad-homes") o.grad_homes = parse_grad_homes(f, value());
+    else if (f == "--home-memory") o.homes = parse_home_memory(f, value());
     else if (f == "--steps") o.steps = i64(1);
     else if (f == "--lr") o.lr = detail::parse_double(f, value());
     else if (f == "--min-lr") o.min_lr = detail::parse_double(f, value());
@@ -279,6 +297,8 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(!o.full_backprop || (!o.sparse && !o.offload), "--full-backprop runs neither sparse attention nor offload");
   OOMB_EXPECTS(!bf16_homes(o.grad_homes) || o.offload, "--grad-homes bf16 needs --offload: in place the kernels add ",
                "into the gradient pages themselves, which stay fp32");
+  OOMB_EXPECTS(o.homes == home_memory::pinned || (o.offload && o.device == "cuda"), "--home-memory pageable needs --offload ",
+               "and --device cuda (on the CPU every home is pageable host memory already)");
   OOMB_EXPECTS(o.device == "cpu" || o.device == "cuda", "--device: unknown device '", o.device, "' (known: cpu, cuda)");
   OOMB_EXPECTS(o.device == "cpu" || !o.full_backprop, "--device cuda runs chunk-recurrent training only (--full-backprop ",
                "is the CPU's baseline)");

@@ -97,8 +97,9 @@ void prune_checkpoints(const std::filesystem::path& out, std::int32_t keep, cons
     if (found[i].second.filename() != current) fs::remove_all(found[i].second);
 }
 
-/// Host memory the far tier holds with a GPU and offload (pinned): page homes, kept outputs.
-std::uint64_t pinned_host_bytes(const tier_memory& m) {
+/// Host memory the far tier holds with a GPU and offload (pinned or pageable, --home-memory): page
+/// homes, kept outputs.
+std::uint64_t home_host_bytes(const tier_memory& m) {
   return m.far_kv_reserved + m.far_grad_reserved + m.far_outputs_reserved;
 }
 
@@ -124,6 +125,7 @@ nlohmann::json options_json(const train_options& o) {
           {"sink", o.sink},             {"local", o.local},
           {"tile", o.tile},             {"scoring", oomb::to_string(o.scoring)},
           {"offload", o.offload},       {"grad_homes", grad_homes_name(o.grad_homes)},
+          {"home_memory", home_memory_name(o.homes)},
           {"near_pages", o.near_pages}, {"window_pages", o.window_pages},
           {"keep_attention_outputs", o.keep_attention_outputs},
           {"full_backprop", o.full_backprop},
@@ -356,15 +358,16 @@ std::string training_run::banner() const {
     mode += fmt::format(", sparse (budget {} + sink {} + local {} pages per {}-query tile, {} scoring)", o_.budget, o_.sink,
                         o_.local, o_.tile, oomb::to_string(o_.scoring));
   if (o_.offload)
-    mode += fmt::format(", offload (near tier {} + {} slots{})", o_.near_pages, o_.near_pages,
-                        bf16_homes(o_.grad_homes) ? fmt::format(", {} gradient homes", grad_homes_name(o_.grad_homes)) : "");
+    mode += fmt::format(", offload (near tier {} + {} slots{}{})", o_.near_pages, o_.near_pages,
+                        bf16_homes(o_.grad_homes) ? fmt::format(", {} gradient homes", grad_homes_name(o_.grad_homes)) : "",
+                        o_.homes == home_memory::pageable ? ", pageable homes" : "");
   if (o_.keep_attention_outputs) mode += ", attention outputs kept for stage 2";
   const std::string batch = o_.batch == 1 ? fmt::format("{} tokens per step", o_.seq_len)
                                           : fmt::format("{} sequences of {} tokens per step", o_.batch, o_.seq_len);
   std::string plan;
   if (plan_)
     plan = plan_->device == "cuda"
-               ? fmt::format("\n  memory plan: GPU {} of {}, pinned host {} of {}\n  optimizer state: {}",
+               ? fmt::format("\n  memory plan: GPU {} of {}, host {} of {}\n  optimizer state: {}",
                              human_bytes(double(plan_->gpu_total())), human_bytes(double(plan_->gpu_limit)),
                              human_bytes(double(plan_->host_total())), human_bytes(double(plan_->host_allowed.bytes)),
                              plan_->optimizer_summary())
@@ -404,7 +407,8 @@ void training_run::progress(const chunk_progress& p) {
                                  p.stage == 1 ? p.chunk + 1 : p.chunks - p.chunk, p.chunks, rate, eta);
   if (memory_use_)
     line += fmt::format(" | GPU {} in use, peak {}", human_bytes(double(meter_.gpu.used)), human_bytes(double(meter_.gpu_peak)));
-  if (o_.device != "cpu" && o_.offload) line += fmt::format(" | pinned host {}", human_bytes(double(pinned_host_bytes(trainer_->memory()))));
+  if (o_.device != "cpu" && o_.offload)
+    line += fmt::format(" | {} homes {}", home_memory_name(o_.homes), human_bytes(double(home_host_bytes(trainer_->memory()))));
   print_(line);
 }
 
@@ -415,7 +419,7 @@ void training_run::log(const step_record& r) {
   const std::int64_t far = std::int64_t(s.kv_pages_high_water) + s.grad_pages_high_water;
   const std::string loss_name = task_ ? "answer loss" : "loss";
   const double h2d = double(s.bytes_to_near) / r.seconds / 1e9, d2h = double(s.bytes_to_far) / r.seconds / 1e9;
-  const bool pinned = o_.device != "cpu" && o_.offload;
+  const bool homes_on_host = o_.device != "cpu" && o_.offload;
   if (print_) {
     std::string line = fmt::format("step {:>5}/{} | {} {:.4f} | grad norm {:.3g} | {:>8.0f} tok/s | {:.2f} s", r.step + 1,
                                    o_.steps, loss_name, r.loss, r.grad_norm, r.tokens_per_second, r.seconds);
@@ -424,7 +428,7 @@ void training_run::log(const step_record& r) {
                           human_bytes(double(s.kv_pages_high_water) * double(m.kv_pair_bytes) +
                                       double(s.grad_pages_high_water) * double(m.grad_pair_bytes)));
       if (o_.offload) line += fmt::format(" | moved {}", human_bytes(double(s.bytes_to_near + s.bytes_to_far)));
-      if (pinned)
+      if (homes_on_host)
         line += fmt::format(" (H2D {:.1f} GB/s, D2H {:.1f} GB/s, exposed {:.3f} s)", h2d, d2h, s.exposed_transfer_seconds);
     }
     if (memory_use_) line += fmt::format(" | GPU peak {}", human_bytes(double(r.gpu_used_peak)));
@@ -458,7 +462,9 @@ void training_run::log(const step_record& r) {
     j["attention_host_seconds"] = {{"residency", h.residency}, {"kernels", h.kernels}, {"selection", h.selection},
                                    {"selection_wait", h.selection_wait}, {"total", h.total}};
     j["activation_bytes"] = m.activation_bytes;
-    j["pinned_host_bytes"] = pinned ? pinned_host_bytes(m) : 0;
+    const bool pinned = homes_on_host && o_.homes == home_memory::pinned;
+    j["pinned_host_bytes"] = pinned ? home_host_bytes(m) : 0;
+    j["pageable_host_bytes"] = homes_on_host && !pinned ? home_host_bytes(m) : 0;
     if (o_.sparse) {
       j["sparse_pages_selected"] = s.sparse_pages_selected;
       j["sparse_pages_candidate"] = s.sparse_pages_candidate;

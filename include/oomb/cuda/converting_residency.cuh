@@ -49,6 +49,7 @@
 #include "oomb/cuda/nvtx.hpp"
 #include "oomb/cuda/page_codec_kernels.cuh"
 #include "oomb/cuda/page_transfer.cuh"
+#include "oomb/cuda/staged_page_transfer.cuh"
 #include "oomb/cuda/pinned_resource.hpp"
 #include "oomb/cuda/stream.hpp"
 #include "oomb/cuda/stream_view.hpp"
@@ -60,14 +61,12 @@
 OOMB_NAMESPACE_BEGIN
 
 /// Converting residency backend over CUDA streams: slots of Codec::near_type in `NearResource`
-/// (device memory), homes of Codec::far_type in `FarResource` (pinned memory by default); `Stream`
+/// (device memory), homes of Codec::far_type in `FarResource` (pinned memory by default, or pageable:
+/// then the homes reach the device staging through pinned staging, staged_page_transfer.cuh); `Stream`
 /// as cuda_backend's. See the file comment.
 template <class Codec, class NearResource = device_resource, class Stream = cuda_stream, class FarResource = pinned_resource>
 class cuda_converting_backend {
   static_assert(NearResource::kind == memory_kind::device, "cuda_converting_backend: the near tier is device memory");
-  static_assert(FarResource::kind != memory_kind::host,
-                "cuda_converting_backend: the far tier must be pinned (or device) memory, which copies reach "
-                "asynchronously; wrap a framework's pinned allocator in a resource of kind pinned");
 
  public:
   using codec_type = Codec;
@@ -164,8 +163,8 @@ class cuda_converting_backend {
   }
 
  private:
-  using in_transfer = cuda_page_transfer<near_resource, far_resource>;   // homes -> staging
-  using out_transfer = cuda_page_transfer<far_resource, near_resource>;  // staging -> homes
+  using in_transfer = cuda_tier_transfer<near_resource, far_resource>;   // homes -> staging
+  using out_transfer = cuda_tier_transfer<far_resource, near_resource>;  // staging -> homes
   // Tables of up to this many batches in flight per direction before the id ring would grow.
   static constexpr std::size_t batches_in_flight = 16;
 

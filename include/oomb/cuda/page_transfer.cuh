@@ -20,7 +20,9 @@
 // protecting compute sets path = memcpy_batch; one moving many small pages sets kernel.
 //
 // Validation (equal block sizes and page formats, ids in use, no destination twice) is
-// page_transfer's, done in full before anything is enqueued; pageable host pools do not compile.
+// page_transfer's, done in full before anything is enqueued. Pageable host pools do not compile
+// here: cuda_staged_page_transfer (staged_page_transfer.cuh) moves them through pinned staging, and
+// cuda_tier_transfer picks whichever of the two a pair of pools needs.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -67,6 +69,13 @@ struct cuda_transfer_options {
   std::size_t kernel_min_pages = 64;         ///< ... when the batch has at least this many pages
   std::size_t pages_per_launch = 8192;       ///< kernel staging slot size (bigger batches: more launches)
   int staging_slots = 8;                     ///< kernel launches in flight before back-pressure
+  /// Pageable homes only (cuda_staged_page_transfer, staged_page_transfer.cuh): the pinned staging
+  /// ring each transfer object owns, and the threads copying between the homes and it.
+  struct pageable_staging {
+    std::size_t chunk_bytes = std::size_t(8) << 20;  ///< bytes per chunk: one host copy, one DMA batch
+    int chunks = 4;   ///< chunks per transfer object (pinned: chunks x chunk_bytes); host copies overlap DMA
+    int threads = 4;  ///< threads per host copy, the driver's callback thread included
+  } pageable;
 };
 
 /// What a transfer moved, and how.
@@ -74,8 +83,9 @@ struct cuda_transfer_report : transfer_report {
   transfer_path path = transfer_path::memcpy_batch;
 };
 
-/// True when pages can move between pools over these resources: each side device or pinned
-/// (pageable host memory is neither truly asynchronous nor readable by kernels).
+/// True when pages can move between pools over these resources by DMA or the copy kernel alone: each
+/// side device or pinned (pageable host memory is neither truly asynchronous nor readable by
+/// kernels; cuda_staged_page_transfer stages it).
 template <class DstResource, class SrcResource>
 inline constexpr bool cuda_transferable_v =
     DstResource::kind != memory_kind::host && SrcResource::kind != memory_kind::host;
@@ -87,7 +97,8 @@ template <class DstResource, class SrcResource>
 class cuda_page_transfer {
   static_assert(cuda_transferable_v<DstResource, SrcResource>,
                 "cuda_page_transfer: both pools must be device or pinned memory (pageable host "
-                "memory cannot be transferred asynchronously); use pinned_resource for the far tier");
+                "memory cannot be transferred asynchronously); use cuda_staged_page_transfer or cuda_tier_transfer "
+                "(staged_page_transfer.cuh) for pageable homes");
 
  public:
   using dst_pool_type = block_pool<DstResource>;

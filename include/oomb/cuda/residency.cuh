@@ -16,7 +16,10 @@
 //    the copy-in stream's copies;
 //  - compute streams are cuda_stream_view, taken by value: a temporary view of a framework's
 //    cudaStream_t works; the far tier is any pinned (or device) resource: pinned_resource, a
-//    framework's pinned allocator, a limiting_adaptor or statistics_adaptor over either;
+//    framework's pinned allocator, a limiting_adaptor or statistics_adaptor over either; or
+//    pageable host memory (host_resource), whose pages move through a pinned staging ring with
+//    their host copies in stream order (cuda_staged_page_transfer): no pinned homes, so no device
+//    memory for their pinning (the driver's 8 bytes per 4 KiB), at the host copies' rate;
 //  - prepare() builds both transfer objects, kernel staging included, when the scheduler is built
 //    (nothing is allocated lazily on the first batch), and each scheduler batch is an NVTX range
 //    ("oomb::residency::prefetch", ...) that a framework's profiler shows (NVTX3, header-only).
@@ -32,10 +35,12 @@
 #include "oomb/cuda/device_resource.hpp"
 #include "oomb/cuda/nvtx.hpp"
 #include "oomb/cuda/page_transfer.cuh"
+#include "oomb/cuda/staged_page_transfer.cuh"
 #include "oomb/cuda/pinned_resource.hpp"
 #include "oomb/cuda/stream.hpp"
 #include "oomb/cuda/stream_view.hpp"
 #include "oomb/memory/block_pool.hpp"
+#include "oomb/memory/host_resource.hpp"
 #include "oomb/core/id_span.hpp"
 #include "oomb/offload/page_transfer.hpp"
 #include "oomb/offload/residency_scheduler.hpp"
@@ -43,15 +48,12 @@
 OOMB_NAMESPACE_BEGIN
 
 /// Residency backend over CUDA streams: slots in `NearResource` (device memory), homes in
-/// `FarResource` (pinned memory by default). `Stream` is the copy streams' type: cuda_stream
+/// `FarResource` (pinned memory by default; pageable host or device memory too). `Stream` is the copy streams' type: cuda_stream
 /// (owners) or cuda_stream_view (streams owned elsewhere; the scheduler keeps pointers to the
 /// caller's view objects). Compute streams are always cuda_stream_view, by value.
 template <class NearResource = device_resource, class Stream = cuda_stream, class FarResource = pinned_resource>
 class cuda_backend {
   static_assert(NearResource::kind == memory_kind::device, "cuda_backend: the near tier is device memory");
-  static_assert(FarResource::kind != memory_kind::host,
-                "cuda_backend: the far tier must be pinned (or device) memory, which copies reach "
-                "asynchronously; wrap a framework's pinned allocator in a resource of kind pinned");
 
  public:
   using stream_type = Stream;
@@ -106,8 +108,8 @@ class cuda_backend {
   std::uint64_t copy_engine_batches() const noexcept { return copy_engine_batches_; }
 
  private:
-  using in_transfer = cuda_page_transfer<near_resource, far_resource>;
-  using out_transfer = cuda_page_transfer<far_resource, near_resource>;
+  using in_transfer = cuda_tier_transfer<near_resource, far_resource>;
+  using out_transfer = cuda_tier_transfer<far_resource, near_resource>;
 
   template <class D, class S>
   auto& slot_for(block_pool<D>& dst, const block_pool<S>& src) {
@@ -140,6 +142,7 @@ class cuda_backend {
 
 static_assert(is_residency_backend_v<cuda_backend<>>);
 static_assert(is_residency_backend_v<cuda_backend<device_resource, cuda_stream_view>>);
+static_assert(is_residency_backend_v<cuda_backend<device_resource, cuda_stream, host_resource>>);
 static_assert(detail::has_backend_prepare<cuda_backend<>>::value && detail::has_backend_ranges<cuda_backend<>>::value);
 
 /// The residency scheduler of CUDA builds: device slots (cudaMalloc), pinned homes, cuda_streams.
