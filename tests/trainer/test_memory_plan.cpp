@@ -188,14 +188,28 @@ TEST_CASE("memory plan: page-sparse attention touches at most the dense plan's g
   CHECK(plan.kv_pages == trainer.last_stats().kv_pages_high_water);
 }
 
-TEST_CASE("memory plan: with offload nothing on the GPU grows with the context; in place the pages do") {
+TEST_CASE("memory plan: with offload and pageable homes nothing on the GPU grows with the context; pinned homes grow "
+          "the driver's mapping; in place the pages grow") {
   const auto cfg = real_config("qwen2.5-0.5b.json");
   const plan_target t = cuda_target(139 * GiB, 128 * GiB);
-  const auto off = offload_options(4096, 16);
+  auto off = offload_options(4096, 16);
+  off.homes = oomb_trainer::home_memory::pageable;
   const memory_plan a = oomb_trainer::plan_memory(cfg, off, 131072, t), b = oomb_trainer::plan_memory(cfg, off, 4 * 131072, t);
   CHECK(a.gpu_total() == b.gpu_total());
   CHECK(a.gpu_growth_per_10k == 0.0);
   CHECK(b.host_total() > a.host_total());
+  CHECK(a.on_host(plan_part::home_staging) == 4 * oomb_trainer::detail::pageable_staging_bytes);  // K/V and gradients, both ways
+  // Pinned homes: the same host bytes but the staging, and the GPU grows by 8 B per pinned 4 KiB.
+  off.homes = oomb_trainer::home_memory::pinned;
+  const memory_plan pa = oomb_trainer::plan_memory(cfg, off, 131072, t), pb = oomb_trainer::plan_memory(cfg, off, 4 * 131072, t);
+  CHECK(pa.host_total() == a.host_total() - a.on_host(plan_part::home_staging));
+  CHECK(pa.on_host(plan_part::home_staging) == 0);
+  const std::uint64_t pinned_a = pa.on_host(plan_part::kv_pages) + pa.on_host(plan_part::grad_pages) +
+                                 pa.on_host(plan_part::optimizer) + pa.on_host(plan_part::upload_ring);
+  CHECK(pa.on_gpu(plan_part::pinned_mapping) == pinned_a / 512);
+  CHECK(pb.gpu_total() - pa.gpu_total() == pb.on_gpu(plan_part::pinned_mapping) - pa.on_gpu(plan_part::pinned_mapping));
+  CHECK(pb.gpu_total() > pa.gpu_total());
+  CHECK(pa.gpu_growth_per_10k > 0.0);
   CHECK(a.optimizer_groups == std::int32_t(oomb_trainer::param_layout(cfg).entries().size()));
   CHECK(a.optimizer_groups_on_gpu == a.optimizer_groups);
   CHECK(a.on_gpu(plan_part::optimizer) == 3 * a.on_gpu(plan_part::gradients));
@@ -208,7 +222,7 @@ TEST_CASE("memory plan: with offload nothing on the GPU grows with the context; 
   plan_target no_checkpoints = t;
   no_checkpoints.checkpoint_staging = false;
   CHECK(oomb_trainer::plan_memory(cfg, off, 131072, no_checkpoints).host_total() ==
-        a.host_total() - a.on_host(plan_part::checkpoint_staging));
+        pa.host_total() - pa.on_host(plan_part::checkpoint_staging));
   // bf16 K/V homes of every page, fp32 gradient homes of every page but the last chunk's.
   const std::uint64_t kv_pair = 2 * 16 * std::uint64_t(cfg.num_key_value_heads * cfg.head_dim) * 2;
   CHECK(a.on_host(plan_part::kv_pages) == std::uint64_t(a.kv_pages) * kv_pair);
@@ -263,7 +277,10 @@ TEST_CASE("memory plan: the optimizer state fills the GPU in tensor order, the r
   const memory_plan all_gpu = oomb_trainer::plan_memory(seven, off, 131072, forced);
   CHECK(all_gpu.optimizer_groups_on_gpu == all_gpu.optimizer_groups);
   CHECK_FALSE(all_gpu.gpu_fits());
-  CHECK(all_gpu.gpu_total() == s.gpu_total() - s.on_gpu(plan_part::optimizer_staging) + s.on_host(plan_part::optimizer));
+  // (less the driver's mapping of the pinned host part: 8 B per 4 KiB)
+  CHECK(all_gpu.gpu_total() - all_gpu.on_gpu(plan_part::pinned_mapping) ==
+        s.gpu_total() - s.on_gpu(plan_part::pinned_mapping) - s.on_gpu(plan_part::optimizer_staging) + s.on_host(plan_part::optimizer));
+  CHECK(s.on_gpu(plan_part::pinned_mapping) - all_gpu.on_gpu(plan_part::pinned_mapping) <= s.on_host(plan_part::optimizer) / 512 + 1);
   CHECK(s.host_total() == all_gpu.host_total() + s.on_host(plan_part::optimizer));
   forced.optimizer = optimizer_placement::host;
   const memory_plan all_host = oomb_trainer::plan_memory(seven, off, 131072, forced);
@@ -469,7 +486,9 @@ TEST_CASE("memory plan: a context that does not fit is refused with both numbers
 
 TEST_CASE("memory plan: describe() lists every item, the totals and where the host limit came from") {
   const auto cfg = real_config("qwen2.5-0.5b.json");
-  const memory_plan p = oomb_trainer::plan_memory(cfg, offload_options(4096, 16), 1048576, cuda_target(139 * GiB, 128 * GiB));
+  auto off = offload_options(4096, 16);
+  off.homes = oomb_trainer::home_memory::pageable;
+  const memory_plan p = oomb_trainer::plan_memory(cfg, off, 1048576, cuda_target(139 * GiB, 128 * GiB));
   const std::string d = p.describe();
   CAPTURE(d);
   std::size_t lines = 0;
@@ -478,7 +497,8 @@ TEST_CASE("memory plan: describe() lists every item, the totals and where the ho
   for (const auto* items : {&p.gpu, &p.host})
     for (const auto& i : *items) CHECK(d.find(i.what) != std::string::npos);
   CHECK(d.find("allowed (the test)") != std::string::npos);
-  CHECK(d.find("grows 0.0 MiB per 10K tokens") != std::string::npos);  // the GPU, with offload
+  CHECK(d.find("grows 0.0 MiB per 10K tokens") != std::string::npos);  // the GPU, with offload to pageable homes
+  CHECK(d.find("pageable homes") != std::string::npos);
   CHECK(d.find("optimizer state: on the GPU (it fits beside the rest)") != std::string::npos);
 }
 

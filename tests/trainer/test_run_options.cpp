@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trainer/io/config.hpp"
+#include "trainer/train/memory_plan.hpp"
 #include "trainer/train/options.hpp"
 #include "trainer/train/run.hpp"
 #include "training_test_util.hpp"
@@ -97,6 +99,34 @@ TEST_CASE("run options: --keep-attention-outputs, --plan, --host-memory, --gpu-m
                        doctest::Contains("--keep-attention-outputs is chunk-recurrent's"), oomb::invalid_argument);
 }
 
+TEST_CASE("run options: --home-memory pinned|pageable needs --offload and --device cuda; options.json and the plan say it") {
+  CHECK(parse_train_options(run_args("o")).homes == oomb_trainer::home_memory::pinned);
+  const auto o = parse_train_options(run_args("o", {"--device", "cuda", "--offload", "--home-memory", "pageable"}));
+  CHECK(o.homes == oomb_trainer::home_memory::pageable);
+  CHECK(oomb_trainer::chunk_options_of(o).homes == oomb_trainer::home_memory::pageable);
+  CHECK(oomb_trainer::options_json(o)["home_memory"] == "pageable");
+  CHECK(oomb_trainer::options_json(parse_train_options(run_args("o")))["home_memory"] == "pinned");
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--device", "cuda", "--home-memory", "pageable"})),
+                       doctest::Contains("--home-memory pageable needs --offload and --device cuda"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--offload", "--home-memory", "pageable"})),
+                       doctest::Contains("on the CPU every home is pageable host memory already"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--offload", "--home-memory", "swap"})),
+                       doctest::Contains("--home-memory: unknown memory 'swap' (known: pinned, pageable)"), oomb::invalid_argument);
+  // The plan of a pageable run: its staging on the host, nothing growing on the GPU.
+  auto co = oomb_trainer::chunk_options_of(o);
+  co.near_pages = 8;
+  oomb_trainer::plan_target t;
+  t.device = "cuda";
+  t.gpu_bytes = 8ull << 30;
+  t.host = {8ull << 30, "the test"};
+  const auto plan = oomb_trainer::plan_memory(oomb_trainer::load_model_config(tiny), co, 4096, t);
+  CHECK(plan.on_host(oomb_trainer::plan_part::home_staging) > 0);
+  CHECK(plan.gpu_growth_per_10k == 0.0);
+  CHECK(plan.describe().find("pageable homes") != std::string::npos);
+  co.offload = false;
+  CHECK_THROWS_WITH_AS(co.validate(), doctest::Contains("--home-memory pageable needs --offload"), oomb::invalid_argument);
+}
+
 TEST_CASE("run options: --plan prints the run's plan (kept outputs, the GPU's parts, the limits) and writes nothing") {
   temp_dir tmp("plan");
   const std::string out = tmp / "never";
@@ -166,7 +196,7 @@ TEST_CASE("run options: options.json, checkpoint-<step> with --keep-last, checkp
   const auto log = log_lines(out / "log.jsonl");
   REQUIRE(log.size() == 5);
   for (const char* field : {"grad_norm", "exposed_transfer_seconds", "h2d_gb_per_second", "d2h_gb_per_second",
-                            "pinned_host_bytes", "gpu_bytes_in_use", "gpu_bytes_in_use_peak", "gpu_bytes_total"}) {
+                            "pinned_host_bytes", "pageable_host_bytes", "gpu_bytes_in_use", "gpu_bytes_in_use_peak", "gpu_bytes_total"}) {
     CAPTURE(field);
     CHECK(log.back().contains(field));
   }

@@ -8,10 +8,12 @@
 // callers may copy at once (from different threads): their shares queue in arrival order and each
 // caller waits only for its own. A list smaller than min_split_bytes is copied by the caller alone.
 // Copies must not overlap each other. copy() never throws (it runs inside CUDA host functions): a
-// share the queue has no memory for is copied by the caller.
+// share the queue has no memory for is copied by the caller. Every share ends with a full fence, so
+// the bytes are visible to other threads and devices before anything the caller writes after copy().
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstring>
@@ -120,6 +122,9 @@ class parallel_copier {
       offset = 0;
       ++op;
     }
+    // memcpy writes large copies with non-temporal stores, which are weakly ordered: fence them, so
+    // whatever the caller publishes after copy() (a flag a DMA engine polls) orders after them.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
   }
 
   void work() noexcept {
