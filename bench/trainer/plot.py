@@ -3,7 +3,8 @@
 """Draws docs/img/trainer_<model>.png from the trainer benchmark's committed JSON lines
 (bench/trainer/results/*.jsonl, one object per measured step, oomb's and PyTorch's): peak GPU
 memory and tokens/s against the context, per model, one line per system and configuration
-(ours: chunk, in place or offload with its near slots, attention recomputed or kept, and for page-sparse rows the
+(ours: chunk, in place or offload with its near slots and its homes (pinned, or pageable; fp32 or bf16
+gradient homes), attention recomputed or kept, and for page-sparse rows the
 budget, sink, local, tile and scoring: one line each). Where a point was measured more than once,
 the latest row (by date, then file name and line) is drawn. Prints each line's memory growth: the
 least-squares slope of peak_gpu_bytes against tokens, in MB (10^6 bytes) per 10K tokens. A sparse
@@ -40,6 +41,10 @@ def series_name(r):
         return r["system"]
     # The near tier's size changes the device bytes by a constant: a series holds one size.
     where = f"offload, {r['near_pages']} slots" if r.get("offload") else "in place"
+    if r.get("offload") and r.get("home_memory") == "pageable":
+        where += ", pageable homes"
+    if r.get("offload") and r.get("grad_homes", "fp32") != "fp32":
+        where += f", {r['grad_homes']} gradient homes"
     attention = "keep" if r.get("keep_attention_outputs") else "recompute"
     name = f"oomb, chunk {r['chunk']}, {where}, {attention}"
     if r.get("attention") == "sparse":
