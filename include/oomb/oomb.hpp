@@ -35,13 +35,15 @@
 #include "oomb/paging/paged_kv_cache.hpp"
 #include "oomb/paging/grad_mirror.hpp"
 
-// offload: the stream concept, the host stream and its view, batched page transfers, the
+// offload: the stream concept, the host stream and its view, batched page transfers, host copies
+// split over threads, the
 // residency scheduler (its backend concept, bookkeeping, slot hazards, event pool, eviction
 // policies) and its CPU backend
 #include "oomb/offload/stream.hpp"
 #include "oomb/offload/host_stream.hpp"
 #include "oomb/offload/host_stream_view.hpp"
 #include "oomb/offload/page_transfer.hpp"
+#include "oomb/offload/parallel_copier.hpp"
 #include "oomb/offload/residency_backend.hpp"
 #include "oomb/offload/residency_table.hpp"
 #include "oomb/offload/slot_hazards.hpp"
