@@ -36,9 +36,8 @@
 #include "oomb/paging/grad_mirror.hpp"
 
 // offload: the stream concept, the host stream and its view, batched page transfers, host copies
-// split over threads, the
-// residency scheduler (its backend concept, bookkeeping, slot hazards, event pool, eviction
-// policies) and its CPU backend
+// split over threads, the residency scheduler (its backend concept, bookkeeping, slot hazards,
+// event pool, eviction policies) and its CPU backend
 #include "oomb/offload/stream.hpp"
 #include "oomb/offload/host_stream.hpp"
 #include "oomb/offload/host_stream_view.hpp"
