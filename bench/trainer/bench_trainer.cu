@@ -36,6 +36,7 @@
 
 #include <oomb/core/error.hpp>
 #include <oomb/cuda/error.hpp>
+#include <oomb/cuda/page_transfer.cuh>
 #include <oomb/cuda/stream.hpp>
 #include <oomb/offload/belady_eviction.hpp>
 
@@ -589,6 +590,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
                       (opt.sparse ? plan.on_host(oomb_trainer::plan_part::sparse_summaries) : std::uint64_t(0));
   row["pageable_host_bytes"] = pageable ? homes : 0;
   row["home_memory"] = oomb_trainer::home_memory_name(opt.homes);
+  if (pageable) row["home_copy_threads"] = oomb::cuda_transfer_options{}.pageable.threads;  // per staged transfer
   row["h2d_bytes"] = h2d;
   row["d2h_bytes"] = d2h;
   // The compute stream's waits for page copies, timed on the device (0 in place: nothing moves).
