@@ -48,9 +48,10 @@
 OOMB_NAMESPACE_BEGIN
 
 /// Residency backend over CUDA streams: slots in `NearResource` (device memory), homes in
-/// `FarResource` (pinned memory by default; pageable host or device memory too). `Stream` is the copy streams' type: cuda_stream
-/// (owners) or cuda_stream_view (streams owned elsewhere; the scheduler keeps pointers to the
-/// caller's view objects). Compute streams are always cuda_stream_view, by value.
+/// `FarResource` (pinned memory by default; pageable host or device memory too). `Stream` is the
+/// copy streams' type: cuda_stream (owners) or cuda_stream_view (streams owned elsewhere; the
+/// scheduler keeps pointers to the caller's view objects). Compute streams are always
+/// cuda_stream_view, by value.
 template <class NearResource = device_resource, class Stream = cuda_stream, class FarResource = pinned_resource>
 class cuda_backend {
   static_assert(NearResource::kind == memory_kind::device, "cuda_backend: the near tier is device memory");
