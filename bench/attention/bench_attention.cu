@@ -6,8 +6,9 @@
 // (16K only), --past N, --reps N (default 5, every past), --no-extras, --sm90-variants, --alt (older
 // Hopper backward alternatives), --no-sparse (skip the page-sparse run at 256K: 64 pages + sink + local
 // per 128-query tile, TFLOP/s over the attended keys), --lean (the public entries on paged ids only: no
-// contiguous run, no forced kernels; with --past 262144 the sparse-vs-dense call of hs1), --json FILE (one
-// line per shape and past: TFLOP/s median, min, max).
+// contiguous run, no forced kernels; with --past 262144 the sparse-vs-dense call of hs1), --head-dim D
+// (only the shape of head size D: 128 or 64, e.g. one profiler run each), --json FILE (one line per
+// shape and past: TFLOP/s median, min, max).
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 #include <cmath>
@@ -393,6 +394,7 @@ sparse_timing time_sparse(const problem& p, int reps) {
 int main(int argc, char** argv) {
   std::vector<std::int64_t> pasts{16384, 65536, 262144};
   int reps = 5;
+  int head_dim = 0;  // --head-dim: only this shape (0: both)
   bool extras = true;
   bool sm90_variants = false;  // time the Hopper forward's configurations and splits at every past
   bool alt = false;            // time the Hopper backward's older alternatives (own-keys dQ, pipelined)
@@ -412,6 +414,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--sm90-variants") == 0) sm90_variants = true;
     if (std::strcmp(argv[i], "--past") == 0 && i + 1 < argc) pasts = {std::atoll(argv[++i])};
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--head-dim") == 0 && i + 1 < argc) head_dim = std::atoi(argv[++i]);
   }
   cudaDeviceProp prop{};
   cuda_check(cudaGetDeviceProperties(&prop, 0), "props");
@@ -434,8 +437,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot write %s\n", json);
     return 1;
   }
+  if (head_dim != 0 && head_dim != 128 && head_dim != 64) {
+    std::fprintf(stderr, "--head-dim %d: the shapes have head size 128 or 64\n", head_dim);
+    return 2;
+  }
   for (const auto& s : shapes)
     for (std::int64_t past : pasts) {
+      if (head_dim != 0 && s.d != head_dim) continue;
       config c;
       c.name = s.name;
       c.sq = sq;

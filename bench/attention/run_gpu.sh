@@ -2,11 +2,14 @@
 # One call on the GPU machine does everything for the attention kernels: gpu tests, compute-sanitizer
 # (memcheck, racecheck) on the tiny shapes, the benchmark, and the PyTorch SDPA baseline; logs go to
 # $OUT (the benchmark's and the baseline's raw results also as bench.jsonl / sdpa.jsonl). Run from the repository root with the binaries built here copied to $BIN (.gpu/attn):
-#   bash bench/attention/run_gpu.sh [all|tests|tests-portable|bench|sdpa|sanitize|memcheck]...
+#   bash bench/attention/run_gpu.sh [all|tests|tests-portable|bench|sdpa|sanitize|memcheck|ncu]...
 # tests-portable reruns the gpu tests with OOMB_ATTENTION_FORWARD=portable and
 # OOMB_ATTENTION_BACKWARD=portable (the mma.sync kernels behind the public entries; the Hopper
 # kernels are still tested through their own launchers); TEST_TC filters the test cases (doctest -tc);
-# memcheck is sanitize without racecheck; SAN_TC / RACE_TC override the sanitizer's test filters; BENCH_TIMEOUT (seconds, default 240) bounds the benchmark, TEST_TIMEOUT (default 300)
+# memcheck is sanitize without racecheck; ncu (not part of all) profiles one launch of the dense Hopper
+# backward per head size at NCU_PAST (65536) with Nsight Compute's full set and source-level warp-stall
+# sampling, then prints the details page and the per-SASS-line source page as text (written for issue
+# 12's next step; not yet run on the GPU machine: check the flags against its ncu version first); SAN_TC / RACE_TC override the sanitizer's test filters; BENCH_TIMEOUT (seconds, default 240) bounds the benchmark, TEST_TIMEOUT (default 300)
 # each test run, SAN_TIMEOUT (default 150) each sanitizer run.
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
@@ -35,6 +38,17 @@ fi
 if has sdpa; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/attention/sdpa_baseline.py --json "$OUT/sdpa.jsonl" ${SDPA_ARGS:-} 2>&1 | tee "$OUT/sdpa.log"
   summary+=("sdpa rc=$?")
+fi
+if [[ " $steps " == *" ncu "* ]]; then
+  for d in 128 64; do
+    # --lean --reps 1: the public backward runs a warm-up and one timed launch; profile the second.
+    timeout "${NCU_TIMEOUT:-300}" ncu --clock-control none --kernel-name regex:attention_backward_sm90 --launch-skip 1 \
+      --launch-count 1 --set full --import-source yes -f -o "$OUT/ncu-bwd-d$d" "$BIN/bench_attention" \
+      --past "${NCU_PAST:-65536}" --reps 1 --lean --no-sparse --head-dim "$d" >"$OUT/ncu-d$d.log" 2>&1
+    summary+=("ncu d$d rc=$?")
+    ncu --import "$OUT/ncu-bwd-d$d.ncu-rep" --page details >"$OUT/ncu-d$d-details.txt" 2>&1
+    ncu --import "$OUT/ncu-bwd-d$d.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu-d$d-source.csv" 2>&1
+  done
 fi
 if has sanitize || has memcheck; then
   timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_attention" \
