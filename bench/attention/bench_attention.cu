@@ -7,14 +7,16 @@
 // Hopper backward alternatives), --no-sparse (skip the page-sparse run at 256K: 64 pages + sink + local
 // per 128-query tile, TFLOP/s over the attended keys), --lean (the public entries on paged ids only: no
 // contiguous run, no forced kernels; with --past 262144 the sparse-vs-dense call of hs1), --head-dim D
-// (only the shape of head size D: 128 or 64, e.g. one profiler run each), --json FILE (one line per
-// shape and past: TFLOP/s median, min, max).
+// (only the shape of head size D: 128 or 64, e.g. one profiler run each), --candidates (only the
+// public backward and the Hopper backward configurations on trial, timed in turn), --json FILE (one
+// line per shape and past: TFLOP/s median, min, max).
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
@@ -291,6 +293,46 @@ result time_one(const problem& p, int reps, bool alt, bool lean = false) {
   return r;
 }
 
+/// --candidates: the public backward and the Hopper backward configurations on trial (variants.cuh
+/// `experimental`, hb7: d128 dQ by TMA tensor reductions; d64 hb6's own-keys dQ and all keys with bulk
+/// reductions per query), each call timed in turn
+/// (public, candidate 1, candidate 2, public, ...) so that a drifting clock weighs on all alike.
+/// Returns their timings in that order (empty slots: the candidate does not exist at this head size).
+std::vector<timing> time_candidates(const problem& p, int reps) {
+  device_problem dp(p);
+  const auto a = dp.args();
+  const auto& c = p.c;
+  backward_buffers buf(dp);
+  gpu::attention_forward(a, buf.o.p, buf.lse.p, nullptr);
+  namespace x = gpu::experimental;
+  auto bwd = [&](auto cfg) {
+    gpu::attention_backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
+    gpu::detail::launch_backward_sm90<decltype(cfg)>(a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p,
+                                                     buf.grads, nullptr);
+  };
+  std::vector<std::function<void()>> runs{[&] {
+    gpu::attention_backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
+    gpu::attention_backward(a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, nullptr);
+  }};
+  if (c.d == 128) {
+    runs.push_back([&] { bwd(x::backward_sm90_d128_tensor_dq{}); });
+  } else {
+    runs.push_back([&] { bwd(x::backward_sm90_d64_own_keys{}); });
+    runs.push_back([&] { bwd(x::backward_sm90_d64_all_keys_rows{}); });
+  }
+  std::vector<std::vector<float>> t(runs.size());
+  for (auto& f : runs) f();  // warm-up
+  for (int i = 0; i < reps; ++i)
+    for (std::size_t k = 0; k < runs.size(); ++k) t[k].push_back(time_ms(0, 1, runs[k]).median);
+  std::vector<timing> out;
+  for (auto& v : t) {
+    std::vector<float> sorted = v;
+    std::sort(sorted.begin(), sorted.end());
+    out.push_back({sorted[sorted.size() / 2], sorted.front(), sorted.back(), v});
+  }
+  return out;
+}
+
 /// Gives p a page-sparse past: every tile of 128 queries attends the first `sink` past pages, the
 /// last `local` past pages before the chunk and `budget` other past pages drawn at random (sorted),
 /// plus the chunk's own pages. pool = 0: drawn from every other past page (at 256K each is then
@@ -400,9 +442,11 @@ int main(int argc, char** argv) {
   bool alt = false;            // time the Hopper backward's older alternatives (own-keys dQ, pipelined)
   bool lean = false;           // the public entries on paged ids only
   bool sparse_budget = true;   // at 256K: the page-sparse forward/backward at a 64-page budget (--no-sparse: off)
+  bool candidates = false;     // only the public backward beside the configurations on trial (time_candidates)
   const char* json = nullptr;  // one JSON line per shape and past, every timed kernel
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--alt") == 0) alt = true;
+    if (std::strcmp(argv[i], "--candidates") == 0) candidates = true;
     if (std::strcmp(argv[i], "--no-sparse") == 0) sparse_budget = false;
     if (std::strcmp(argv[i], "--lean") == 0) {
       lean = true;
@@ -456,6 +500,29 @@ int main(int argc, char** argv) {
       const double flops_fwd = 4.0 * sq * double(past) * s.d * s.hq + 2.0 * sq * double(sq) * s.d * s.hq;
       const double flops_bwd = 2.5 * flops_fwd;
       const int r = reps;
+      if (candidates) {
+        c.shuffle_ids = true;
+        const problem p(c, false);
+        const auto t = time_candidates(p, r);
+        static const char* const names[2][3] = {{"public", "own_keys_hb6", "all_keys_rows"}, {"public", "tensor_dq", ""}};
+        std::printf("%-10s %6lldK candidates, backward TFLOP/s median [min-max] of %d, in turn:", s.name,
+                    (long long)(past / 1024), r);
+        std::string row;
+        for (std::size_t k = 0; k < t.size(); ++k) {
+          const double tf = flops_bwd / t[k].median / 1e9;
+          std::printf(" | %s %.1f [%.1f-%.1f] (%.3fx)", names[s.d == 128][k], tf, flops_bwd / t[k].hi / 1e9, flops_bwd / t[k].lo / 1e9,
+                      t[0].median / t[k].median);
+          row += std::string(k ? ", " : "") + "\"" + names[s.d == 128][k] + "\": [" + std::to_string(tf) + ", " +
+                 std::to_string(flops_bwd / t[k].hi / 1e9) + ", " + std::to_string(flops_bwd / t[k].lo / 1e9) + "]";
+        }
+        std::printf("\n");
+        if (jf != nullptr)
+          std::fprintf(jf, "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"device\": \"%s\", "
+                           "\"candidates_bwd_tflops_median_min_max\": {%s}}\n",
+                       s.name, (long long)past, sq, r, prop.name, row.c_str());
+        std::fflush(stdout);
+        continue;
+      }
       result paged, contig;
       {
         c.shuffle_ids = true;

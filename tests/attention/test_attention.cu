@@ -408,6 +408,7 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int variant) {
   if (variant == 5 && p.c.d != 128) return;
   if (variant == 7 && !p.c.sparse) return;
+  if (variant == 9 && p.c.d != 64) return;
   const bool merged = p.c.windows > 1;
   namespace x = gpu::experimental;
   const gpu_result g = run_backward(
@@ -423,6 +424,7 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
           if (variant == 3) run(x::backward_sm90_d128_atomics{});
           if (variant == 4) run(x::backward_sm90_d128_writer_own{});
           if (variant == 6) run(gpu::backward_sm90_config<128>::wide_group{});
+          if (variant == 8) run(x::backward_sm90_d128_tensor_dq{});
         } else {
           if (variant == 0 || variant == 7) run(gpu::backward_sm90_config<64>::type{});
           if (variant == 1) run(x::backward_sm90_d64_bulk{});
@@ -430,6 +432,8 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
           if (variant == 3) run(x::backward_sm90_d64_atomics{});
           if (variant == 4) run(x::backward_sm90_d64_writer_bm64{});
           if (variant == 6) run(gpu::backward_sm90_config<64>::wide_group{});
+          if (variant == 8) run(x::backward_sm90_d64_own_keys{});
+          if (variant == 9) run(x::backward_sm90_d64_all_keys_rows{});
         }
       },
       merged);
@@ -439,7 +443,9 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
                                       " [sm90 backward, d128 writer warp with dQ over own keys / d64 64-row steps",
                                       " [sm90 backward, d128 64-row steps (the sparse calls' kernel before hs1)",
                                       " [sm90 backward, cp.async Q/dO (the configuration of groups wider than a step)",
-                                      " [sm90 backward, KV heads interleaved in the launch order"};
+                                      " [sm90 backward, KV heads interleaved in the launch order",
+                                      " [sm90 backward, d128 dQ by TMA tensor reductions / d64 dQ over own keys (hb6)",
+                                      " [sm90 backward, d64 dQ over all keys with bulk reductions per query"};
   std::string name = p.c.name + names[variant];
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
@@ -768,6 +774,8 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     check_backward_sm90(p, ref, 0, 5);
     check_backward_sm90(p, ref, 0, 6);
     check_backward_sm90(p, ref, 0, 7);
+    check_backward_sm90(p, ref, 0, 8);
+    check_backward_sm90(p, ref, 0, 9);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -842,6 +850,8 @@ TEST_CASE("attention: Hopper forward and backward ignore non-finite data past th
     check_backward_sm90(p, ref, 0, 4);
     check_backward_sm90(p, ref, 0, 5);
     check_backward_sm90(p, ref, 0, 6);
+    check_backward_sm90(p, ref, 0, 8);
+    check_backward_sm90(p, ref, 0, 9);
   }
 }
 
@@ -950,7 +960,7 @@ TEST_CASE("attention: the public forward picks the Hopper kernel only where it a
     CHECK(cfg_of(d128, call::dense) == std::tuple{80, true, backward_dq::writer_warp});
     CHECK(cfg_of(d128, call::wide_group) == std::tuple{80, false, backward_dq::writer_warp});
     CHECK(cfg_of(d128, call::unaligned) == std::tuple{64, false, backward_dq::atomics});
-    CHECK(cfg_of(d64, call::dense) == std::tuple{128, true, backward_dq::writer_warp});
+    CHECK(cfg_of(d64, call::dense) == std::tuple{128, true, backward_dq::writer_tensor});
     CHECK(cfg_of(d64, call::wide_group) == std::tuple{128, false, backward_dq::writer_warp});
     CHECK(cfg_of(d64, call::unaligned) == std::tuple{64, false, backward_dq::atomics});
   }
@@ -1020,6 +1030,8 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
       check_backward_sm90(p, ref, split, 5);
       check_backward_sm90(p, ref, split, 6);
       check_backward_sm90(p, ref, split, 7);
+      check_backward_sm90(p, ref, split, 8);
+      check_backward_sm90(p, ref, split, 9);
     }
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
@@ -1084,6 +1096,8 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
     check_backward_sm90(p, ref, 2, 5);
     check_backward_sm90(p, ref, 2, 6);
     check_backward_sm90(p, ref, 2, 7);
+    check_backward_sm90(p, ref, 2, 8);
+    check_backward_sm90(p, ref, 2, 9);
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
     check_backward_sm90(p, ref, 0, 3);

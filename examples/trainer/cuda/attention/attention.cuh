@@ -298,20 +298,24 @@ inline CUtensorMap make_kv_tensor_map(const oomb::page_pool_view<const oomb::bf1
             pool.stride_head, ", pair ", pool.pair_stride, ")");
 }
 
-/// A tensor map over a [sq][hq][d] bf16 tensor (Q or dO) as (d, head in group, KV head, query): box
-/// (64 columns, `group` heads, `queries` queries), 128-byte swizzle. The box's shared-memory image
-/// is the packed GQA rows query * group + head of whole queries (the Hopper backward's TMA_Q);
-/// queries past sq read as zeros.
-inline CUtensorMap make_query_tensor_map(const oomb::bf16* t, int sq, int hq, int group, int d, int queries) {
+/// A tensor map over a [sq][hq][d] tensor (Q or dO in bf16; dq in fp32) as (d, head in group, KV
+/// head, query): box (128 bytes of columns, `group` heads, `queries` queries), 128-byte swizzle. The
+/// box's shared-memory image is the packed GQA rows query * group + head of whole queries, one
+/// 128-byte row each (the Hopper backward's TMA_Q, and its dQ by TMA reductions); queries past sq
+/// read as zeros and are not written.
+template <class T>
+CUtensorMap make_query_tensor_map(const T* t, int sq, int hq, int group, int d, int queries) {
+  static_assert(std::is_same_v<T, oomb::bf16> || std::is_same_v<T, float>, "bf16 or fp32");
+  constexpr cuuint64_t bytes = sizeof(T);
   const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(group), cuuint64_t(hq / group), cuuint64_t(sq)};
-  const cuuint64_t strides[3] = {cuuint64_t(d) * 2, cuuint64_t(group) * d * 2, cuuint64_t(hq) * d * 2};
-  const cuuint32_t box[4] = {64, cuuint32_t(group), 1, cuuint32_t(queries)};
+  const cuuint64_t strides[3] = {cuuint64_t(d) * bytes, cuuint64_t(group) * d * bytes, cuuint64_t(hq) * d * bytes};
+  const cuuint32_t box[4] = {cuuint32_t(128 / bytes), cuuint32_t(group), 1, cuuint32_t(queries)};
   const cuuint32_t estride[4] = {1, 1, 1, 1};
   CUtensorMap map{};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<oomb::bf16*>(t), dims,
-                                          strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = tensor_map_encoder()(
+      &map, std::is_same_v<T, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+      const_cast<T*>(t), dims, strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     OOMB_FAIL(oomb::cuda_error, "attention: cuTensorMapEncodeTiled failed (", int(r), ") for a query tensor of sq ", sq,
               ", hq ", hq, ", group ", group, ", head_dim ", d, ", box of ", queries, " queries");
@@ -595,8 +599,10 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
   // Without TMA_Q the kernel never reads the query maps: K's stands in.
   const CUtensorMap tq = Cfg::TMA_Q ? make_query_tensor_map(a.q, a.sq, a.hq, p.group, Cfg::D, Cfg::BM / p.group) : tk;
   const CUtensorMap tdo = Cfg::TMA_Q ? make_query_tensor_map(d_o, a.sq, a.hq, p.group, Cfg::D, Cfg::BM / p.group) : tk;
+  // writer_tensor: dq receives the steps' tiles as TMA reductions of the same boxes (fp32).
+  const CUtensorMap tdq = Cfg::DQ_TENSOR ? make_query_tensor_map(dq, a.sq, a.hq, p.group, Cfg::D, Cfg::BM / p.group) : tk;
   const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(a.hkv), static_cast<unsigned>(qsplit));
-  kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, tk, tv, tq, tdo, lse, delta,
+  kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, tk, tv, tq, tdo, tdq, lse, delta,
                                                           reinterpret_cast<const std::uint16_t*>(d_o), out,
                                                           kv_token_dim1(a.kv.pool) ? 1 : 0, qsplit);
   check_launch("attention_backward (sm90)");

@@ -15,17 +15,20 @@
 // and 2 are consumers, consumer c owning keys 64c .. 64c + 63. Per step a consumer computes, in the
 // transposed ("swap AB") form so that its keys are the wgmma M dimension,
 //   S^T = K_c Q^T, dP^T = V_c dO^T            (wgmma, both operands from shared memory)
-//   P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - delta)   (registers)
+//   P^T = exp2(S^T scale log2e - lse log2e), dS^T = scale P^T (dP^T - delta)   (registers; the
+//                                              scale rides in dS, so dQ and dK need none)
 //   dV_c += P^T dO, dK_c += dS^T Q            (wgmma, A from registers: the accumulator layout is
 //                                              the A-fragment layout)
 // and stores dS (stmatrix .trans) into shared memory; dQ = dS K is then computed with wgmma. The
 // configurations (variants.cuh) hand dQ to a writer warp through shared tiles (backward_dq::
 // writer_warp: bulk reductions into dq, off the consumers' chain; FlashAttention-3's step order,
 // measured +16-27% at d64, docs/attention-notes.md hb3); the alternative adds it from every
-// consumer thread with red.global.add.v2 (hb2). d128: consumer c takes columns 64c..64c+63 over
-// all 128 keys, after a named barrier between the two consumers (dS double-buffered, so one
-// barrier per step suffices); d64: each consumer takes all columns over its own keys, so the
-// consumers never wait for each other (measured +6-12%, docs/attention-notes.md hb2). dK/dV stay
+// consumer thread with red.global.add.v2 (hb2); writer_tensor lays the shared tile out as dq's TMA
+// boxes and adds it with tensor reductions. d128: consumer c takes columns 64c..64c+63 over all 128
+// keys, after a named barrier between the two consumers (dS double-buffered, so one barrier per step
+// suffices); d64 (DQ_OWN): each consumer takes all columns over its own keys, so the consumers never
+// wait for each other (measured +6-12%, docs/attention-notes.md hb2), at twice the dq additions;
+// d64 over all keys: consumer c takes query half c of a 128-row step, after the barrier. dK/dV stay
 // in registers for the walk and are added once at the end (atomically when the query steps are
 // split over blocks). Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by
 // per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
@@ -51,6 +54,9 @@ enum class backward_dq {
   atomics,      ///< red.global.add.v2 from every consumer thread
   row_bulk,     ///< via shared memory, one cp.reduce.async.bulk per row issued by a consumer warp (hb1: slower)
   writer_warp,  ///< via shared memory; a producer warp adds whole query segments with bulk reductions
+  /// via a shared tile laid out as dq's TMA boxes (128-byte swizzle); the producer warp adds it with
+  /// one TMA tensor reduction per 32 columns (needs TMA_Q's steps of whole queries)
+  writer_tensor,
 };
 
 /// One CTA's walk over the packed query rows (query * group + head) of its KV head, in steps.
@@ -152,23 +158,32 @@ struct backward_sm90_tile {
   /// Software pipelining across steps (S, dP of the next step issued before this step's dq
   /// additions); needs the registers of d64.
   static constexpr bool PIPE = PIPE_;
-  /// d128: each consumer computes dQ over its own 64 keys only (two column halves), so the two
-  /// consumers share no barrier per step (d64 always works this way).
+  /// DQ_OWN: each consumer computes dQ over its own 64 keys only, for all columns (d128: two column
+  /// halves), so the two consumers share no barrier per step; twice the dq additions. Else dQ runs
+  /// over all 128 keys after a barrier between the consumers (both key panels of dS), split between
+  /// them by columns (d128: consumer c takes columns 64c..) or by query halves (d64, 128-row steps:
+  /// consumer c takes rows 64c..).
   static constexpr bool DQ_OWN = DQ_OWN_;
   static constexpr backward_dq DQ = DQ_;
   static constexpr bool DQ_BULK = DQ == backward_dq::row_bulk;
-  /// writer_warp: the consumers copy their dq tile into a shared [BM][D] fp32 tile (d128: both
-  /// consumers' column halves in one tile; d64: one tile per consumer, over its own keys) and go
-  /// on; warp 3 of the producer warpgroup adds each query's rows (contiguous in dq) with one bulk
-  /// reduction and frees the tile. Full/empty mbarriers per tile, DQ_BUFS tiles per unit.
-  static constexpr bool DQ_WRITER = DQ == backward_dq::writer_warp;
-  /// dQ over each consumer's own keys (d64 always; d128 with DQ_OWN): one dq tile per consumer.
-  static constexpr bool OWN_KEYS = D == 64 || DQ_OWN;
-  static constexpr int DQ_UNITS = DQ_WRITER ? (OWN_KEYS ? 2 : 1) : 0;
+  /// writer_warp / writer_tensor: the consumers copy their dq tile into a shared [BM][D] fp32 tile
+  /// (over all keys: both consumers' halves in one tile; DQ_OWN: one tile per consumer) and go on;
+  /// warp 3 of the producer warpgroup adds it to dq and frees the tile. Full/empty mbarriers per
+  /// tile, DQ_BUFS tiles per unit. writer_warp: the tile is dq's row layout, one bulk reduction per
+  /// query (its rows are contiguous in dq). writer_tensor: the tile is D / 32 panels of 32 columns,
+  /// each the shared-memory image of a TMA box of the step's whole queries with the 128-byte swizzle,
+  /// so each consumer store instruction meets the fewest bank wavefronts, and the writer issues one
+  /// tensor reduction per panel.
+  static constexpr bool DQ_TENSOR = DQ == backward_dq::writer_tensor;
+  static constexpr bool DQ_WRITER = DQ == backward_dq::writer_warp || DQ_TENSOR;
+  /// d64 over all keys: consumer c takes query half c of a 128-row step.
+  static constexpr bool DQ_QHALF = !DQ_OWN && !DQ_SWAP && BM == 128;
+  static constexpr int DQ_UNITS = DQ_WRITER ? (DQ_OWN ? 2 : 1) : 0;
   static constexpr int DQ_BUFS = D == 64 && BM == 64 ? 2 : 1;  // else no room for a second 32 KB tile
-  /// dS is read by this consumer only when OWN_KEYS: the writer warp's order drains dQ within the
-  /// step, so one buffer suffices where shared memory is short.
-  static constexpr int DS_BUFS = BM < 128 && !(DQ_WRITER && DQ_OWN) ? 2 : 1;
+  /// dS is read by the other consumer too unless DQ_OWN: two buffers, so one barrier per step
+  /// suffices. Read by this consumer only: the writer warp's order drains dQ within the step, so
+  /// one buffer does where shared memory is short (128-row steps, d128 over own keys).
+  static constexpr int DS_BUFS = !DQ_OWN ? 2 : (BM == 128 || (DQ_WRITER && D == 128)) ? 1 : 2;
   static constexpr int DQ_UNIT_BYTES = BM * D * 4;
   static constexpr int DQ_PITCH = 64 * 4 + 16;  // row_bulk: one consumer's row of 64 fp32, padded against bank conflicts
   static constexpr int DQ_BYTES = DQ_BULK ? 2 * BM * DQ_PITCH : DQ_UNITS * DQ_BUFS * DQ_UNIT_BYTES;
@@ -203,7 +218,10 @@ struct backward_sm90_tile {
   static_assert(!DQ_WRITER || !PIPE, "writer warp: its own step order");
   static_assert(BM == 64 || (BM == 128 && D == 64 && DQ_WRITER) || (BM == 80 && D == 128 && DQ_WRITER && !DQ_OWN),
                 "steps of 64 rows; 128 at d64 and 80 at d128 with the writer warp (d128: dQ over all keys)");
+  static_assert(D == 128 || DQ_OWN || DQ_QHALF, "d64 over all keys: 128-row steps (query halves)");
   static_assert(!TMA_Q || (DQ_WRITER && LOAD_LAG == 0), "TMA_Q: the writer warp's two-stage pipeline");
+  static_assert(!DQ_TENSOR || TMA_Q, "dQ by TMA reductions: boxes of whole queries, as TMA_Q's");
+  static_assert(!DQ_TENSOR || tiles_bytes % 1024 == 0, "dQ panels: the 128-byte swizzle needs 1024-byte alignment");
   static_assert(smem_bytes <= 227 * 1024, "shared memory");
   // setmaxnreg moves registers within the CTA: 384 threads start with 168 each (65536 / 384, rounded
   // down to 8), and an increase beyond what the producer released waits forever.
@@ -214,7 +232,8 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     attention_backward_sm90_kernel(const __grid_constant__ kernel_params p, const __grid_constant__ CUtensorMap tmap_k,
                                    const __grid_constant__ CUtensorMap tmap_v, const __grid_constant__ CUtensorMap tmap_q,
-                                   const __grid_constant__ CUtensorMap tmap_do, const float* __restrict__ lse,
+                                   const __grid_constant__ CUtensorMap tmap_do, const __grid_constant__ CUtensorMap tmap_dq,
+                                   const float* __restrict__ lse,
                                    const float* __restrict__ delta, const std::uint16_t* __restrict__ d_o,
                                    const backward_outputs outp, int token_dim1, int qsplit) {
 #if OOMB_ATTENTION_SM90A
@@ -249,6 +268,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;
+  constexpr float log2e = 1.4426950408889634f;
   const window_extent win(p);
   const bool sparse = p.tile_indptr != nullptr;
   const std::int64_t p_own = first_own_page(p, win);
@@ -316,7 +336,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
     mbar_init(kv_bar, 1);
     for (int n = 0; n < NDQ; ++n) {
-      mbar_init(dq_full(n), Cfg::OWN_KEYS ? 128 : 256);  // else both consumers write one tile
+      mbar_init(dq_full(n), Cfg::DQ_OWN ? 128 : 256);  // else both consumers write one tile
       mbar_init(dq_empty(n), 1);
     }
     fence_barrier_init();
@@ -338,6 +358,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         // The dq writer: per step and tile, wait until the consumers have written it, add each
         // query's rows (contiguous in dq: rows query * group + head) with one bulk reduction, and
         // free the tile once the reductions have read it.
+        // writer_tensor: one tensor reduction per 32-column panel of the tile, the step's whole
+        // queries (a clipped step's masked rows add zeros; queries past sq are not written).
+        if constexpr (Cfg::DQ_TENSOR) prefetch_tensor_map(&tmap_dq);
         int i = 0;
         for (query_walk wk = walk0; !wk.done(); wk.next(), ++i) {
           const int r0 = wk.r0, r1 = wk.r1();
@@ -348,12 +371,19 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
           for (int u = 0; u < Cfg::DQ_UNITS; ++u) {
             const int n = u * Cfg::DQ_BUFS + nb;
             mbar_wait(dq_full(n), static_cast<std::uint32_t>(i / Cfg::DQ_BUFS) & 1u);
-            for (int q = qa + lane; q <= qb; q += 32) {
-              const int lo = q * p.group > r0 ? q * p.group : r0;
-              const int hi = (q + 1) * p.group < r1 ? (q + 1) * p.group : r1;
-              bulk_reduce_add_f32(outp.dq + (std::int64_t(q) * p.hq + head0 + (lo - q * p.group)) * D,
-                                  dq_tile(n) + static_cast<std::uint32_t>((lo - r0) * D * 4),
-                                  static_cast<std::uint32_t>((hi - lo) * D * 4));
+            if constexpr (Cfg::DQ_TENSOR) {
+              if (lane == 0)
+#pragma unroll
+                for (int pc = 0; pc < D / 32; ++pc)
+                  tma_reduce_add_4d(&tmap_dq, dq_tile(n) + static_cast<std::uint32_t>(pc * BM * 128), pc * 32, 0, kvh, qa);
+            } else {
+              for (int q = qa + lane; q <= qb; q += 32) {
+                const int lo = q * p.group > r0 ? q * p.group : r0;
+                const int hi = (q + 1) * p.group < r1 ? (q + 1) * p.group : r1;
+                bulk_reduce_add_f32(outp.dq + (std::int64_t(q) * p.hq + head0 + (lo - q * p.group)) * D,
+                                    dq_tile(n) + static_cast<std::uint32_t>((lo - r0) * D * 4),
+                                    static_cast<std::uint32_t>((hi - lo) * D * 4));
+              }
             }
             bulk_commit();
           }
@@ -454,17 +484,22 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
           cp_async_16(sdO + dst, d_o + off, ok);
         }
       }
-      auto load_stats = [&](int r) {  // lse and delta of row r of the step (past n: zeros; masked or P^T = 1, dS^T = 0)
+      // lse and delta of row r of the step, as the consumers use them: lse in base 2 (+inf for a row that
+      // saw no key, so P = 0), delta times the softmax scale (so dS^T carries the scale into dQ and dK).
+      // Past n: zeros (masked, or P^T = 1 with dS^T = 0).
+      auto load_stats = [&](int r) {
         const int R = r0 + r;
         const bool ok = r < n;
         const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(ok ? R : 0)));
-        const std::int64_t off = ok ? std::int64_t(head0 + (R - qi * p.group)) * p.sq + qi : 0;
-        cp_async_4(smem_addr(sL + s * BM + r), lse + off, ok);
-        cp_async_4(smem_addr(sDl + s * BM + r), delta + off, ok);
+        const std::int64_t off = std::int64_t(head0 + (R - qi * p.group)) * p.sq + qi;
+        const float l = ok ? lse[off] : 0.0f, d = ok ? delta[off] : 0.0f;
+        sL[s * BM + r] = l == -INFINITY ? INFINITY : l * log2e;
+        sDl[s * BM + r] = d;
       };
       if constexpr (BM <= Cfg::STEP_LOADERS) {
         if (pt < BM) load_stats(pt);
       } else {
+#pragma unroll 1  // the producer's 24 registers (unrolled, ptxas spills)
         for (int r = pt; r < BM; r += Cfg::STEP_LOADERS) load_stats(r);
       }
       cp_async_commit();
@@ -498,7 +533,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
   for (int k = 0; k < NKV; ++k) acc_dk[k] = acc_dv[k] = 0.0f;
 
-  constexpr float log2e = 1.4426950408889634f;
   const std::int64_t kbase = pos0 + s0 - p.q_start;  // key k of the block sits at query index kbase + k
   const int kr0 = c * 64 + w * 16 + g;               // this thread's key rows: kr0, kr0 + 8
   const int valid_keys = s_end - s0;
@@ -519,25 +553,29 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // (element 4j + 2h + e is column 64c + 16w + g + 8h, query row 8j + 2t4 + e of the step).
   constexpr int NS = BM / 2, QH = BM >= 64 && !Cfg::DQ_SWAP ? BM / 64 : 1;
   constexpr int HALVES = D == 128 && Cfg::DQ_OWN ? 2 : 1;
-  constexpr int PARTS = QH > HALVES ? QH : HALVES;
+  constexpr int PARTS = Cfg::DQ_QHALF ? 1 : QH > HALVES ? QH : HALVES;
+  auto qhalf_of = [&](int part) { return Cfg::DQ_QHALF ? c : QH > 1 ? part : 0; };  // the dQ part's 64 query rows
   constexpr int NDQF = Cfg::DQ_SWAP ? BM / 2 : 32;  // dq floats per part and thread
   float sacc[NS], dpacc[NS], dq[PARTS][NDQF];
   std::uint32_t pa[BM / 16][4], da[BM / 16][4];
 
   // S^T = K_c Q^T and dP^T = V_c dO^T for stage s: two commit groups.
+  // Descriptors are built once per operand base and stepped with desc_at: building each k-step's
+  // descriptor from its address put ~10 dependent instructions before every wgmma (hb7).
+  const std::uint64_t desc_K = sw128_desc(sK_c, 16, 1024), desc_V = sw128_desc(sV_c, 16, 1024);
   auto issue_sdp = [&](int s) {
-    const std::uint32_t sQ_s = sQ + s * Q_BYTES, sdO_s = sdO + s * Q_BYTES;
+    const std::uint64_t desc_q_s = sw128_desc(sQ + s * Q_BYTES, 16, 1024), desc_do_s = sw128_desc(sdO + s * Q_BYTES, 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
       const std::uint32_t off = (k >> 2) * PANEL_K + (k & 3) * 32;
       const std::uint32_t qoff = (k >> 2) * PANEL_Q + (k & 3) * 32;
       if constexpr (BM == 128)
-        wgmma_ss_n128(sacc, sw128_desc(sK_c + off, 16, 1024), sw128_desc(sQ_s + qoff, 16, 1024), k > 0);
+        wgmma_ss_n128(sacc, desc_at(desc_K, off), desc_at(desc_q_s, qoff), k > 0);
       else if constexpr (BM == 80)
-        wgmma_ss_n80(sacc, sw128_desc(sK_c + off, 16, 1024), sw128_desc(sQ_s + qoff, 16, 1024), k > 0);
+        wgmma_ss_n80(sacc, desc_at(desc_K, off), desc_at(desc_q_s, qoff), k > 0);
       else
-        wgmma_ss_n64(sacc, sw128_desc(sK_c + off, 16, 1024), sw128_desc(sQ_s + qoff, 16, 1024), k > 0);
+        wgmma_ss_n64(sacc, desc_at(desc_K, off), desc_at(desc_q_s, qoff), k > 0);
     }
     wgmma_commit();
 #pragma unroll
@@ -545,11 +583,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       const std::uint32_t off = (k >> 2) * PANEL_K + (k & 3) * 32;
       const std::uint32_t qoff = (k >> 2) * PANEL_Q + (k & 3) * 32;
       if constexpr (BM == 128)
-        wgmma_ss_n128(dpacc, sw128_desc(sV_c + off, 16, 1024), sw128_desc(sdO_s + qoff, 16, 1024), k > 0);
+        wgmma_ss_n128(dpacc, desc_at(desc_V, off), desc_at(desc_do_s, qoff), k > 0);
       else if constexpr (BM == 80)
-        wgmma_ss_n80(dpacc, sw128_desc(sV_c + off, 16, 1024), sw128_desc(sdO_s + qoff, 16, 1024), k > 0);
+        wgmma_ss_n80(dpacc, desc_at(desc_V, off), desc_at(desc_do_s, qoff), k > 0);
       else
-        wgmma_ss_n64(dpacc, sw128_desc(sV_c + off, 16, 1024), sw128_desc(sdO_s + qoff, 16, 1024), k > 0);
+        wgmma_ss_n64(dpacc, desc_at(desc_V, off), desc_at(desc_do_s, qoff), k > 0);
     }
     wgmma_commit();
   };
@@ -567,17 +605,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
     for (int k = 0; k < NS; ++k) fence_operand(sacc[k]);
     if (release >= 0) mbar_arrive(empty(release));
-    // P^T = exp2(S^T scale log2e - lse log2e); lse = -inf (a row that saw no key) gives P = 0.
+    // P^T = exp2(S^T scale log2e - lse log2e): sL holds lse log2e (+inf where lse = -inf: P = 0).
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
       const float2 l = *reinterpret_cast<const float2*>(sLs + 8 * j + 2 * t4);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float l2 = (e ? l.y : l.x) * log2e;
-        const float lref = l2 == -INFINITY ? INFINITY : l2;
+      for (int e = 0; e < 2; ++e)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) sacc[4 * j + 2 * h + e] = fast_exp2(fmaf(sacc[4 * j + 2 * h + e], p.scale_log2, -lref));
-      }
+        for (int h = 0; h < 2; ++h)
+          sacc[4 * j + 2 * h + e] = fast_exp2(fmaf(sacc[4 * j + 2 * h + e], p.scale_log2, -(e ? l.y : l.x)));
     }
     if (masked) {
 #pragma unroll
@@ -597,7 +633,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     wgmma_wait<0>();
 #pragma unroll
     for (int k = 0; k < NS; ++k) fence_operand(dpacc[k]);
-    // dS^T = P^T (dP^T - delta); a masked P is exactly 0, and dP there is finite (zero-filled keys).
+    // dS^T = scale P^T (dP^T - delta) (sDl holds scale delta): the softmax scale rides in dS, so dQ and
+    // dK need none. A masked P is exactly 0, and dP there is finite (zero-filled keys).
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
       const float2 dl = *reinterpret_cast<const float2*>(sDs + 8 * j + 2 * t4);
@@ -606,7 +643,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int x = 4 * j + 2 * h + e;
-          dpacc[x] = sacc[x] * (dpacc[x] - (e ? dl.y : dl.x));
+          dpacc[x] = sacc[x] * fmaf(dpacc[x], p.scale, -(e ? dl.y : dl.x));
         }
     }
 #pragma unroll
@@ -628,9 +665,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // acc += A_k B_k over the BM queries of stage buffer `sb` (B N-major: [query][d] rows); dV += P^T dO
   // (frag = pa, sb = dO) or dK += dS^T Q (frag = da, sb = Q). No commit.
   auto issue_kv_product = [&](float(&acc)[NKV], const std::uint32_t(&frag)[BM / 16][4], std::uint32_t sb) {
+    const std::uint64_t b0 = sw128_desc(sb, PANEL_Q, 1024);
 #pragma unroll
     for (int k = 0; k < BM / 16; ++k) {
-      const std::uint64_t bd = sw128_desc(sb + k * 16 * 128, PANEL_Q, 1024);
+      const std::uint64_t bd = desc_at(b0, k * 16 * 128);
       if constexpr (D == 128)
         wgmma_rs_n128(acc, frag[k], bd);
       else
@@ -645,10 +683,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     wgmma_commit();
   };
 
-  // dQ = dS K. d128: columns 64c.. over all 128 keys (both key panels of dS: a barrier between
-  // the consumers). DQ_OWN (and d64): each consumer only over its own keys, all columns, so the
-  // consumers never wait for each other (d128: two column halves, twice the dq additions).
-  constexpr bool OWN = Cfg::OWN_KEYS;
+  // dQ = dS K. Over all 128 keys (both key panels of dS: a barrier between the consumers), d128
+  // columns 64c.. or d64 query half c. DQ_OWN: each consumer only over its own keys, all columns, so
+  // the consumers never wait for each other (d128: two column halves; twice the dq additions).
+  constexpr bool OWN = Cfg::DQ_OWN;
   auto ds_barrier = [&] {
     if constexpr (OWN)
       named_sync(3 + c, 128);  // this consumer's key panel of dS is written
@@ -665,24 +703,24 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // ([key][d] rows), B the dS buffer ([query][key], K-major) with the step's BM queries as N.
       (void)lo;
       (void)hi;
+      const std::uint64_t a0 = sw128_desc(sK + c * PANEL_K, PANEL_K, 1024), b0 = sw128_desc(sdS_b, 16, 1024);
 #pragma unroll
       for (int k = 0; k < BN / 16; ++k)
-        wgmma_ss_n80_ta(dq[0], sw128_desc(sK + c * PANEL_K + 16 * k * 128, PANEL_K, 1024),
-                        sw128_desc(sdS_b + (k >> 2) * PANEL_Q + (k & 3) * 32, 16, 1024), k > 0);
+        wgmma_ss_n80_ta(dq[0], desc_at(a0, 16 * k * 128), desc_at(b0, (k >> 2) * PANEL_Q + (k & 3) * 32), k > 0);
     } else {
       constexpr int KQ = OWN ? 4 : BN / 16;
       const int key_lo = OWN ? c * 64 : 0;
+      const std::uint64_t a0 = sw128_desc(sdS_b, 16, 1024), b0 = sw128_desc(sK, PANEL_K, 1024);
 #pragma unroll
       for (int part = 0; part < PARTS; ++part)
         if (part >= lo && (hi < 0 || part < hi)) {
-          const int qh = QH > 1 ? part : 0;
+          const int qh = qhalf_of(part);
           const std::uint32_t kcol = colp_of(HALVES > 1 ? part : 0) * PANEL_K;
 #pragma unroll
           for (int k = 0; k < KQ; ++k) {
             const int key0 = key_lo + 16 * k;
-            wgmma_ss_n64_tb(dq[part],
-                            sw128_desc(sdS_b + (key0 >> 6) * PANEL_Q + qh * 64 * 128 + ((key0 & 63) >> 4) * 32, 16, 1024),
-                            sw128_desc(sK + kcol + key0 * 128, PANEL_K, 1024), k > 0);
+            wgmma_ss_n64_tb(dq[part], desc_at(a0, (key0 >> 6) * PANEL_Q + qh * 64 * 128 + ((key0 & 63) >> 4) * 32),
+                            desc_at(b0, kcol + key0 * 128), k > 0);
           }
         }
     }
@@ -714,7 +752,37 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       (void)nr;  // the writer warp adds the step's rows
       const int n = (OWN ? c : 0) * Cfg::DQ_BUFS + i % Cfg::DQ_BUFS;
       if (part == 0) mbar_wait(dq_empty(n), (static_cast<std::uint32_t>(i / Cfg::DQ_BUFS) & 1u) ^ 1u);
-      if constexpr (Cfg::DQ_SWAP) {
+      if constexpr (Cfg::DQ_TENSOR) {
+        // The TMA boxes' image: panel col / 32, row r at 128 r, 16-byte chunk (col / 4) % 8 XOR r % 8.
+        // dQ^T (d128): each store instruction covers 4 rows x 8 columns of two chunks, which the
+        // XOR spreads over all 32 banks (one wavefront); d64: v2 stores, 2 wavefronts per 256 bytes.
+        auto at = [&](int r, int col) {
+          return dq_tile(n) + static_cast<std::uint32_t>((col >> 5) * (BM * 128) + r * 128 +
+                                                         ((((col >> 2) & 7) ^ (r & 7)) << 4) + (col & 3) * 4);
+        };
+        if constexpr (Cfg::DQ_SWAP) {
+          const int col = 64 * c + 16 * w + g;
+#pragma unroll
+          for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int r = 8 * j + 2 * t4 + e;
+              asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at(r, col)), "f"(dq[0][4 * j + e]) : "memory");
+              asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at(r, col + 8)), "f"(dq[0][4 * j + 2 + e])
+                           : "memory");
+            }
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = 64 * qhalf_of(part) + w * 16 + g + 8 * h;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at(r, colp * 64 + 8 * j + 2 * t4)),
+                           "f"(dq[part][4 * j + 2 * h]), "f"(dq[part][4 * j + 2 * h + 1])
+                           : "memory");
+          }
+        }
+      } else if constexpr (Cfg::DQ_SWAP) {
         // dQ^T: a thread holds columns col, col + 8 of rows 8j + 2t4 + e. The 4 lanes of one g
         // share banks (rows are 512 B apart), so odd t4 stores its two columns in the other order:
         // 16 distinct banks per store, 2 wavefronts, the minimum for 16 distinct columns.
@@ -725,19 +793,19 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float v0 = dq[0][4 * j + e] * p.scale, v1 = dq[0][4 * j + 2 + e] * p.scale;
+            const float v0 = dq[0][4 * j + e], v1 = dq[0][4 * j + 2 + e];
             const std::uint32_t row = static_cast<std::uint32_t>((8 * j + e) * D * 4);
             asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(first + row), "f"(odd ? v1 : v0) : "memory");
             asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(second + row), "f"(odd ? v0 : v1) : "memory");
           }
       } else {
-        const int qh = QH > 1 ? part : 0;
+        const int qh = qhalf_of(part);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float2 v[8];
 #pragma unroll
           for (int j = 0; j < 8; ++j)
-            v[j] = make_float2(dq[part][4 * j + 2 * h] * p.scale, dq[part][4 * j + 2 * h + 1] * p.scale);
+            v[j] = make_float2(dq[part][4 * j + 2 * h], dq[part][4 * j + 2 * h + 1]);
 #pragma unroll
           for (int bit = 1; bit < 8; bit <<= 1) {  // v[k] = v[(k + g) & 7], one select stage per bit of g
             const bool rot = (g & bit) != 0;
@@ -768,7 +836,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
         for (int j = 0; j < 8; ++j)
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(my + (w * 16 + g + 8 * h) * P + (8 * j + 2 * t4) * 4),
-                       "f"(dq[part][4 * j + 2 * h] * p.scale), "f"(dq[part][4 * j + 2 * h + 1] * p.scale)
+                       "f"(dq[part][4 * j + 2 * h]), "f"(dq[part][4 * j + 2 * h + 1])
                        : "memory");
       fence_proxy_async();
       named_sync(3 + c, 128);
@@ -793,7 +861,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
         float* dst = outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + colp * 64 + 2 * t4;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) red_add_v2(dst + 8 * j, dq[part][4 * j + 2 * h] * p.scale, dq[part][4 * j + 2 * h + 1] * p.scale);
+        for (int j = 0; j < 8; ++j) red_add_v2(dst + 8 * j, dq[part][4 * j + 2 * h], dq[part][4 * j + 2 * h + 1]);
       }
     }
   };
@@ -869,7 +937,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         wgmma_wait<1>();  // dV and dQ done, dK in flight
         fence_dq();
         dq_out(r0, nr, i, 0);
-        if constexpr (Cfg::DQ_SWAP) {  // dK done here (see BM): free the stage now
+        if constexpr (Cfg::DQ_SWAP || Cfg::DQ_QHALF) {  // dK done here (see BM; d64 over all keys likewise): free the stage now
           wgmma_wait<0>();
           mbar_arrive(empty(s));
         }
@@ -886,7 +954,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         fence_dq();
         dq_out(r0, nr, i, 1);
       }
-      s_prev = Cfg::DQ_SWAP ? -1 : s;  // else the next step's S wait retires dK
+      s_prev = Cfg::DQ_SWAP || Cfg::DQ_QHALF ? -1 : s;  // else the next step's S wait retires dK
     }
     wgmma_wait<0>();
     fence_acc();
@@ -936,7 +1004,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int col = 8 * j + 2 * t4;
-      const float k0 = acc_dk[4 * j + 2 * h] * p.scale, k1 = acc_dk[4 * j + 2 * h + 1] * p.scale;
+      const float k0 = acc_dk[4 * j + 2 * h], k1 = acc_dk[4 * j + 2 * h + 1];
       const float v0 = acc_dv[4 * j + 2 * h], v1 = acc_dv[4 * j + 2 * h + 1];
       if (qsplit > 1) {
         red_add_v2(dk + col, k0, k1);
@@ -958,6 +1026,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   (void)tmap_v;
   (void)tmap_q;
   (void)tmap_do;
+  (void)tmap_dq;
   (void)lse;
   (void)delta;
   (void)d_o;

@@ -102,6 +102,11 @@ __device__ __forceinline__ std::uint64_t sw128_desc(std::uint32_t saddr, std::ui
          (std::uint64_t((sbo >> 4) & 0x3FFFu) << 32) | (std::uint64_t(1) << 62);
 }
 
+/// The descriptor of the same operand layout `bytes` further on in shared memory: the start address
+/// is the descriptor's low field (address / 16), so a constant offset is one add instead of building
+/// the descriptor again (shared addresses stay inside the field's 256 KB range).
+__device__ __forceinline__ std::uint64_t desc_at(std::uint64_t d, std::uint32_t bytes) { return d + (bytes >> 4); }
+
 // The products (generated operand lists; accumulators in the mma.sync C layout per 8 columns:
 // d[4j + 2h + c] is row 16 * warp + g + 8h, column 8j + 2t + c, with g = lane / 4, t = lane % 4).
 /// d (+)= A B for m64n128k16: A [64][16] and B [128][16], both K-major in shared memory.
@@ -190,6 +195,18 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, std::uint32_t sr
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
                "r"(bytes)
                : "memory");
+}
+/// Adds a 4-D box of shared memory (laid out as the tensor map's box, with its swizzle) into the
+/// map's global tensor at the coordinates with one TMA reduction (sm_90 cp.reduce.async.bulk.tensor;
+/// the element type and the add come from the map), tracked by this thread's bulk groups. Elements
+/// outside the tensor are not written.
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, std::uint32_t src, int c0, int c1, int c2,
+                                                  int c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<std::uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /// Waits until this thread's bulk groups but the newest N have finished reading shared memory.
