@@ -87,7 +87,7 @@ def lm_head(out):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--attention-prefix", default="2026-12-01-hb6-call2")
+    p.add_argument("--attention-prefix", default="2026-12-02-hb7-call3")
     args = p.parse_args()
     img = ROOT / "docs/img"
     img.mkdir(exist_ok=True)

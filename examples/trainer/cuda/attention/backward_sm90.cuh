@@ -26,9 +26,9 @@
 // consumer thread with red.global.add.v2 (hb2); writer_tensor lays the shared tile out as dq's TMA
 // boxes and adds it with tensor reductions. d128: consumer c takes columns 64c..64c+63 over all 128
 // keys, after a named barrier between the two consumers (dS double-buffered, so one barrier per step
-// suffices); d64 (DQ_OWN): each consumer takes all columns over its own keys, so the consumers never
-// wait for each other (measured +6-12%, docs/attention-notes.md hb2), at twice the dq additions;
-// d64 over all keys: consumer c takes query half c of a 128-row step, after the barrier. dK/dV stay
+// suffices); d64: consumer c takes query half c of a 128-row step over all keys, after the barrier
+// (hb7, +13-14% with the tensor reductions), or with DQ_OWN all columns over its own keys, so the
+// consumers never wait for each other (hb2: +6-12% at 64-row steps), at twice the dq additions. dK/dV stay
 // in registers for the walk and are added once at the end (atomically when the query steps are
 // split over blocks). Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by
 // per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
@@ -494,7 +494,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         const std::int64_t off = std::int64_t(head0 + (R - qi * p.group)) * p.sq + qi;
         const float l = ok ? lse[off] : 0.0f, d = ok ? delta[off] : 0.0f;
         sL[s * BM + r] = l == -INFINITY ? INFINITY : l * log2e;
-        sDl[s * BM + r] = d;
+        sDl[s * BM + r] = d * p.scale;
       };
       if constexpr (BM <= Cfg::STEP_LOADERS) {
         if (pt < BM) load_stats(pt);

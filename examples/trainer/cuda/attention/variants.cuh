@@ -49,9 +49,11 @@ template <> struct backward_config<128> { using type = detail::backward_tile<128
 /// Hopper backward (wgmma, warp-specialised; backward_sm90.cuh): Q/dO pipeline stages, the way dQ
 /// reaches global memory and the query rows per step, per head size and kind of call (the public
 /// entry's choice: choose_backward_sm90 in attention.cuh). Measured on the H200
-/// (docs/attention-notes.md, hb3-hb6): the dQ writer warp +16-27% at d64 and 0-5% at d128 over
+/// (docs/attention-notes.md, hb3-hb7): the dQ writer warp +16-27% at d64 and 0-5% at d128 over
 /// red.add; d64 steps of 128 rows another +6-7%; d128 steps of 80 rows +12-18% over 64; Q/dO as
-/// TMA boxes of whole queries (hb6) -6..+18% at d128 and +2..+15% at d64 over cp.async.
+/// TMA boxes of whole queries (hb6) -6..+18% at d128 and +2..+15% at d64 over cp.async; d64 dQ over
+/// all keys added by TMA tensor reductions (hb7) +13-14% over hb6's own-keys bulk reductions (the
+/// tensor reductions cost d128 2-11%, so d128 keeps the bulk ones).
 /// Every configuration takes dense and page-sparse calls: the query walk cuts steps from the start
 /// of each run of tiles that attend the keys and clips them at its end (hs1).
 /// `type`: calls whose GQA group fits a step (group <= BM): Q/dO by TMA, steps of
