@@ -44,6 +44,13 @@ struct timing {
   std::vector<float> in_order;
 };
 
+/// Median, fastest and slowest of calls timed in the order given.
+timing summarize(std::vector<float> t) {
+  std::vector<float> sorted = t;
+  std::sort(sorted.begin(), sorted.end());
+  return {sorted[sorted.size() / 2], sorted.front(), sorted.back(), std::move(t)};
+}
+
 template <class F>
 timing time_ms(int warmup, int reps, F&& f) {
   cudaEvent_t a, b;
@@ -62,9 +69,7 @@ timing time_ms(int warmup, int reps, F&& f) {
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  std::vector<float> sorted = t;
-  std::sort(sorted.begin(), sorted.end());
-  return {sorted[sorted.size() / 2], sorted.front(), sorted.back(), t};
+  return summarize(std::move(t));
 }
 
 template <class F>
@@ -297,7 +302,7 @@ result time_one(const problem& p, int reps, bool alt, bool lean = false) {
 /// `experimental`, hb7: d128 dQ by TMA tensor reductions; d64 hb6's own-keys dQ and all keys with bulk
 /// reductions per query), each call timed in turn
 /// (public, candidate 1, candidate 2, public, ...) so that a drifting clock weighs on all alike.
-/// Returns their timings in that order (empty slots: the candidate does not exist at this head size).
+/// Returns their timings in that order: the public backward first, then d128's one candidate or d64's two.
 std::vector<timing> time_candidates(const problem& p, int reps) {
   device_problem dp(p);
   const auto a = dp.args();
@@ -325,11 +330,7 @@ std::vector<timing> time_candidates(const problem& p, int reps) {
   for (int i = 0; i < reps; ++i)
     for (std::size_t k = 0; k < runs.size(); ++k) t[k].push_back(time_ms(0, 1, runs[k]).median);
   std::vector<timing> out;
-  for (auto& v : t) {
-    std::vector<float> sorted = v;
-    std::sort(sorted.begin(), sorted.end());
-    out.push_back({sorted[sorted.size() / 2], sorted.front(), sorted.back(), v});
-  }
+  for (auto& v : t) out.push_back(summarize(std::move(v)));
   return out;
 }
 
