@@ -9,7 +9,9 @@
 // contiguous run, no forced kernels; with --past 262144 the sparse-vs-dense call of hs1), --head-dim D
 // (only the shape of head size D: 128 or 64, e.g. one profiler run each), --candidates (only the
 // public backward and the Hopper backward configurations on trial, timed in turn), --json FILE (one
-// line per shape and past: TFLOP/s median, min, max).
+// line per shape and past: TFLOP/s median, min, max), --trace FILE (with the sparse run: one traced
+// launch of the sparse backward per shape, selection and launch order, every CTA's timeline as CSV
+// lines for tools/sparse_trace.py).
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 #include <cmath>
@@ -390,11 +392,54 @@ std::int64_t select_sparse_budget(problem& p, std::int32_t budget, std::int32_t 
 
 struct sparse_timing {
   timing fwd, bwd;  // the public entries
-  timing bwd_before;  // the kernel sparse calls took before hs1 (d128 64-row steps, d64 128-row cp.async), in hs1's walk and order
-  timing bwd_interleaved;  // the public entry's kernel with the KV heads interleaved in the launch order (order_hint 2)
+  timing bwd_hs1;  // the public entry's kernel in hs1's launch order: no walk cut into pieces (order_hint 3)
+  timing bwd_no_ws;  // the public entry without a workspace: past blocks in the window-ends-first order (hs1's), long walks in pieces
 };
 
-/// The public sparse forward and backward (delta included) of p, and the backward sparse calls ran before hs1.
+/// One launch of the sparse backward's public configuration in launch order `order` (0: the default with a
+/// workspace, 3: hs1's), every CTA's timeline appended to `out` as CSV lines "label,order,begin,walk,first,last,end,sm,
+/// kvh,piece,steps,kb" (backward_trace_record; times in ns from the first CTA's begin, -1: not reached).
+void trace_sparse(const problem& p, int order, const std::string& label, std::FILE* out) {
+  device_problem dp(p);
+  const auto a = dp.args();
+  const auto& c = p.c;
+  backward_buffers buf(dp);
+  gpu::attention_forward(a, buf.o.p, buf.lse.p, nullptr);
+  gpu::attention_backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
+  using record = gpu::detail::backward_trace_record;
+  dev<std::uint64_t> tr(std::size_t(record::WORDS) << 20);  // up to 2^20 CTAs
+  tr.fill_bytes(0);
+  dev<std::int32_t> ws(static_cast<std::size_t>(gpu::attention_backward_workspace_ints(a)));
+  const gpu::sparse_backward_workspace w{ws.p, static_cast<std::int64_t>(ws.n)};
+  auto run = [&](std::uint64_t* t) {
+    if (c.d == 128)
+      gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p,
+                                                                               buf.dk.p, buf.dv.p, buf.grads, nullptr, 0,
+                                                                               order, w, t);
+    else
+      gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p,
+                                                                              buf.dk.p, buf.dv.p, buf.grads, nullptr, 0,
+                                                                              order, w, t);
+  };
+  run(nullptr);  // warm
+  run(tr.p);
+  cuda_check(cudaDeviceSynchronize(), "trace");
+  const auto h = tr.download();
+  std::uint64_t t0 = ~0ull;
+  for (std::size_t i = 0; i < h.size(); i += record::WORDS)
+    if (h[i] != 0) t0 = std::min(t0, h[i]);
+  for (std::size_t i = 0; i < h.size(); i += record::WORDS) {
+    if (h[i] == 0) continue;
+    const std::uint64_t info = h[i + 5];
+    auto rel = [&](std::uint64_t t) { return t == 0 ? -1ll : static_cast<long long>(t - t0); };
+    std::fprintf(out, "%s,%d,%lld,%lld,%lld,%lld,%lld,%d,%d,%d,%d,%lld\n", label.c_str(), order, rel(h[i]),
+                 rel(h[i + 1]), rel(h[i + 2]), rel(h[i + 3]), rel(h[i + 4]), static_cast<int>(info & 255), static_cast<int>(info >> 8 & 255),
+                 static_cast<int>(info >> 16 & 255) - 1, static_cast<int>(info >> 24 & 0xffff),
+                 static_cast<long long>(info >> 40));
+  }
+}
+
+/// The public sparse forward and backward (delta included) of p, and its kernel in two other launch orders.
 sparse_timing time_sparse(const problem& p, int reps) {
   device_problem dp(p);
   const auto a = dp.args();
@@ -405,28 +450,25 @@ sparse_timing time_sparse(const problem& p, int reps) {
   const auto& grads = buf.grads;
   sparse_timing t;
   t.fwd = time_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
+  dev<std::int32_t> ws(static_cast<std::size_t>(gpu::attention_backward_workspace_ints(a)));
   t.bwd = time_ms(1, reps, [&] {
+    gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+    gpu::attention_backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr,
+                            {ws.p, static_cast<std::int64_t>(ws.n)});
+  });
+  t.bwd_no_ws = time_ms(1, reps, [&] {
     gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
     gpu::attention_backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
   });
   if (gpu::detail::current_device_is_sm90()) {
-    t.bwd_interleaved = time_ms(1, reps, [&] {
+    t.bwd_hs1 = time_ms(1, reps, [&] {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       if (c.d == 128)
         gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
-                                                                                 dv.p, grads, nullptr, 0, 2);
+                                                                                 dv.p, grads, nullptr, 0, 3);
       else
         gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
-                                                                                dv.p, grads, nullptr, 0, 2);
-    });
-    t.bwd_before = time_ms(1, reps, [&] {
-      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-      if (c.d == 128)
-        gpu::detail::launch_backward_sm90<gpu::experimental::backward_sm90_d128_bm64>(a, lse.p, delta.p, dp.d_o.p, dq.p,
-                                                                                       dk.p, dv.p, grads, nullptr);
-      else
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
-                                                                                      dk.p, dv.p, grads, nullptr);
+                                                                                dv.p, grads, nullptr, 0, 3);
     });
   }
   return t;
@@ -445,6 +487,7 @@ int main(int argc, char** argv) {
   bool sparse_budget = true;   // at 256K: the page-sparse forward/backward at a 64-page budget (--no-sparse: off)
   bool candidates = false;     // only the public backward beside the configurations on trial (time_candidates)
   const char* json = nullptr;  // one JSON line per shape and past, every timed kernel
+  const char* trace = nullptr;  // CTA timelines of the sparse backward (CSV)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--alt") == 0) alt = true;
     if (std::strcmp(argv[i], "--candidates") == 0) candidates = true;
@@ -454,6 +497,7 @@ int main(int argc, char** argv) {
       extras = false;
     }
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
+    if (std::strcmp(argv[i], "--trace") == 0 && i + 1 < argc) trace = argv[++i];
     if (std::strcmp(argv[i], "--quick") == 0) pasts = {16384};
     if (std::strcmp(argv[i], "--no-extras") == 0) extras = false;
     if (std::strcmp(argv[i], "--sm90-variants") == 0) sm90_variants = true;
@@ -478,6 +522,8 @@ int main(int argc, char** argv) {
               "fwd paged", "fwd contig", "ratio", "mma.sync", "bwd paged", "bwd contig", "ratio", "sm90 bwd", "sm90 ctg",
               "hb2", "hb2 ctg", "alt", "vs port", "fwd ms", "bwd ms");
   std::FILE* jf = json != nullptr ? std::fopen(json, "w") : nullptr;
+  std::FILE* tf = trace != nullptr ? std::fopen(trace, "w") : nullptr;
+  if (tf != nullptr) std::fprintf(tf, "label,order,begin,walk,first,last,end,sm,kvh,piece,steps,kb\n");
   if (json != nullptr && jf == nullptr) {
     std::fprintf(stderr, "cannot write %s\n", json);
     return 1;
@@ -535,27 +581,30 @@ int main(int argc, char** argv) {
             const std::int64_t keys = select_sparse_budget(p, 64, 1, 8, pool);
             const double fl_f = 4.0 * sq * double(keys) * s.d * s.hq + 2.0 * sq * double(sq) * s.d * s.hq;
             const sparse_timing st = time_sparse(p, r);
+            if (tf != nullptr && gpu::detail::current_device_is_sm90())
+              for (int order : {0, 3})
+                trace_sparse(p, order, std::string(s.name) + (pool > 0 ? " pool" : " random"), tf);
             const double tf_f = fl_f / st.fwd.median / 1e9, tf_b = 2.5 * fl_f / st.bwd.median / 1e9;
             auto tf = [&](double ms) { return ms > 0 ? 2.5 * fl_f / ms / 1e9 : 0.0; };
-            const double tf_b0 = tf(st.bwd_before.median), tf_bi = tf(st.bwd_interleaved.median);
+            const double tf_b0 = tf(st.bwd_hs1.median), tf_bi = tf(st.bwd_no_ws.median);
             const double dense_f = flops_fwd / paged.fwd.median / 1e9, dense_b = flops_bwd / paged.bwd.median / 1e9;
             const std::string sel = "64 pages + sink 1 + local 8 per 128-query tile, drawn from " +
                                     (pool > 0 ? "a shared pool of " + std::to_string(pool) + " pages" : std::string("every past page"));
             std::printf("  [sparse %s 256K past, %s (%lld past keys), TFLOP/s over attended keys: fwd %.1f (%.3fx dense %.1f) | "
-                        "bwd %.1f (%.3fx dense %.1f) | KV heads interleaved %.1f (%.3fx) | the pre-hs1 sparse kernel "
-                        "(in hs1's walk and order) %.1f (%.3fx)]\n",
+                        "bwd %.1f (%.3fx dense %.1f) | no workspace (ends first) %.1f (%.3fx) | hs1's order, no walk in "
+                        "pieces %.1f (%.3fx)]\n",
                         s.name, sel.c_str(), (long long)keys, tf_f, tf_f / dense_f, dense_f, tf_b, tf_b / dense_b, dense_b,
                         tf_bi, tf_bi / dense_b, tf_b0, tf_b0 / dense_b);
             if (jf != nullptr)
               std::fprintf(jf,
                            "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"sparse\": \"%s\", "
                            "\"pool\": %d, \"attended_past_keys\": %lld, \"tflops_median_min_max\": "
-                           "{\"fwd_sparse\": [%f, %f, %f], \"bwd_sparse\": [%f, %f, %f], \"bwd_sparse_heads_interleaved\": [%f, %f, %f], "
-                           "\"bwd_sparse_before_hs1\": [%f, %f, %f]}, "
+                           "{\"fwd_sparse\": [%f, %f, %f], \"bwd_sparse\": [%f, %f, %f], \"bwd_sparse_no_workspace\": [%f, %f, %f], "
+                           "\"bwd_sparse_hs1_order\": [%f, %f, %f]}, "
                            "\"fwd_dense_paged_median\": %f, \"bwd_dense_paged_median\": %f}\n",
                            s.name, (long long)past, sq, r, sel.c_str(), pool, (long long)keys, tf_f, fl_f / st.fwd.hi / 1e9,
-                           fl_f / st.fwd.lo / 1e9, tf_b, tf(st.bwd.hi), tf(st.bwd.lo), tf_bi, tf(st.bwd_interleaved.hi),
-                           tf(st.bwd_interleaved.lo), tf_b0, tf(st.bwd_before.hi), tf(st.bwd_before.lo), dense_f, dense_b);
+                           fl_f / st.fwd.lo / 1e9, tf_b, tf(st.bwd.hi), tf(st.bwd.lo), tf_bi, tf(st.bwd_no_ws.hi),
+                           tf(st.bwd_no_ws.lo), tf_b0, tf(st.bwd_hs1.hi), tf(st.bwd_hs1.lo), dense_f, dense_b);
             std::fflush(stdout);
             p.c.sparse = false;
             p.tile_indptr.clear();
@@ -681,5 +730,6 @@ int main(int argc, char** argv) {
               "Hopper backward with red.add dQ and 64-row steps; alt = d128 writer warp with dQ over own keys, d64 writer warp "
               "with 64-row steps\n", reps);
   if (jf != nullptr) std::fclose(jf);
+  if (tf != nullptr) std::fclose(tf);
   return 0;
 }

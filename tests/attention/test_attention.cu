@@ -235,7 +235,9 @@ bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
 /// from the consumers, 64-row steps), 4 d128: the writer warp with dQ over each consumer's own keys,
 /// d64: the writer warp with 64-row steps (hb3); 5 (d128 only, skipped otherwise): the 64-row writer
 /// warp (the sparse calls' kernel before hs1); 6 the wide-group configuration (cp.async Q/dO);
-/// 7 (sparse calls only): variant 0 with the KV heads interleaved in the launch order (order_hint 2).
+/// 7 (sparse calls only): variant 0 with the KV heads interleaved in the launch order (order_hint 2);
+/// 10 (sparse calls only): variant 0 in hs1's launch order, no walk cut into pieces (order_hint 3);
+/// 11 (sparse calls only): variant 0 with a workspace: past blocks by selection count (hs2).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, int variant = 0);
 void check_backward_portable(const problem& p, const cpu_result& ref);
 
@@ -407,17 +409,27 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
 /// starting random, checked against the CPU oracle. split: forced query split (0 = policy).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int variant) {
   if (variant == 5 && p.c.d != 128) return;
-  if (variant == 7 && !p.c.sparse) return;
+  if ((variant == 7 || variant >= 10) && !p.c.sparse) return;
   if (variant == 9 && p.c.d != 64) return;
   const bool merged = p.c.windows > 1;
   namespace x = gpu::experimental;
   const gpu_result g = run_backward(
       p, ref,
       [&](const gpu::attention_args& a, auto... rest) {
-        const int order = variant == 7 ? 2 : 0;
-        auto run = [&](auto cfg) { gpu::detail::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split, order); };
+        const int order = variant == 7 ? 2 : variant == 10 ? 3 : 0;
+        auto run = [&](auto cfg) {
+          if (variant != 11) {
+            gpu::detail::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split, order);
+            return;
+          }
+          dev<std::int32_t> ws(static_cast<std::size_t>(gpu::attention_backward_workspace_ints(a)));
+          ws.fill_bytes(0xff);  // the order kernel must write every word it reads
+          gpu::detail::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split, order,
+                                                           {ws.p, static_cast<std::int64_t>(ws.n)});
+          sync();  // ws is freed at the end of this scope
+        };
         if (p.c.d == 128) {
-          if (variant == 0 || variant == 7) run(gpu::backward_sm90_config<128>::type{});
+          if (variant == 0 || variant == 7 || variant >= 10) run(gpu::backward_sm90_config<128>::type{});
           if (variant == 5) run(x::backward_sm90_d128_bm64{});
           if (variant == 1) run(x::backward_sm90_d128_bulk{});
           if (variant == 2) run(x::backward_sm90_d128_own{});
@@ -426,7 +438,7 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
           if (variant == 6) run(gpu::backward_sm90_config<128>::wide_group{});
           if (variant == 8) run(x::backward_sm90_d128_tensor_dq{});
         } else {
-          if (variant == 0 || variant == 7) run(gpu::backward_sm90_config<64>::type{});
+          if (variant == 0 || variant == 7 || variant >= 10) run(gpu::backward_sm90_config<64>::type{});
           if (variant == 1) run(x::backward_sm90_d64_bulk{});
           if (variant == 2) run(x::backward_sm90_d64_pipe{});
           if (variant == 3) run(x::backward_sm90_d64_atomics{});
@@ -445,7 +457,9 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
                                       " [sm90 backward, cp.async Q/dO (the configuration of groups wider than a step)",
                                       " [sm90 backward, KV heads interleaved in the launch order",
                                       " [sm90 backward, d128 dQ by TMA tensor reductions / d64 dQ over own keys (hb6)",
-                                      " [sm90 backward, d64 dQ over all keys with bulk reductions per query"};
+                                      " [sm90 backward, d64 dQ over all keys with bulk reductions per query",
+                                      " [sm90 backward, hs1's launch order (no walk in pieces)",
+                                      " [sm90 backward, past blocks ordered by selection (workspace)"};
   std::string name = p.c.name + names[variant];
   if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
   if (split > 0) name += ", qsplit " + std::to_string(split);
@@ -571,6 +585,87 @@ TEST_CASE("attention: the Hopper backward's query walk covers the selected tiles
     CHECK(ok);
   }
   CHECK(walks > 10000);
+}
+
+TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block once, a cut one in pieces") {
+  // make_sparse_backward_plan and sparse_backward_plan (window.cuh), on the host, over windows of 1..300
+  // blocks of 128 keys (pages of 128 and 256 keys) with none to all of them the chunk's own, 1..80 query
+  // tiles: the launch positions of a KV head take every block of the window; an own block and the first
+  // `ends` past blocks of the alternation (the window's first ceil(ends / 2) and last floor(ends / 2)
+  // past blocks: sink and local pages) in `pieces` positions, one per piece, any other block in one
+  // with the whole walk; and a cut block's pieces, each walking its rows (piece_rows) of a random
+  // selection, hold every selected row from the block's first row on exactly once.
+  std::mt19937 rng(21);
+  int cut_blocks = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int ps = trial % 2 == 0 ? 128 : 256, group = std::array<int, 3>{1, 4, 7}[trial % 3];
+    const int window_pages = 1 + static_cast<int>(rng() % (300 * 128 / ps));
+    const int own_pages = static_cast<int>(rng() % static_cast<std::uint32_t>(window_pages + 1));
+    gpu::attention_args a{};
+    a.kv.pool.page_size = ps;
+    a.first_page = static_cast<int>(rng() % 5);
+    a.window_pages = window_pages;
+    a.q_start = std::int64_t(a.first_page + window_pages - own_pages) * ps;
+    a.tile = 128;
+    a.sq = 1 + static_cast<int>(rng() % (80 * 128));
+    const int key_blocks = window_pages * ps / 128;
+    const auto plan = gpu::detail::make_sparse_backward_plan(a, key_blocks, 128, trial % 11 != 0);
+    const int tiles = (a.sq + a.tile - 1) / a.tile, npast = key_blocks - plan.own;
+    INFO("trial ", trial, ": page ", ps, ", blocks ", key_blocks, ", own ", plan.own, ", tiles ", tiles, ", pieces ",
+         plan.pieces, " of ", plan.piece_tiles, " tiles, ends ", plan.ends);
+    REQUIRE(plan.own_kb == npast);
+    REQUIRE(plan.own == own_pages * ps / 128);
+    REQUIRE((plan.pieces == 1 || plan.pieces * plan.piece_tiles >= tiles));
+    REQUIRE((plan.pieces == 1 || (plan.pieces - 1) * plan.piece_tiles < tiles));  // a past block's pieces all hold tiles
+    std::vector<std::vector<int>> pieces_of(static_cast<std::size_t>(key_blocks));
+    bool ok = true;
+    for (int o = 0; o < plan.ctas_per_head(key_blocks) && ok; ++o) {
+      int piece = 0;
+      const int kb = plan.block_at(o, piece);
+      ok = kb >= 0 && kb < key_blocks;
+      if (ok) pieces_of[static_cast<std::size_t>(kb)].push_back(piece);
+    }
+    REQUIRE(ok);
+    int bad = -1;  // the first block that fails
+    for (int kb = 0; kb < key_blocks && ok; ++kb) {
+      bad = kb;
+      const bool cut = plan.pieces > 1 && (kb >= npast || kb < (plan.ends + 1) / 2 || kb >= npast - plan.ends / 2);
+      auto got = pieces_of[static_cast<std::size_t>(kb)];
+      std::sort(got.begin(), got.end());
+      std::vector<int> want(1, -1);
+      if (cut) {
+        want.resize(static_cast<std::size_t>(plan.pieces));
+        std::iota(want.begin(), want.end(), 0);
+      }
+      ok = got == want;
+      if (!cut || !ok) continue;
+      // the pieces' walks of a random selection, steps of 77 rows (hb6's whole queries at group 7)
+      ++cut_blocks;
+      const int tile_rows = a.tile * group, rows = a.sq * group, rs = 128 / group * group;
+      const int first_row = kb >= npast ? std::min(rows - 1, (kb - npast) * 128 * group) : 0;
+      std::vector<std::uint32_t> sel(128, 0u);
+      for (int t = 0; t < tiles; ++t)
+        if (kb >= npast || rng() % 2 == 0) sel[static_cast<std::size_t>(t >> 5)] |= 1u << (t & 31);
+      std::vector<int> seen(static_cast<std::size_t>(rows), 0);
+      for (int piece = 0; piece < plan.pieces; ++piece) {
+        int begin = 0, end = 0;
+        plan.piece_rows(piece, tile_rows, first_row / tile_rows, first_row, rows, begin, end);
+        if (begin >= end) continue;
+        for (gpu::detail::query_walk wk(sel.data(), tiles, tile_rows,
+                                        gpu::detail::fast_divmod(static_cast<std::uint32_t>(tile_rows)), end, rs, begin, 0, 1);
+             !wk.done(); wk.next())
+          for (int r = wk.r0; r < wk.r1(); ++r) ++seen[static_cast<std::size_t>(r)];
+      }
+      for (int r = 0; r < rows; ++r) {
+        const bool on = (sel[static_cast<std::size_t>(r / tile_rows >> 5)] >> (r / tile_rows & 31)) & 1u;
+        const int n = seen[static_cast<std::size_t>(r)];
+        ok = ok && (r >= first_row && on ? n == 1 : n <= 1 && (on || n == 0));
+      }
+    }
+    INFO("block ", bad);
+    CHECK(ok);
+  }
+  CHECK(cut_blocks > 1000);
 }
 
 TEST_CASE("attention: sparse selecting every past page equals dense, bit for bit") {
@@ -757,6 +852,9 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
       sparse(make("sm90 sparse g1 d128 p256 tm", 260, 900, 2, 2, 128, 256, kv_layout::token_major), 128),
       windowed(make("sm90 win g7 d128 p128", 200, 700, 14, 2, 128, 128), 3),
       sparse(make("sm90 win sparse g5 d64 p128", 256, 1000, 10, 2, 64, 128), 128, 3),
+      // over 8 query tiles: the own blocks and the window's end blocks in pieces (hs2)
+      sparse(make("sm90 sparse pieces g2 d128 p128", 1100, 1200, 4, 2, 128, 128), 64),
+      sparse(make("sm90 sparse pieces g5 d64 p128", 1300, 2600, 10, 2, 64, 128), 128),
   };
   std::vector<std::unique_ptr<problem>> probs;
   for (const auto& c : cfgs) probs.push_back(std::make_unique<problem>(c));
@@ -776,6 +874,8 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     check_backward_sm90(p, ref, 0, 7);
     check_backward_sm90(p, ref, 0, 8);
     check_backward_sm90(p, ref, 0, 9);
+    check_backward_sm90(p, ref, 0, 10);
+    check_backward_sm90(p, ref, 0, 11);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -1020,6 +1120,7 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
   for (const config& c : {make("sm90 qsplit g7 d128", 200, 1300, 14, 2, 128, 128),
                           sparse(make("sm90 qsplit sparse g5 d64 tm", 150, 900, 10, 2, 64, 128, kv_layout::token_major), 128),
                           sparse(make("sm90 qsplit sparse g7 d128", 400, 1000, 14, 2, 128, 128), 128),
+                          sparse(make("sm90 qsplit sparse pieces g2 d64", 1200, 700, 4, 2, 64, 128), 64),
                           make("sm90 qsplit g2 d64 short", 70, 100, 4, 2, 64, 128)}) {
     const problem p(c);
     const cpu_result ref = run_cpu(p);
@@ -1032,6 +1133,8 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
       check_backward_sm90(p, ref, split, 7);
       check_backward_sm90(p, ref, split, 8);
       check_backward_sm90(p, ref, split, 9);
+      check_backward_sm90(p, ref, split, 10);
+      check_backward_sm90(p, ref, split, 11);
     }
     check_backward_sm90(p, ref, 0, 1);
     check_backward_sm90(p, ref, 0, 2);
@@ -1042,12 +1145,13 @@ TEST_CASE("attention: Hopper backward with forced query splits (1..3 blocks per 
   }
 }
 
-TEST_CASE("attention: public backward, dense and sparse, into a 16- and an 8-byte aligned dq, matches") {
+TEST_CASE("attention: public backward, dense and sparse, into 16- and 8-byte aligned dq, dK and dV, matches") {
   // On Hopper the public entry takes a configuration per call (choose_backward_sm90): dense and
   // sparse calls Q/dO by TMA in whole-query steps, or cp.async where the group is wider than a step
   // (g96 d128, g160 d64); red.add for a dq that is 8 but not 16 mod 16 (the writer
-  // warp's bulk reductions need 16); elsewhere the portable kernel. All must give the CPU oracle's
-  // gradients (a configuration that refused its call would throw here).
+  // warp's bulk reductions need 16), with dK/dV 8 mod 16 as well (the API's 8-byte promise);
+  // elsewhere the portable kernel. All must give the CPU oracle's gradients (a configuration that
+  // refused its call would throw here).
   using oomb::kv_layout;
   for (const config& c : {make("public g7 d128", 90, 300, 14, 2, 128, 128), make("public g7 d64", 90, 300, 14, 2, 64, 128),
                           make("public wide group g96 d128", 9, 200, 96, 1, 128, 128),
@@ -1064,14 +1168,24 @@ TEST_CASE("attention: public backward, dense and sparse, into a 16- and an 8-byt
           gpu::attention_backward(a, lse, delta, d_o, dq, dk, dv, grads, nullptr);
           return;
         }
-        dev<float> shifted(qn + 2);
-        float* const dq8 = shifted.p + 2;  // cudaMalloc is 256-byte aligned: this is 8 mod 16
+        const std::size_t kn = std::size_t(c.sq) * c.hkv * c.d;
+        dev<float> shifted(qn + 2), shifted_k(kn + 2), shifted_v(kn + 2);
+        float* const dq8 = shifted.p + 2;  // cudaMalloc is 256-byte aligned: these are 8 mod 16
+        float* const dk8 = shifted_k.p + 2;
+        float* const dv8 = shifted_v.p + 2;
         REQUIRE((reinterpret_cast<std::uintptr_t>(dq8) & 15u) == 8u);
-        attn_test::cuda_check(cudaMemcpy(dq8, dq, qn * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
-        gpu::attention_backward(a, lse, delta, d_o, dq8, dk, dv, grads, nullptr);
-        attn_test::cuda_check(cudaMemcpy(dq, dq8, qn * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
+        auto copy = [](float* to, const float* from, std::size_t n) {
+          attn_test::cuda_check(cudaMemcpy(to, from, n * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
+        };
+        copy(dq8, dq, qn);
+        copy(dk8, dk, kn);
+        copy(dv8, dv, kn);
+        gpu::attention_backward(a, lse, delta, d_o, dq8, dk8, dv8, grads, nullptr);
+        copy(dq, dq8, qn);
+        copy(dk, dk8, kn);
+        copy(dv, dv8, kn);
       });
-      check_errors(c.name + (aligned ? " [public backward]" : " [public backward, unaligned dq]"), compare(g, ref),
+      check_errors(c.name + (aligned ? " [public backward]" : " [public backward, dq, dK, dV 8 mod 16]"), compare(g, ref),
                    g.untouched_ok);
     }
   }
@@ -1086,10 +1200,14 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
   for (const config& c : {make("sanitize sm90 bwd g7 d128", 40, 300, 14, 2, 128, 128),
                           make("sanitize sm90 bwd g7 d64", 40, 300, 14, 2, 64, 128),
                           sparse(make("sanitize sm90 bwd sparse g5 d64 tm", 70, 500, 10, 2, 64, 128, kv_layout::token_major), 128),
-                          sparse(make("sanitize sm90 bwd sparse g7 d128", 200, 300, 14, 2, 128, 128), 128)}) {
+                          sparse(make("sanitize sm90 bwd sparse g7 d128", 200, 300, 14, 2, 128, 128), 128),
+                          // 9 query tiles: own and end blocks in two pieces each (hs2)
+                          sparse(make("sanitize sm90 bwd sparse pieces g2 d128", 560, 300, 4, 2, 128, 128), 64)}) {
     const problem p(c);
     const cpu_result ref = run_cpu(p);
     check_backward_sm90(p, ref);
+    check_backward_sm90(p, ref, 0, 10);
+    check_backward_sm90(p, ref, 0, 11);
     check_backward_sm90(p, ref, 2);
     check_backward_sm90(p, ref, 2, 3);
     check_backward_sm90(p, ref, 2, 4);
@@ -1223,13 +1341,20 @@ void check_unselected_pages_unread(const config& c, double keep) {
     else
       gpu::detail::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr);
   });
-  if (hopper_device() && c.page >= 128)
+  if (hopper_device() && c.page >= 128) {
     backward("sm90", [&](const gpu::attention_args& a, auto... rest) {
       if (c.d == 128)
         gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, rest..., nullptr, 0);
       else
         gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, rest..., nullptr, 0);
     });
+    // the trainer's call: the public entry with a workspace, past blocks by selection count (hs2)
+    backward("public with workspace", [&](const gpu::attention_args& a, auto... rest) {
+      dev<std::int32_t> ws(static_cast<std::size_t>(gpu::attention_backward_workspace_ints(a)));
+      gpu::attention_backward(a, rest..., nullptr, {ws.p, static_cast<std::int64_t>(ws.n)});
+      sync();
+    });
+  }
 }
 
 }  // namespace

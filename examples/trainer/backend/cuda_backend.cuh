@@ -450,7 +450,9 @@ class basic_cuda_backend {
     float* dq32 = widen(f32_[0], qd, dq);
     float* dk32 = widen(f32_[1], kvd, dk);
     float* dv32 = widen(f32_[2], kvd, dv);
-    gpu::attention_backward(a, lse, delta_.data(), d_o, dq32, dk32, dv32, dpast, compute_.get());
+    order_ws_.resize(static_cast<std::size_t>(gpu::attention_backward_workspace_ints(a)));
+    gpu::attention_backward(a, lse, delta_.data(), d_o, dq32, dk32, dv32, dpast, compute_.get(),
+                            {order_ws_.data(), static_cast<std::int64_t>(order_ws_.size())});
     ring_.release(t, compute());
     gpu::ops::convert(qd, static_cast<const float*>(dq32), dq, compute());
     gpu::ops::convert(kvd, static_cast<const float*>(dk32), dk, compute());
@@ -622,6 +624,7 @@ class basic_cuda_backend {
   // window's partial attention output, the attention delta, the head's normed rows, rstd and
   // per-row loss/lse, and the ops' workspace.
   gpu::device_buffer<float> f32_[3], o_w_, lse_w_, delta_, rstd_, rows_;
+  gpu::device_buffer<std::int32_t> order_ws_;  // the sparse backward's launch order (sparse_backward_workspace)
   gpu::device_buffer<bf16> xf_;
   gpu::device_buffer<unsigned char> work_;
 };

@@ -6,8 +6,9 @@
 //       (Hopper kernel on sm_90 when supported, else the portable one: see forward_kernels)
 //   attention_merge(sq, hq, d, o_acc, lse_acc, o, lse, stream)   windows fold by log-sum-exp
 //   attention_backward_delta(sq, hq, d, o, d_o, delta, stream)   delta [hq][sq] = rowsum(dO o O)
-//   attention_backward(args, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream)
-//       (Hopper kernel on sm_90 when supported, else the portable one: see backward_kernels)
+//   attention_backward(args, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream [, workspace])
+//       (Hopper kernel on sm_90 when supported, else the portable one: see backward_kernels; the
+//       optional workspace, attention_backward_workspace_ints(args) ints, orders sparse calls' blocks)
 // The backward of one window takes the GLOBAL lse (after all windows merged) and the delta of the
 // global O; it adds into dq [sq][hq][d], dk_own / dv_own [sq][hkv][d] (row = position - q_start)
 // and the fp32 gradient pages of past pages (dpast.grad_id[id] >= 0 for every past page of the
@@ -116,6 +117,7 @@ inline kernel_params make_params(const attention_args& a, int rows_per_tile_mult
   p.tile = a.tile;
   p.stagger = false;
   p.heads_interleaved = false;
+  p.trace = nullptr;
   p.tile_rows_div = fast_divmod(a.tile_indptr != nullptr ? static_cast<std::uint32_t>(a.tile * group) : 1u);
   return p;
 }
@@ -264,21 +266,27 @@ inline encode_tiled_fn tensor_map_encoder() {
 
 /// True when dim 1 of the K/V tensor maps is the token (else the head): dims 1 and 2 go in
 /// increasing stride, so head- and token-major pages both map without overlapping dims.
-inline bool kv_token_dim1(const oomb::page_pool_view<const oomb::bf16>& pool) {
+template <class E>
+bool kv_token_dim1(const oomb::page_pool_view<E>& pool) {
   return pool.stride_token <= pool.stride_head;
 }
 
 /// One tensor map over the whole pool, K (v == false) or V pages: dims (d, token | head,
-/// head | token, page id), box (64 columns, one page tile of `rows` tokens, one head, one page),
-/// 128-byte swizzle. The page id is a coordinate, so one map serves scattered pages. The pool's
-/// length is not part of the view; ids are bounded by int32 (the kernels only read ids the table
-/// names).
-inline CUtensorMap make_kv_tensor_map(const oomb::page_pool_view<const oomb::bf16>& pool, int d, int rows, bool v) {
+/// head | token, page id), box (128 bytes of columns, one page tile of `rows` tokens, one head, one
+/// page), 128-byte swizzle. The page id is a coordinate, so one map serves scattered pages. The
+/// pool's length is not part of the view; ids are bounded by int32 (the kernels only read ids the
+/// table names). E: the KV pool's const bf16, or the gradient pool's float (the Hopper backward's
+/// dK/dV by TMA reductions).
+template <class E>
+CUtensorMap make_kv_tensor_map(const oomb::page_pool_view<E>& pool, int d, int rows, bool v) {
+  using T = std::remove_const_t<E>;
+  static_assert(std::is_same_v<T, oomb::bf16> || std::is_same_v<T, float>, "bf16 or fp32 pages");
+  constexpr cuuint64_t bytes = sizeof(T);
   const bool tok1 = kv_token_dim1(pool);
-  void* base = const_cast<oomb::bf16*>(pool.base + (v ? pool.v_offset : 0));
-  const cuuint64_t st = cuuint64_t(pool.stride_token) * 2, sh = cuuint64_t(pool.stride_head) * 2,
-                   sp = cuuint64_t(pool.pair_stride) * 2;
-  const cuuint32_t box[4] = {64, tok1 ? cuuint32_t(rows) : 1u, tok1 ? 1u : cuuint32_t(rows), 1};
+  void* base = const_cast<T*>(pool.base + (v ? pool.v_offset : 0));
+  const cuuint64_t st = cuuint64_t(pool.stride_token) * bytes, sh = cuuint64_t(pool.stride_head) * bytes,
+                   sp = cuuint64_t(pool.pair_stride) * bytes;
+  const cuuint32_t box[4] = {cuuint32_t(128 / bytes), tok1 ? cuuint32_t(rows) : 1u, tok1 ? 1u : cuuint32_t(rows), 1};
   const cuuint32_t estride[4] = {1, 1, 1, 1};
   const cuuint64_t strides[3] = {tok1 ? st : sh, tok1 ? sh : st, sp};
   CUtensorMap map{};
@@ -288,7 +296,8 @@ inline CUtensorMap make_kv_tensor_map(const oomb::page_pool_view<const oomb::bf1
   for (const cuuint64_t ids : {cuuint64_t(0x7fffffff), small}) {
     const cuuint64_t dims[4] = {cuuint64_t(d), tok1 ? cuuint64_t(pool.page_size) : cuuint64_t(pool.kv_heads),
                                 tok1 ? cuuint64_t(pool.kv_heads) : cuuint64_t(pool.page_size), ids};
-    r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box, estride,
+    r = tensor_map_encoder()(&map, bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+                             base, dims, strides, box, estride,
                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r == CUDA_SUCCESS) return map;
@@ -560,18 +569,68 @@ bool use_sm90_backward(const attention_args& a) {
          current_device_is_sm90() && sm90_backward_built<Cfg>();
 }
 
+}  // namespace detail
+
+/// Device scratch for page-sparse backward calls, attention_backward_workspace_ints(args) ints: with
+/// it the Hopper backward launches only the past blocks that some tile selects, the most selected
+/// first (detail::sparse_backward_order_kernel; hs2), so the long walks start early and unselected
+/// blocks cost no CTA; without it, in the window-ends-first order (hs1). Stream-ordered: one
+/// workspace serves the calls of one stream in turn.
+struct sparse_backward_workspace {
+  std::int32_t* data = nullptr;
+  std::int64_t ints = 0;
+};
+
+/// The ints of workspace a backward call on `a` uses (0: a dense call, nothing to order).
+inline std::int64_t attention_backward_workspace_ints(const attention_args& a) {
+  if (a.tile_indptr == nullptr) return 0;
+  const std::int64_t key_blocks = std::int64_t(a.window_pages) * a.kv.pool.page_size / 128;
+  return 2 * key_blocks + 1;  // a count and an order slot per past block, and the number selected
+}
+
+namespace detail {
+
+/// The Hopper backward's launch order for a page-sparse call of `key_blocks` blocks of bn keys
+/// (sparse_backward_plan, hs2). cut = false: hs1's order, no block in pieces. Otherwise a block that
+/// every tile may attend (the own blocks; the window's first and last backward_sparse_end_pages pages)
+/// is cut into pieces of at most backward_sparse_piece_tiles query tiles: with one CTA per SM a walk
+/// longer than the SM's share of the call, started late (the last KV head's own and sink/local
+/// blocks), ended ~10% after the rest (docs/attention-notes.md hs1, hs2).
+inline constexpr int backward_sparse_piece_tiles = 8;
+inline constexpr int backward_sparse_end_pages = 8;
+inline sparse_backward_plan make_sparse_backward_plan(const attention_args& a, int key_blocks, int bn, bool cut) {
+  const std::int64_t ps = a.kv.pool.page_size;
+  const std::int64_t own_page = std::clamp<std::int64_t>(a.q_start / ps - a.first_page, 0, a.window_pages);
+  sparse_backward_plan plan;
+  plan.own_kb = static_cast<std::int32_t>(own_page * ps / bn);
+  plan.own = key_blocks - plan.own_kb;
+  const int tiles = (a.sq + a.tile - 1) / a.tile;
+  if (cut && tiles > backward_sparse_piece_tiles) {
+    plan.pieces = (tiles + backward_sparse_piece_tiles - 1) / backward_sparse_piece_tiles;
+    plan.piece_tiles = (tiles + plan.pieces - 1) / plan.pieces;
+    plan.ends = static_cast<std::int32_t>(std::min<std::int64_t>(plan.own_kb, 2 * backward_sparse_end_pages * ps / bn));
+  }
+  return plan;
+}
+
 /// Launches the Hopper backward (backward_sm90.cuh) with configuration Cfg; throws when the shape
 /// or the binary does not support it (page_size < 128, no sm_90a code). order_hint (sparse calls):
 /// 0 or 1 the KV heads one after another (each head's own blocks first, then its past blocks from
-/// both window ends), 2 the same block order with the KV heads taken in turn (hs1: better balance
-/// with 4 KV heads, but every head's Q/dO and dq in L2 at once; the bench times both).
+/// both window ends, the long walks in pieces: make_sparse_backward_plan), 2 the same block order
+/// with the KV heads taken in turn (hs1: better balance with 4 KV heads, but every head's Q/dO and
+/// dq in L2 at once), 3 hs1's order (heads one after another, no pieces); the bench times them.
+/// ws (sparse calls but order_hint 3): the past blocks in order of selection (sparse_backward_workspace).
+/// trace: device memory for backward_trace_record::WORDS words per CTA of the grid (x fastest, then
+/// the KV head, then the query split), or nullptr (bench --trace).
 template <class Cfg>
 void launch_backward_sm90(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
                           float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
-                          cudaStream_t stream, int split_hint = 0, int order_hint = 0) {
+                          cudaStream_t stream, int split_hint = 0, int order_hint = 0,
+                          sparse_backward_workspace ws = {}, std::uint64_t* trace = nullptr) {
   OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
   kernel_params p = make_params(a, 128);
   p.heads_interleaved = order_hint == 2;
+  p.trace = trace;
   check_backward_outputs(a, lse, delta, d_o, dq, dk_own, dv_own, dpast);
   OOMB_EXPECTS(a.kv.pool.page_size >= Cfg::BN, "attention_backward (sm90): page_size must be >= ", Cfg::BN,
                ", got ", a.kv.pool.page_size);
@@ -585,12 +644,25 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
   const int step_rows = Cfg::TMA_Q ? Cfg::BM / p.group * p.group : Cfg::BM;
   if constexpr (Cfg::DQ != backward_dq::atomics)
     OOMB_EXPECTS(aligned16(dq), "attention_backward (sm90, bulk dQ): dq must be 16-byte aligned");
-  const backward_outputs out{dq, dk_own, dv_own, dpast};
+  backward_outputs out{dq, dk_own, dv_own, dpast};
   const auto kernel = attention_backward_sm90_kernel<Cfg>;
   allow_smem(kernel, Cfg::smem_bytes);
   const std::int64_t keys = std::int64_t(a.window_pages) * a.kv.pool.page_size;
   const int key_blocks = static_cast<int>((keys + Cfg::BN - 1) / Cfg::BN);
   if (key_blocks == 0) return;
+  int ctas = key_blocks;  // per KV head
+  if (a.tile_indptr != nullptr) {
+    p.plan = make_sparse_backward_plan(a, key_blocks, Cfg::BN, order_hint != 3);
+    ctas = p.plan.ctas_per_head(key_blocks);
+    const int past_blocks = p.plan.own_kb;
+    if (order_hint != 3 && past_blocks > 0 && ws.data != nullptr && ws.ints >= 2 * std::int64_t(past_blocks) + 1) {
+      sparse_backward_order_kernel<><<<1, ORDER_THREADS, 0, stream>>>(p, past_blocks, a.kv.pool.page_size / Cfg::BN,
+                                                                    ws.data);
+      check_launch("attention_backward (sm90, sparse launch order)");
+      p.plan.order = ws.data + past_blocks;
+      p.plan.selected = ws.data + 2 * past_blocks;
+    }
+  }
   const int query_tiles = static_cast<int>((std::int64_t(a.sq) * p.group + step_rows - 1) / step_rows);
   const int qsplit = backward_split(key_blocks * a.hkv, resident_blocks(kernel, Cfg::THREADS, Cfg::smem_bytes),
                                     query_tiles, split_hint);
@@ -601,8 +673,20 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
   const CUtensorMap tdo = Cfg::TMA_Q ? make_query_tensor_map(d_o, a.sq, a.hq, p.group, Cfg::D, Cfg::BM / p.group) : tk;
   // writer_tensor: dq receives the steps' tiles as TMA reductions of the same boxes (fp32).
   const CUtensorMap tdq = Cfg::DQ_TENSOR ? make_query_tensor_map(dq, a.sq, a.hq, p.group, Cfg::D, Cfg::BM / p.group) : tk;
-  const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(a.hkv), static_cast<unsigned>(qsplit));
-  kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, tk, tv, tq, tdo, tdq, lse, delta,
+  // dK/dV rows by TMA reductions (backward_rows_maps) where every row starts 16-byte aligned.
+  backward_rows_maps rows{tk, tk, tk, tk};
+  out.tensor_rows = rows16_aligned(out);
+  if (out.tensor_rows) {
+    rows.dk_own = make_query_tensor_map(dk_own, a.sq, a.hkv, 1, Cfg::D, Cfg::BN);
+    rows.dv_own = make_query_tensor_map(dv_own, a.sq, a.hkv, 1, Cfg::D, Cfg::BN);
+    if (dpast.pool.base != nullptr) {
+      rows.dk_past = make_kv_tensor_map(dpast.pool, Cfg::D, Cfg::BN, false);
+      rows.dv_past = make_kv_tensor_map(dpast.pool, Cfg::D, Cfg::BN, true);
+      out.grad_token_dim1 = kv_token_dim1(dpast.pool);
+    }
+  }
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(a.hkv), static_cast<unsigned>(qsplit));
+  kernel<<<grid, Cfg::THREADS, Cfg::smem_bytes, stream>>>(p, tk, tv, tq, tdo, tdq, rows, lse, delta,
                                                           reinterpret_cast<const std::uint16_t*>(d_o), out,
                                                           kv_token_dim1(a.kv.pool) ? 1 : 0, qsplit);
   check_launch("attention_backward (sm90)");
@@ -638,17 +722,17 @@ decltype(auto) with_backward_sm90_config(backward_sm90_call call, F&& f) {
 }  // namespace detail
 
 /// Backward over one window (see the file comment). dq, dk_own, dv_own, gradient pages: fp32, added
-/// to, 8-byte aligned (a 16-byte aligned dq lets the Hopper kernel use its faster dQ path). Kernel
-/// choice: backward_kernels; on Hopper, the configuration for the kind of call (choose_backward_sm90).
+/// to, 8-byte aligned (a 16-byte aligned dq lets the Hopper kernel use its faster dQ path). Kernel choice: backward_kernels; on Hopper, the configuration for the kind of call
+/// (choose_backward_sm90). ws: optional scratch for sparse calls (sparse_backward_workspace).
 inline void attention_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
                                float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, sparse_backward_workspace ws = {}) {
   dispatch_head_dim(a.d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     const bool hopper = detail::with_backward_sm90_config<D>(detail::choose_backward_sm90<D>(a, dq), [&](auto cfg) {
       using Cfg = decltype(cfg);
       if (!detail::use_sm90_backward<Cfg>(a)) return false;
-      detail::launch_backward_sm90<Cfg>(a, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream);
+      detail::launch_backward_sm90<Cfg>(a, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream, 0, 0, ws);
       return true;
     });
     if (!hopper)

@@ -49,7 +49,20 @@ struct backward_outputs {
   float* dk_own;  // [sq][hkv][d], added to (row = position - q_start)
   float* dv_own;
   oomb::grad_mirror_view<float> dpast;
+  /// Hopper backward: every dK/dV row starts 16-byte aligned (rows16_aligned), so whole blocks of rows
+  /// are added by TMA reductions (backward_rows_maps); else red.add per pair.
+  bool tensor_rows = false;
+  bool grad_token_dim1 = false;  // the gradient pool's tensor maps: dim 1 is the token (else the head)
 };
+
+/// Whether out's dK/dV rows all start 16-byte aligned (backward_outputs::tensor_rows).
+inline bool rows16_aligned(const backward_outputs& out) {
+  auto a16 = [](const void* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15u) == 0; };
+  const auto& g = out.dpast.pool;
+  return a16(out.dk_own) && a16(out.dv_own) &&
+         (g.base == nullptr ||
+          (a16(g.base) && g.pair_stride % 4 == 0 && g.v_offset % 4 == 0 && g.stride_token % 4 == 0 && g.stride_head % 4 == 0));
+}
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)

@@ -29,8 +29,8 @@
 // suffices); d64: consumer c takes query half c of a 128-row step over all keys, after the barrier
 // (hb7, +13-14% with the tensor reductions), or with DQ_OWN all columns over its own keys, so the
 // consumers never wait for each other (hb2: +6-12% at 64-row steps), at twice the dq additions. dK/dV stay
-// in registers for the walk and are added once at the end (atomically when the query steps are
-// split over blocks). Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by
+// in registers for the walk and are added once at the end with red.add (the pieces of a block and
+// the CTAs of a query split add into the same rows). Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by
 // per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
 // Keys past the window's end read as zeros (the partial tile is loaded with zero-filling cp.async),
 // and masked entries are selected to 0, so stale page tails never reach dQ.
@@ -38,6 +38,8 @@
 
 #include <cmath>
 #include <cstdint>
+
+#include <cub/block/block_scan.cuh>
 
 #include <oomb/core/bf16.hpp>
 #include <oomb/paging/views.hpp>
@@ -135,6 +137,144 @@ struct query_walk {
   }
 };
 
+/// One CTA's timeline in kernel_params::trace (bench --trace; globaltimer nanoseconds, as seen by the
+/// first consumer thread): when the CTA began, when the K/V tile had landed, when the first step's Q/dO
+/// had (writer-warp configurations; else = walk), when the walk's last products were done, when the
+/// epilogue's reductions were issued; and what it took. A CTA that found no step writes `begin` and
+/// `info` only (end = 0).
+struct backward_trace_record {
+  static constexpr int WORDS = 6;  // begin, walk, first, last, end, info
+  /// info: SM (bits 0-7), KV head (8-15), piece + 1 (16-23), steps (24-39), key block (40-63)
+  static __host__ __device__ std::uint64_t info(int sm, int kvh, int piece, int steps, int kb) {
+    return std::uint64_t(sm & 255) | std::uint64_t(kvh & 255) << 8 | std::uint64_t((piece + 1) & 255) << 16 |
+           std::uint64_t(steps & 0xffff) << 24 | std::uint64_t(kb) << 40;
+  }
+};
+
+/// Bits [ta, tb) of selection word wd.
+__device__ __forceinline__ std::uint32_t range_bits(int wd, int ta, int tb) {
+  const int lo = ta - 32 * wd, hi = tb - 32 * wd;  // the range relative to the word's first bit
+  if (hi <= 0 || lo >= 32) return 0u;
+  const std::uint32_t from = lo <= 0 ? ~0u : ~0u << lo, below = hi >= 32 ? ~0u : (1u << hi) - 1u;
+  return from & below;
+}
+
+/// Finds the query tiles t in [ta, tb) whose sorted page list holds a page, as bits of a shared
+/// selection word array. The CTA's warps take the tiles in groups of L lanes (a power of two from 2 to
+/// 32: the most that cover the range in one pass), and a group searches its tile's list L-ary: each
+/// round probes L entries at once, so a list of n entries costs log_L(n) dependent loads (one L2
+/// round trip each) where a binary search costs log_2(n), and every CTA pays this before its walk.
+/// The constructor issues the first pass's list bounds, so that their loads overlap the window's
+/// (the kernel builds it before it knows whether the page is past, hs2).
+template <int THREADS>
+struct tile_search {
+  static constexpr int WARPS = THREADS / 32;
+  int ta, tb, L, lane, warp, lo = 0, hi = 0;  // lo, hi: the first pass's tile's list
+
+  __device__ tile_search(const kernel_params& p, int ta_, int tb_)
+      : ta(ta_), tb(tb_), L(32), lane(static_cast<int>(threadIdx.x) & 31), warp(static_cast<int>(threadIdx.x) >> 5) {
+    const int per_warp = (tb - ta + WARPS - 1) / WARPS;
+    while (L > 2 && 32 / L < per_warp) L >>= 1;
+    const int t = ta + warp * (32 / L) + lane / L;
+    if (t < tb) {
+      lo = p.tile_indptr[t];
+      hi = p.tile_indptr[t + 1];
+    }
+  }
+
+  /// Sets the bits of the tiles that select `page` in sel (zeroed).
+  __device__ void run(const kernel_params& p, std::int64_t page, std::uint32_t* sel) const {
+    const int j = lane & (L - 1), gbase = lane & ~(L - 1), groups = 32 / L;
+    const std::uint32_t gmask = L == 32 ? ~0u : ((1u << L) - 1u) << gbase;
+    for (int t0 = ta + warp * groups; t0 < tb; t0 += WARPS * groups) {  // warp-uniform
+      const int t = t0 + lane / L;
+      int l = lo, h = hi;  // the entries of tile t's list that may still hold page
+      if (t0 != ta + warp * groups) {
+        l = h = 0;
+        if (t < tb) {
+          l = p.tile_indptr[t];
+          h = p.tile_indptr[t + 1];
+        }
+      }
+      bool active = h > l, found = false;
+      while (__any_sync(~0u, active)) {
+        const int n = h - l, step = n <= L ? 1 : (n + L - 1) / L;
+        const int pos = l + j * step;
+        const bool probe = active && pos < h;
+        const std::int32_t v = probe ? p.tile_pages[pos] : 0;
+        const std::uint32_t le = __ballot_sync(~0u, probe && v <= page) & gmask;
+        const std::uint32_t eq = __ballot_sync(~0u, probe && v == page) & gmask;
+        if (active) {
+          if (eq != 0) {
+            found = true;
+            active = false;
+          } else if (n <= L || le == 0) {  // every entry probed, or page below them all
+            active = false;
+          } else {  // page can only lie between the last probe <= page and the next probe
+            l += (31 - __clz(static_cast<int>(le)) - gbase) * step;
+            h = l + step < h ? l + step : h;
+          }
+        }
+      }
+      if (found && j == 0) atomicOr(sel + (t >> 5), 1u << (t & 31));
+    }
+  }
+};
+
+/// The sparse backward's launch order from a workspace (sparse_backward_plan::order, hs2): counts for
+/// every past key block of the window the query tiles whose list selects its page, then lists the
+/// blocks that any tile selects, most selected first (a counting sort by count), so that the long
+/// walks start first and an unselected block launches no walk. One CTA of ORDER_THREADS; ws holds
+/// count [past_blocks], order [past_blocks], selected [1]. (A template, as a header's kernels must be:
+/// one definition for every translation unit that includes it.)
+inline constexpr int ORDER_THREADS = 1024;
+template <int THREADS = ORDER_THREADS>
+__global__ void __launch_bounds__(THREADS)
+    sparse_backward_order_kernel(const __grid_constant__ kernel_params p, int past_blocks, int blocks_per_page,
+                                 std::int32_t* ws) {
+  std::int32_t* const count = ws;
+  std::int32_t* const order = ws + past_blocks;
+  constexpr int PER_THREAD = 4096 / THREADS;  // counts 1..ntiles (<= 4096), four per thread
+  using scan = cub::BlockScan<int, THREADS>;
+  __shared__ typename scan::TempStorage scan_tmp;
+  __shared__ int start[4096 + 2];  // per count 1..ntiles: where its blocks go in `order`
+  const int tid = static_cast<int>(threadIdx.x);
+  const int ntiles = (p.sq + p.tile - 1) / p.tile;
+  for (int b = tid; b < past_blocks; b += THREADS) count[b] = 0;
+  for (int c = tid; c <= ntiles + 1; c += THREADS) start[c] = 0;
+  __syncthreads();
+  // A tile lists a page at most once (strictly increasing), so a count is at most ntiles.
+  const int past_pages = past_blocks / blocks_per_page;
+  for (int e = p.tile_indptr[0] + tid; e < p.tile_indptr[ntiles]; e += THREADS) {
+    const std::int64_t j = std::int64_t(p.tile_pages[e]) - p.first_page;
+    if (j < 0 || j >= past_pages) continue;  // outside the window's past
+    for (int b = 0; b < blocks_per_page; ++b) atomicAdd(count + j * blocks_per_page + b, 1);
+  }
+  __syncthreads();
+  for (int b = tid; b < past_blocks; b += THREADS)
+    if (count[b] > 0) atomicAdd(start + count[b], 1);
+  __syncthreads();
+  // Exclusive prefix sums from the highest count down: item i of the scan is count ntiles - i.
+  int n[PER_THREAD];
+#pragma unroll
+  for (int k = 0; k < PER_THREAD; ++k) {
+    const int c = ntiles - (tid * PER_THREAD + k);
+    n[k] = c >= 1 ? start[c] : 0;
+  }
+  int selected = 0;
+  scan(scan_tmp).ExclusiveSum(n, n, selected);
+  __syncthreads();  // every start[] read before any is written
+#pragma unroll
+  for (int k = 0; k < PER_THREAD; ++k) {
+    const int c = ntiles - (tid * PER_THREAD + k);
+    if (c >= 1) start[c] = n[k];
+  }
+  if (tid == 0) ws[2 * past_blocks] = selected;
+  __syncthreads();
+  for (int b = tid; b < past_blocks; b += THREADS)
+    if (count[b] > 0) order[atomicAdd(start + count[b], 1)] = b;
+}
+
 template <int D_, int STAGES_, backward_dq DQ_ = backward_dq::atomics, bool DQ_OWN_ = false, bool PIPE_ = false,
           int BM_ = 64, bool TMA_Q_ = false>
 struct backward_sm90_tile {
@@ -228,11 +368,19 @@ struct backward_sm90_tile {
   static_assert(PRODUCER_REGS + 2 * CONSUMER_REGS <= 3 * 168, "register split over the CTA's allocation");
 };
 
+/// Where the epilogue adds whole blocks of dK/dV rows by TMA reductions (backward_outputs::tensor_rows):
+/// the chunk's own rows, dk_own / dv_own as [sq][hkv][d] (make_query_tensor_map with group 1), and the
+/// gradient pool's K / V pages (make_kv_tensor_map); boxes of 32 fp32 columns by the block's 128 rows.
+struct backward_rows_maps {
+  CUtensorMap dk_own, dv_own, dk_past, dv_past;
+};
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     attention_backward_sm90_kernel(const __grid_constant__ kernel_params p, const __grid_constant__ CUtensorMap tmap_k,
                                    const __grid_constant__ CUtensorMap tmap_v, const __grid_constant__ CUtensorMap tmap_q,
                                    const __grid_constant__ CUtensorMap tmap_do, const __grid_constant__ CUtensorMap tmap_dq,
+                                   const __grid_constant__ backward_rows_maps tmap_rows,
                                    const float* __restrict__ lse,
                                    const float* __restrict__ delta, const std::uint16_t* __restrict__ d_o,
                                    const backward_outputs outp, int token_dim1, int qsplit) {
@@ -269,41 +417,74 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;
   constexpr float log2e = 1.4426950408889634f;
-  const window_extent win(p);
   const bool sparse = p.tile_indptr != nullptr;
-  const std::int64_t p_own = first_own_page(p, win);
   // Which key block and KV head this CTA takes. Dense: blockIdx.x, blockIdx.y (all blocks of a KV head
   // do the same work; one KV head at a time keeps its Q/dO and dq in L2). Sparse: a block's work is the
   // tiles that attend it, from none to all, and the heaviest are the chunk's own blocks (causal: every
   // later tile), then the window's first and last pages (sink and local selections), so within each KV
   // head the CTAs in launch order take the own blocks first, then the past blocks alternately from the
-  // window's start and its end (longest first: the tail of each head is short walks; hs1).
+  // window's start and its end (longest first: the tail of each head is short walks; hs1). The own
+  // blocks and the first plan.ends past blocks come in plan.pieces CTAs each, one per run of query
+  // tiles, so that no walk is long enough to end late (hs2; sparse_backward_plan).
   // heads_interleaved (bench option) takes the KV heads in turn instead.
   int kb = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y);
+  int piece = -1;  // sparse: this CTA's range of query tiles (-1: all of them)
   if (sparse) {
-    const int nkb = static_cast<int>(gridDim.x);
     int o = kb;
     if (p.heads_interleaved) {
-      const int lin = kvh * nkb + kb;
+      const int lin = kvh * static_cast<int>(gridDim.x) + kb;
       o = lin / p.hkv;
       kvh = lin - o * p.hkv;
     }
-    const std::int64_t own_page = p_own - p.first_page;
-    const int own_kb = static_cast<int>(((own_page < 0 ? 0 : own_page > win.pages ? win.pages : own_page) << p.log_page) / BN);
-    const int k = o - (nkb - own_kb);
-    kb = k < 0 ? own_kb + o : (k & 1) ? own_kb - 1 - (k >> 1) : k >> 1;
+    kb = p.plan.block_at(o, piece);
+    if (kb < 0) return;  // uniform: an ordered launch's position past the selected blocks
   }
+  const std::int64_t trace_at =  // this CTA's record (bench --trace)
+      backward_trace_record::WORDS *
+      (blockIdx.x + std::int64_t(gridDim.x) * (blockIdx.y + std::int64_t(gridDim.y) * blockIdx.z));
+  if (p.trace != nullptr && tid == 0) {
+    p.trace[trace_at] = globaltimer();
+    p.trace[trace_at + 5] = backward_trace_record::info(smid(), kvh, piece, 0, kb);
+  }
+  if (tid == 0) {  // the descriptors' fetch overlaps the loads below
+    prefetch_tensor_map(&tmap_k);
+    prefetch_tensor_map(&tmap_v);
+    if constexpr (Cfg::TMA_Q) {
+      prefetch_tensor_map(&tmap_q);
+      prefetch_tensor_map(&tmap_do);
+    }
+    if constexpr (Cfg::DQ_TENSOR) prefetch_tensor_map(&tmap_dq);
+  }
+
+  // This CTA's rows: from the first query that sees the block's keys (a piece: from its first tile)
+  // to the end (a piece: its last tile's end). No memory read yet.
   const std::int32_t s0 = kb * BN;
+  const std::int64_t pos0 = std::int64_t(p.first_page) << p.log_page;
+  const std::int64_t kmin = pos0 + s0;
+  const std::int64_t first_q = kmin - p.q_start;
+  if (first_q >= p.sq) return;
+  const int rows = p.sq * p.group;
+  const std::int64_t q0 = first_q > 0 ? first_q : 0;
+  const int tile_rows = p.tile * p.group;
+  const int first_row = static_cast<int>(q0 * p.group);
+  const int first_tile = sparse ? static_cast<int>(p.tile_rows_div.div(static_cast<std::uint32_t>(first_row))) : 0;
+  int row_begin, row_end;
+  p.plan.piece_rows(piece, tile_rows, first_tile, first_row, rows, row_begin, row_end);
+  if (row_begin >= row_end) return;  // uniform: the causal start lies past this piece
+  // Sparse: the query tiles of those rows (the walk reads no others); their lists' bounds are loaded
+  // together with the window below.
+  const int ta = sparse ? static_cast<int>(p.tile_rows_div.div(static_cast<std::uint32_t>(row_begin))) : 0;
+  const int tb = sparse ? static_cast<int>(p.tile_rows_div.div(static_cast<std::uint32_t>(row_end - 1))) + 1 : 0;
+  const tile_search<Cfg::THREADS> tiles(p, ta, tb);
+
+  const window_extent win(p);
+  const std::int64_t p_own = first_own_page(p, win);
   if (s0 >= win.len) return;
   const std::int32_t s_end = s0 + BN < win.len ? s0 + BN : win.len;
-  const std::int64_t pos0 = std::int64_t(p.first_page) << p.log_page;
-  const std::int64_t kmin = pos0 + s0, kmax = pos0 + s_end - 1;
-  const int rows = p.sq * p.group;
+  const std::int64_t kmax = pos0 + s_end - 1;
   // Packed rows per step: BM, or (TMA_Q) the whole queries that fit, BM / group of them.
   const int step_q = Cfg::TMA_Q ? BM / p.group : 0;
   const int RS = Cfg::TMA_Q ? step_q * p.group : BM;
-  const std::int64_t first_q = kmin - p.q_start;
-  if (first_q >= p.sq) return;
   const int page_mask = (1 << p.log_page) - 1;
   const std::int32_t page_j = s0 >> p.log_page;  // the block's one page (BN <= page_size)
   const std::int32_t page_id = win.ids[page_j];
@@ -311,30 +492,37 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // (attention_args): done without the scan below (the trainer's windows are mostly such pages).
   if (sparse && page_id < 0) return;
 
-  // Sparse: bit t of sSel says whether query tile t attends this block's page (one word per warp and pass).
+  // Sparse: bit t of sSel says whether query tile t attends this block's page.
   const int ntiles = sparse ? (p.sq + p.tile - 1) / p.tile : 0;
-  if (sparse) {
-    const std::int64_t page = std::int64_t(p.first_page) + page_j;
-    for (int wd = tid >> 5; wd < (ntiles + 31) / 32; wd += Cfg::THREADS / 32) {  // warp-uniform
-      const int t = wd * 32 + lane;
-      bool on = t < ntiles && page >= p_own;
-      if (t < ntiles && !on) {
-        const std::int32_t* list = p.tile_pages + p.tile_indptr[t];
-        const std::int32_t cnt = p.tile_indptr[t + 1] - p.tile_indptr[t];
-        const std::int32_t k = lower_bound(list, cnt, page);
-        on = k < cnt && list[k] == page;
-      }
-      const std::uint32_t word = __ballot_sync(0xffffffffu, on);
-      if (lane == 0) sSel[wd] = word;
-    }
-  }
+  const std::int64_t page = std::int64_t(p.first_page) + page_j;
+  const bool search = sparse && page < p_own;  // own pages: every tile attends them (causally)
+  for (int wd = tid; wd < (ntiles + 31) / 32; wd += Cfg::THREADS) sSel[wd] = search ? 0u : range_bits(wd, ta, tb);
 
+  // K and V of the block, once: TMA boxes of the page when the tile is full, else zero-filled cp.async
+  // by the producer (keys past the window's end must read as finite zeros). Issued here, before the
+  // selection search, where the block surely has a step: dense and own blocks, and the blocks of an
+  // ordered sparse launch, which some tile selects (hs2: the load then overlaps the search). A CTA
+  // whose share of such a walk turns out empty (a query split or a piece) waits for the load before it ends.
+  const bool kv_tma = s_end - s0 == BN;
+  const bool kv_early = kv_tma && (!search || p.plan.order != nullptr);  // uniform
+  auto issue_kv = [&] {
+    const int tok = s0 & page_mask;
+    const int c1 = token_dim1 ? tok : kvh, c2 = token_dim1 ? kvh : tok;
+    mbar_expect_tx(kv_bar, 2 * KV_BYTES);
+#pragma unroll
+    for (int c = 0; c < PANELS; ++c) {
+      tma_load_4d(sK + c * PANEL_K, &tmap_k, kv_bar, c * 64, c1, c2, page_id);
+      tma_load_4d(sV + c * PANEL_K, &tmap_v, kv_bar, c * 64, c1, c2, page_id);
+    }
+  };
   if (tid == 0) {
+    mbar_init(kv_bar, 1);
+    fence_barrier_init();
+    if (kv_early) issue_kv();
     for (int s = 0; s < S; ++s) {
       mbar_init(full(s), Cfg::FULL_ARRIVALS);
       mbar_init(empty(s), 256);
     }
-    mbar_init(kv_bar, 1);
     for (int n = 0; n < NDQ; ++n) {
       mbar_init(dq_full(n), Cfg::DQ_OWN ? 128 : 256);  // else both consumers write one tile
       mbar_init(dq_empty(n), 1);
@@ -342,11 +530,17 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     fence_barrier_init();
   }
   __syncthreads();  // barriers and sSel
+  if (search) {     // uniform
+    tiles.run(p, page, sSel);
+    __syncthreads();
+  }
 
-  const std::int64_t q0 = first_q > 0 ? first_q : 0;
-  const query_walk walk0(sparse ? sSel : nullptr, ntiles, p.tile * p.group, p.tile_rows_div, rows, RS,
-                         static_cast<int>(q0 * p.group), static_cast<int>(blockIdx.z), qsplit);
-  if (walk0.done()) return;  // uniform: no step of this block's share sees these keys
+  const query_walk walk0(sparse ? sSel : nullptr, ntiles, tile_rows, p.tile_rows_div, row_end, RS, row_begin,
+                         static_cast<int>(blockIdx.z), qsplit);
+  if (walk0.done()) {  // uniform: no step of this block's share sees these keys
+    if (kv_early) mbar_wait(kv_bar, 0);  // no load may land in the shared memory of a CTA that ended
+    return;
+  }
   const int head0 = kvh * p.group;
 
   if (wg == 0) {
@@ -360,7 +554,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         // free the tile once the reductions have read it.
         // writer_tensor: one tensor reduction per 32-column panel of the tile, the step's whole
         // queries (a clipped step's masked rows add zeros; queries past sq are not written).
-        if constexpr (Cfg::DQ_TENSOR) prefetch_tensor_map(&tmap_dq);
         int i = 0;
         for (query_walk wk = walk0; !wk.done(); wk.next(), ++i) {
           const int r0 = wk.r0, r1 = wk.r1();
@@ -397,21 +590,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         return;
       }
     }
-    // K and V of the block, once: TMA boxes of the page when the tile is full, else zero-filled
-    // cp.async (keys past the window's end must read as finite zeros).
-    if (s_end - s0 == BN) {
-      if (pt == 0) {
-        prefetch_tensor_map(&tmap_k);
-        prefetch_tensor_map(&tmap_v);
-        const int tok = s0 & page_mask;
-        const int c1 = token_dim1 ? tok : kvh, c2 = token_dim1 ? kvh : tok;
-        mbar_expect_tx(kv_bar, 2 * KV_BYTES);
-#pragma unroll
-        for (int c = 0; c < PANELS; ++c) {
-          tma_load_4d(sK + c * PANEL_K, &tmap_k, kv_bar, c * 64, c1, c2, page_id);
-          tma_load_4d(sV + c * PANEL_K, &tmap_v, kv_bar, c * 64, c1, c2, page_id);
-        }
-      }
+    // K and V of the block (see kv_early), if not issued yet.
+    if (kv_tma) {
+      if (pt == 0 && !kv_early) issue_kv();
     } else {
       const auto base = reinterpret_cast<const std::uint16_t*>(p.pool.base);
       constexpr int CPR = D / 8;
@@ -447,10 +628,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
                      : "memory");
       }
       fence_proxy_async();
-      if (pt == 0) {
-        prefetch_tensor_map(&tmap_q);
-        prefetch_tensor_map(&tmap_do);
-      }
     }
     int i = 0, prev_s = -1;
     for (query_walk wk = walk0; !wk.done(); wk.next(), ++i) {
@@ -543,7 +720,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const std::uint32_t st_off = static_cast<std::uint32_t>(c * PANEL_Q + (8 * (st_mi >> 1) + st_r) * 128 +
                                                           (((2 * w + (st_mi & 1)) ^ st_r) << 4));
 
+  // The gradient page's id, read now: the epilogue would otherwise wait for it.
+  const std::int32_t grad_id = kmin < p.q_start ? outp.dpast.grad_id[page_id] : 0;
   mbar_wait(kv_bar, 0);
+  const bool tracing = p.trace != nullptr;
+  const std::uint64_t t_walk = tracing ? globaltimer() : 0;
+  std::uint64_t t_first = t_walk;
 
   // Register tiles of one step: S^T / P^T, dP^T / dS^T (accumulator layout: element 4j + 2h + e is
   // key kr0 + 8h, query column 8j + 2t4 + e), their bf16 A fragments, and dQ.
@@ -923,6 +1105,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       const int s = i % S;
       const int r0 = wk.r0, nr = wk.r1() - r0;
       mbar_wait(full(s), full_parity(i));
+      if (tracing && i == 0) t_first = globaltimer();
       issue_sdp(s);
       softmax_ds(r0, nr, s, i, s_prev);
       wgmma_fence();
@@ -982,44 +1165,101 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   if constexpr (Cfg::DQ_BULK)
     if (w == 0) bulk_wait<0>();  // the reductions read this CTA's shared memory until they complete
+  const std::uint64_t t_last = tracing ? globaltimer() : 0;
 
-  // Epilogue: key row kr0 + 8h, column 8j + 2t4 + e.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const std::int32_t sk = s0 + kr0 + 8 * h;
-    if (sk >= s_end) continue;
+  // Epilogue: dK and dV of this block's keys added into their rows (thread: key rows kr0 + 8h, columns
+  // 8j + 2t4 + e). Key row k's destination rows, or false (past the window or the chunk):
+  auto row_dst = [&](int k, float*& dk, float*& dv) {
+    const std::int32_t sk = s0 + k;
+    if (sk >= s_end) return false;
     const std::int64_t pos = pos0 + sk;
-    float *dk, *dv;
     if (pos >= p.q_start) {
       const std::int64_t row = pos - p.q_start;
-      if (row >= p.sq) continue;
+      if (row >= p.sq) return false;
       dk = outp.dk_own + (row * p.hkv + kvh) * D;
       dv = outp.dv_own + (row * p.hkv + kvh) * D;
     } else {
-      const std::int32_t gid = outp.dpast.grad_id[page_id];
-      const std::int64_t off = outp.dpast.pool.offset(gid, sk & page_mask, kvh);
-      dk = outp.dpast.pool.base + off;
+      dk = outp.dpast.pool.base + outp.dpast.pool.offset(grad_id, sk & page_mask, kvh);
       dv = dk + outp.dpast.pool.v_offset;
     }
+    return true;
+  };
+  // A whole block of past rows (a full page tile) or of the chunk's own rows (rows past sq are
+  // clipped by the map), with tensor_rows: staged in shared memory as the boxes' image (the K/V tile,
+  // stages and dS are free once both consumers are past their last products) and added by one thread
+  // with D / 32 TMA tensor reductions per matrix, whole 128-row boxes. Otherwise (a block straddling
+  // q_start or the window's end, or rows not 16-byte aligned) red.add of 8-byte pairs from every
+  // thread, which took ~6 us per CTA at d128 (8 rows x 32 bytes per instruction), the largest fixed
+  // cost of a short sparse walk; per-row bulk reductions took longer still (~10 us: 256 small bulk
+  // operations per CTA; docs/attention-notes.md hs2). Either way no value comes back, and the pieces
+  // and query splits of a block add into the same rows.
+  const bool own_rows = kmin >= p.q_start;
+  const bool tensor_rows = outp.tensor_rows && valid_keys == BN && (own_rows || kmax < p.q_start);  // uniform
+  constexpr int PANEL_ROWS = BN * 128;  // one box: 32 fp32 columns x the block's rows, 128-byte swizzle
+  static_assert(2 * D * BN * 4 <= 2 * KV_BYTES + 2 * S * Q_BYTES + Cfg::DS_BUFS * DS_BYTES, "dK/dV staging");
+  const std::uint32_t sdK = sbase, sdV = sbase + D / 32 * PANEL_ROWS;
+  if (tensor_rows) {
+    named_sync(2, 256);  // both consumers are past their last reads of K, V, the stages and dS
+    // Column col of row r: panel col / 32, 16-byte chunk (col / 4) % 8 XOR r % 8; the 8 rows of one
+    // store instruction (g) then fill the banks twice over, the minimum for 256 bytes.
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const int col = 8 * j + 2 * t4;
-      const float k0 = acc_dk[4 * j + 2 * h], k1 = acc_dk[4 * j + 2 * h + 1];
-      const float v0 = acc_dv[4 * j + 2 * h], v1 = acc_dv[4 * j + 2 * h + 1];
-      if (qsplit > 1) {
-        red_add_v2(dk + col, k0, k1);
-        red_add_v2(dv + col, v0, v1);
-      } else {
-        float2 k2 = *reinterpret_cast<float2*>(dk + col), v2 = *reinterpret_cast<float2*>(dv + col);
-        k2.x += k0;
-        k2.y += k1;
-        v2.x += v0;
-        v2.y += v1;
-        *reinterpret_cast<float2*>(dk + col) = k2;
-        *reinterpret_cast<float2*>(dv + col) = v2;
+    for (int h = 0; h < 2; ++h) {
+      const int r = kr0 + 8 * h;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const int col = 8 * j + 2 * t4;
+        const std::uint32_t at = static_cast<std::uint32_t>((col >> 5) * PANEL_ROWS + r * 128 +
+                                                            ((((col >> 2) & 7) ^ (r & 7)) << 4) + (col & 3) * 4);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sdK + at), "f"(acc_dk[4 * j + 2 * h]),
+                     "f"(acc_dk[4 * j + 2 * h + 1])
+                     : "memory");
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sdV + at), "f"(acc_dv[4 * j + 2 * h]),
+                     "f"(acc_dv[4 * j + 2 * h + 1])
+                     : "memory");
+      }
+    }
+    fence_proxy_async();
+    named_sync(2, 256);
+    if (ct == 0 && c == 0) {
+      const int tok = s0 & page_mask;
+      const int c1 = outp.grad_token_dim1 ? tok : kvh, c2 = outp.grad_token_dim1 ? kvh : tok;
+      const int row0 = static_cast<int>(kmin - p.q_start);
+#pragma unroll
+      for (int pc = 0; pc < D / 32; ++pc) {
+        const std::uint32_t off = static_cast<std::uint32_t>(pc * PANEL_ROWS);
+        if (own_rows) {
+          tma_reduce_add_4d(&tmap_rows.dk_own, sdK + off, pc * 32, 0, kvh, row0);
+          tma_reduce_add_4d(&tmap_rows.dv_own, sdV + off, pc * 32, 0, kvh, row0);
+        } else {
+          tma_reduce_add_4d(&tmap_rows.dk_past, sdK + off, pc * 32, c1, c2, grad_id);
+          tma_reduce_add_4d(&tmap_rows.dv_past, sdV + off, pc * 32, c1, c2, grad_id);
+        }
+      }
+      bulk_commit();
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float *dk, *dv;
+      if (!row_dst(kr0 + 8 * h, dk, dv)) continue;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const int col = 8 * j + 2 * t4;
+        red_add_v2(dk + col, acc_dk[4 * j + 2 * h], acc_dk[4 * j + 2 * h + 1]);
+        red_add_v2(dv + col, acc_dv[4 * j + 2 * h], acc_dv[4 * j + 2 * h + 1]);
       }
     }
   }
+  if (tracing && ct == 0 && c == 0) {
+    int steps = 0;
+    for (query_walk wk = walk0; !wk.done(); wk.next()) ++steps;
+    p.trace[trace_at + 1] = t_walk;
+    p.trace[trace_at + 2] = t_first;
+    p.trace[trace_at + 3] = t_last;
+    p.trace[trace_at + 4] = globaltimer();
+    p.trace[trace_at + 5] = backward_trace_record::info(smid(), kvh, piece, steps, kb);
+  }
+  if (tensor_rows && ct == 0 && c == 0) bulk_wait_read<0>();  // the staged rows stay until the reductions read them
 #else
   (void)p;
   (void)tmap_k;
@@ -1027,6 +1267,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   (void)tmap_q;
   (void)tmap_do;
   (void)tmap_dq;
+  (void)tmap_rows;
   (void)lse;
   (void)delta;
   (void)d_o;

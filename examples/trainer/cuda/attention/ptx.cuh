@@ -60,6 +60,19 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&v);
 }
 
+/// The GPU's global nanosecond clock (the same on every SM; timelines across CTAs).
+__device__ __forceinline__ std::uint64_t globaltimer() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+/// The SM this thread runs on.
+__device__ __forceinline__ int smid() {
+  std::uint32_t id;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(id));
+  return static_cast<int>(id);
+}
+
 /// Adds two (v2) consecutive floats to global memory atomically (sm_90 vector reduction).
 __device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Where a traced Hopper backward launch spends its SMs' time (bench_attention --trace CSV).
+
+For each traced launch (label, launch order) it splits the SMs' time (SMs x the launch's span) into
+  steps    the walks' query steps, at the per-step time fitted over the CTAs that walked
+  fixed    the rest of those CTAs' time: prologue (selection, K/V load until the walk starts), the
+           first stage's wait, the fitted per-walk constant and the epilogue (medians printed)
+  empty    CTAs that found no step (from their start to the next CTA's start on the same SM)
+  gaps     between one CTA's end and the next one's start on the same SM
+  tail     after an SM's last CTA, until the launch's last CTA ends
+and lists the CTAs that ended last.
+Usage: sparse_trace.py trace.csv [--last N]
+SPDX-License-Identifier: Apache-2.0
+"""
+import argparse
+import collections
+import csv
+
+
+def fit(xs, ys):
+    """Least-squares y = a + b x."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    return my - b * mx, b
+
+
+def analyse(rows, last):
+    work = [r for r in rows if r["end"] >= 0 and r["steps"] > 0]
+    span = max(max(r["end"] for r in work), max(r["begin"] for r in rows))
+    sms = sorted({r["sm"] for r in rows})
+    a, b = fit([r["steps"] for r in work], [r["end"] - r["begin"] for r in work])
+    steps = sum(r["steps"] for r in work) * b
+    busy_work = sum(r["end"] - r["begin"] for r in work)
+    by_sm = collections.defaultdict(list)
+    for r in rows:
+        by_sm[r["sm"]].append(r)
+    empty = gaps = tail = 0.0
+    for sm, rs in by_sm.items():
+        rs.sort(key=lambda r: r["begin"])
+        for i, r in enumerate(rs):
+            nxt = rs[i + 1]["begin"] if i + 1 < len(rs) else None
+            if r["end"] < 0 or r["steps"] == 0:  # no step: until the next CTA starts here
+                empty += (nxt if nxt is not None else r["begin"]) - r["begin"]
+            elif nxt is not None:
+                gaps += max(0, nxt - r["end"])
+        ends = [r["end"] if r["end"] >= 0 else r["begin"] for r in rs]
+        tail += span - max(ends)
+    total = span * len(sms)
+    def median(f):
+        v = sorted(f(r) for r in work)
+        return v[len(v) // 2] / 1e3
+
+    wa, wb = fit([r["steps"] for r in work], [r["last"] - r["first"] for r in work])
+    print(f"  span {span / 1e3:.1f} us on {len(sms)} SMs; {len(rows)} CTAs, {len(work)} with steps "
+          f"({sum(r['steps'] for r in work)} steps); CTA fit: {a / 1e3:.2f} us + {b / 1e3:.3f} us/step")
+    print(f"  medians: prologue {median(lambda r: r['walk'] - r['begin']):.2f} us, first stage "
+          f"{median(lambda r: r['first'] - r['walk']):.2f} us, walk fit {wa / 1e3:.2f} us + {wb / 1e3:.3f} us/step, "
+          f"epilogue {median(lambda r: r['end'] - r['last']):.2f} us")
+    parts = [("steps", steps), ("fixed", busy_work - steps), ("empty", empty), ("gaps", gaps), ("tail", tail)]
+    other = total - sum(v for _, v in parts)
+    print("  " + " | ".join(f"{k} {100 * v / total:.1f}%" for k, v in parts + [("other", other)]))
+    print(f"  the {last} CTAs that ended last (begin..end us, kvh, block, piece, steps):")
+    for r in sorted(work, key=lambda r: -r["end"])[:last]:
+        print(f"    {r['begin'] / 1e3:8.1f} .. {r['end'] / 1e3:8.1f}  kvh {r['kvh']}  kb {r['kb']:5d}  "
+              f"piece {r['piece']:2d}  steps {r['steps']}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("csv")
+    ap.add_argument("--last", type=int, default=6)
+    args = ap.parse_args()
+    launches = collections.OrderedDict()
+    with open(args.csv) as f:
+        for r in csv.DictReader(f):
+            for k in ("order", "begin", "walk", "first", "last", "end", "sm", "kvh", "piece", "steps", "kb"):
+                r[k] = int(r[k])
+            launches.setdefault((r["label"], r["order"]), []).append(r)
+    for (label, order), rows in launches.items():
+        print(f"{label}, launch order {order} ({'hs1' if order == 3 else 'default'}):")
+        analyse(rows, args.last)
+
+
+if __name__ == "__main__":
+    main()
