@@ -498,31 +498,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const bool search = sparse && page < p_own;  // own pages: every tile attends them (causally)
   for (int wd = tid; wd < (ntiles + 31) / 32; wd += Cfg::THREADS) sSel[wd] = search ? 0u : range_bits(wd, ta, tb);
 
-  // K and V of the block, once: TMA boxes of the page when the tile is full, else zero-filled cp.async
-  // by the producer (keys past the window's end must read as finite zeros). Issued here, before the
-  // selection search, where the block surely has a step: dense and own blocks, and the blocks of an
-  // ordered sparse launch, which some tile selects (hs2: the load then overlaps the search). A CTA
-  // whose share of such a walk turns out empty (a query split or a piece) waits for the load before it ends.
-  const bool kv_tma = s_end - s0 == BN;
-  const bool kv_early = kv_tma && (!search || p.plan.order != nullptr);  // uniform
-  auto issue_kv = [&] {
-    const int tok = s0 & page_mask;
-    const int c1 = token_dim1 ? tok : kvh, c2 = token_dim1 ? kvh : tok;
-    mbar_expect_tx(kv_bar, 2 * KV_BYTES);
-#pragma unroll
-    for (int c = 0; c < PANELS; ++c) {
-      tma_load_4d(sK + c * PANEL_K, &tmap_k, kv_bar, c * 64, c1, c2, page_id);
-      tma_load_4d(sV + c * PANEL_K, &tmap_v, kv_bar, c * 64, c1, c2, page_id);
-    }
-  };
   if (tid == 0) {
-    mbar_init(kv_bar, 1);
-    fence_barrier_init();
-    if (kv_early) issue_kv();
     for (int s = 0; s < S; ++s) {
       mbar_init(full(s), Cfg::FULL_ARRIVALS);
       mbar_init(empty(s), 256);
     }
+    mbar_init(kv_bar, 1);
     for (int n = 0; n < NDQ; ++n) {
       mbar_init(dq_full(n), Cfg::DQ_OWN ? 128 : 256);  // else both consumers write one tile
       mbar_init(dq_empty(n), 1);
@@ -537,10 +518,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   const query_walk walk0(sparse ? sSel : nullptr, ntiles, tile_rows, p.tile_rows_div, row_end, RS, row_begin,
                          static_cast<int>(blockIdx.z), qsplit);
-  if (walk0.done()) {  // uniform: no step of this block's share sees these keys
-    if (kv_early) mbar_wait(kv_bar, 0);  // no load may land in the shared memory of a CTA that ended
-    return;
-  }
+  if (walk0.done()) return;  // uniform: no step of this block's share sees these keys
   const int head0 = kvh * p.group;
 
   if (wg == 0) {
@@ -590,9 +568,19 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         return;
       }
     }
-    // K and V of the block (see kv_early), if not issued yet.
-    if (kv_tma) {
-      if (pt == 0 && !kv_early) issue_kv();
+    // K and V of the block, once: TMA boxes of the page when the tile is full, else zero-filled
+    // cp.async (keys past the window's end must read as finite zeros).
+    if (s_end - s0 == BN) {
+      if (pt == 0) {
+        const int tok = s0 & page_mask;
+        const int c1 = token_dim1 ? tok : kvh, c2 = token_dim1 ? kvh : tok;
+        mbar_expect_tx(kv_bar, 2 * KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < PANELS; ++c) {
+          tma_load_4d(sK + c * PANEL_K, &tmap_k, kv_bar, c * 64, c1, c2, page_id);
+          tma_load_4d(sV + c * PANEL_K, &tmap_v, kv_bar, c * 64, c1, c2, page_id);
+        }
+      }
     } else {
       const auto base = reinterpret_cast<const std::uint16_t*>(p.pool.base);
       constexpr int CPR = D / 8;
