@@ -10,10 +10,14 @@ attention_h200.png  bench/attention/results/<prefix>-{bench,sdpa}.jsonl: our pag
 lm_head_h200.png    bench/trainer_ops/results/lm_head_*_tiling_curve.jsonl: time against
                     workspace for the fused LM head + cross-entropy plans, materialised logits and
                     PyTorch
+sparse_backward_h200.png  bench/attention/results/<trace>-trace.csv.gz (bench_attention --trace):
+                    where the page-sparse backward's SM time goes, per shape and selection, in
+                    hs1's launch and in the default one (tools/sparse_trace.py splits it)
 """
 import argparse
 import json
 import pathlib
+import sys
 
 import matplotlib
 
@@ -85,15 +89,43 @@ def lm_head(out):
     fig.savefig(out, dpi=110)
 
 
+def sparse_backward(trace, out):
+    sys.path.insert(0, str(ROOT / "tools"))
+    import sparse_trace  # noqa: E402 (tools/sparse_trace.py)
+
+    launches = sparse_trace.read(ROOT / f"bench/attention/results/{trace}-trace.csv.gz")
+    names = ["steps", "fixed", "empty", "gaps", "tail"]
+    labels, splits = [], []
+    for (label, order), rows in launches.items():
+        labels.append(f"{label}, {'hs1 order' if order == 3 else 'hs2'}")
+        splits.append(sparse_trace.split(rows)["parts"])
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(labels) + 1.4))
+    left = [0.0] * len(labels)
+    for name in names:
+        vals = [100 * sp[name] for sp in splits]
+        ax.barh(range(len(labels)), vals, left=left, label=name)
+        left = [a + b for a, b in zip(left, vals)]
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("% of the SMs' time (SMs x the launch's span)")
+    ax.set_xlim(0, 100)
+    ax.legend(ncol=5, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    ax.set_title(f"Page-sparse backward, 256K past, one traced launch each ({trace})", pad=28, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attention-prefix", default="2026-12-02-hb7-call3")
+    p.add_argument("--sparse-trace", default="2026-12-02-hs2-call8")
     args = p.parse_args()
     img = ROOT / "docs/img"
     img.mkdir(exist_ok=True)
     attention(args.attention_prefix, img / "attention_h200.png")
     lm_head(img / "lm_head_h200.png")
-    print("wrote", img / "attention_h200.png", img / "lm_head_h200.png")
+    sparse_backward(args.sparse_trace, img / "sparse_backward_h200.png")
+    print("wrote", img / "attention_h200.png", img / "lm_head_h200.png", img / "sparse_backward_h200.png")
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ For each traced launch (label, launch order) it splits the SMs' time (SMs x the 
   gaps     between one CTA's end and the next one's start on the same SM
   tail     after an SM's last CTA, until the launch's last CTA ends
 and lists the CTAs that ended last.
-Usage: sparse_trace.py trace.csv [--last N]
+Usage: sparse_trace.py trace.csv[.gz] [--last N]
 SPDX-License-Identifier: Apache-2.0
 """
 import argparse
 import collections
 import csv
+import gzip
 
 
 def fit(xs, ys):
@@ -26,7 +27,8 @@ def fit(xs, ys):
     return my - b * mx, b
 
 
-def analyse(rows, last):
+def split(rows):
+    """The launch's SM time split into the parts above (fractions), its fit and per-CTA medians."""
     work = [r for r in rows if r["end"] >= 0 and r["steps"] > 0]
     span = max(max(r["end"] for r in work), max(r["begin"] for r in rows))
     sms = sorted({r["sm"] for r in rows})
@@ -37,7 +39,7 @@ def analyse(rows, last):
     for r in rows:
         by_sm[r["sm"]].append(r)
     empty = gaps = tail = 0.0
-    for sm, rs in by_sm.items():
+    for rs in by_sm.values():
         rs.sort(key=lambda r: r["begin"])
         for i, r in enumerate(rs):
             nxt = rs[i + 1]["begin"] if i + 1 < len(rs) else None
@@ -48,21 +50,44 @@ def analyse(rows, last):
         ends = [r["end"] if r["end"] >= 0 else r["begin"] for r in rs]
         tail += span - max(ends)
     total = span * len(sms)
+    parts = {"steps": steps, "fixed": busy_work - steps, "empty": empty, "gaps": gaps, "tail": tail}
+    parts["other"] = total - sum(parts.values())
+
     def median(f):
         v = sorted(f(r) for r in work)
         return v[len(v) // 2] / 1e3
 
     wa, wb = fit([r["steps"] for r in work], [r["last"] - r["first"] for r in work])
-    print(f"  span {span / 1e3:.1f} us on {len(sms)} SMs; {len(rows)} CTAs, {len(work)} with steps "
-          f"({sum(r['steps'] for r in work)} steps); CTA fit: {a / 1e3:.2f} us + {b / 1e3:.3f} us/step")
-    print(f"  medians: prologue {median(lambda r: r['walk'] - r['begin']):.2f} us, first stage "
-          f"{median(lambda r: r['first'] - r['walk']):.2f} us, walk fit {wa / 1e3:.2f} us + {wb / 1e3:.3f} us/step, "
-          f"epilogue {median(lambda r: r['end'] - r['last']):.2f} us")
-    parts = [("steps", steps), ("fixed", busy_work - steps), ("empty", empty), ("gaps", gaps), ("tail", tail)]
-    other = total - sum(v for _, v in parts)
-    print("  " + " | ".join(f"{k} {100 * v / total:.1f}%" for k, v in parts + [("other", other)]))
+    return {
+        "span_us": span / 1e3, "sms": len(sms), "ctas": len(rows), "working": len(work),
+        "steps": sum(r["steps"] for r in work), "cta_fit_us": (a / 1e3, b / 1e3), "walk_fit_us": (wa / 1e3, wb / 1e3),
+        "prologue_us": median(lambda r: r["walk"] - r["begin"]), "first_us": median(lambda r: r["first"] - r["walk"]),
+        "epilogue_us": median(lambda r: r["end"] - r["last"]),
+        "parts": {k: v / total for k, v in parts.items()},
+        "last": sorted(work, key=lambda r: -r["end"]),
+    }
+
+
+def read(path):
+    """{(label, order): [CTA rows]} of a trace CSV (or .csv.gz)."""
+    launches = collections.OrderedDict()
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
+        for r in csv.DictReader(f):
+            for k in ("order", "begin", "walk", "first", "last", "end", "sm", "kvh", "piece", "steps", "kb"):
+                r[k] = int(r[k])
+            launches.setdefault((r["label"], r["order"]), []).append(r)
+    return launches
+
+
+def report(rows, last):
+    t = split(rows)
+    print(f"  span {t['span_us']:.1f} us on {t['sms']} SMs; {t['ctas']} CTAs, {t['working']} with steps "
+          f"({t['steps']} steps); CTA fit: {t['cta_fit_us'][0]:.2f} us + {t['cta_fit_us'][1]:.3f} us/step")
+    print(f"  medians: prologue {t['prologue_us']:.2f} us, first stage {t['first_us']:.2f} us, walk fit "
+          f"{t['walk_fit_us'][0]:.2f} us + {t['walk_fit_us'][1]:.3f} us/step, epilogue {t['epilogue_us']:.2f} us")
+    print("  " + " | ".join(f"{k} {100 * v:.1f}%" for k, v in t["parts"].items()))
     print(f"  the {last} CTAs that ended last (begin..end us, kvh, block, piece, steps):")
-    for r in sorted(work, key=lambda r: -r["end"])[:last]:
+    for r in t["last"][:last]:
         print(f"    {r['begin'] / 1e3:8.1f} .. {r['end'] / 1e3:8.1f}  kvh {r['kvh']}  kb {r['kb']:5d}  "
               f"piece {r['piece']:2d}  steps {r['steps']}")
 
@@ -72,15 +97,9 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--last", type=int, default=6)
     args = ap.parse_args()
-    launches = collections.OrderedDict()
-    with open(args.csv) as f:
-        for r in csv.DictReader(f):
-            for k in ("order", "begin", "walk", "first", "last", "end", "sm", "kvh", "piece", "steps", "kb"):
-                r[k] = int(r[k])
-            launches.setdefault((r["label"], r["order"]), []).append(r)
-    for (label, order), rows in launches.items():
+    for (label, order), rows in read(args.csv).items():
         print(f"{label}, launch order {order} ({'hs1' if order == 3 else 'default'}):")
-        analyse(rows, args.last)
+        report(rows, args.last)
 
 
 if __name__ == "__main__":
