@@ -28,10 +28,13 @@
 // keys, after a named barrier between the two consumers (dS double-buffered, so one barrier per step
 // suffices); d64: consumer c takes query half c of a 128-row step over all keys, after the barrier
 // (hb7, +13-14% with the tensor reductions), or with DQ_OWN all columns over its own keys, so the
-// consumers never wait for each other (hb2: +6-12% at 64-row steps), at twice the dq additions. dK/dV stay
-// in registers for the walk and are added once at the end with red.add (the pieces of a block and
-// the CTAs of a query split add into the same rows). Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by
-// per-row bulk reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
+// consumers never wait for each other (hb2: +6-12% at 64-row steps), at twice the dq additions. dK/dV
+// stay in registers for the walk and are added once at the end: whole 128-row blocks by TMA tensor
+// reductions from a staging tile, others by red.add (hs2; the pieces of a block and the CTAs of a
+// query split add into the same rows). Page-sparse calls: the launch order (sparse_backward_plan)
+// cuts long walks into pieces and, with a workspace, launches the selected blocks most-selected
+// first. Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by per-row bulk
+// reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
 // Keys past the window's end read as zeros (the partial tile is loaded with zero-filling cp.async),
 // and masked entries are selected to 0, so stale page tails never reach dQ.
 #pragma once
