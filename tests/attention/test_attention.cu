@@ -668,6 +668,26 @@ TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block
   CHECK(cut_blocks > 1000);
 }
 
+TEST_CASE("attention: a sparse backward's workspace smaller than it needs is refused") {
+  // attention_backward_workspace_ints: a count and an order slot per past 128-key block of the
+  // window, and one more; a smaller workspace throws before anything is enqueued, a dense call and
+  // a call without workspace need none.
+  gpu::attention_args a{};
+  a.kv.pool.page_size = 256;
+  a.window_pages = 37;
+  const std::int32_t indptr[2] = {0, 0};
+  std::int32_t ws[200] = {};
+  a.tile_indptr = indptr;
+  const std::int64_t need = gpu::attention_backward_workspace_ints(a);
+  CHECK(need == 2 * 37 * 2 + 1);
+  CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(a, {ws, need}));
+  CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(a, {nullptr, 0}));
+  CHECK_THROWS_AS(gpu::detail::check_sparse_backward_workspace(a, {ws, need - 1}), oomb::invalid_argument);
+  a.tile_indptr = nullptr;
+  CHECK(gpu::attention_backward_workspace_ints(a) == 0);
+  CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(a, {ws, 1}));
+}
+
 TEST_CASE("attention: sparse selecting every past page equals dense, bit for bit") {
   for (int d : {64, 128}) {
     config c = make("all", 300, 900, 14, 2, d, 64);

@@ -589,6 +589,17 @@ inline std::int64_t attention_backward_workspace_ints(const attention_args& a) {
 }
 
 namespace detail {
+/// A workspace given to a sparse call must be large enough (a smaller one is a caller's mistake, not
+/// a reason to launch in another order).
+inline void check_sparse_backward_workspace(const attention_args& a, const sparse_backward_workspace& ws) {
+  if (a.tile_indptr == nullptr || ws.data == nullptr) return;
+  OOMB_EXPECTS(ws.ints >= attention_backward_workspace_ints(a), "attention_backward: the sparse workspace holds ",
+               ws.ints, " ints; this call needs ", attention_backward_workspace_ints(a),
+               " (attention_backward_workspace_ints)");
+}
+}  // namespace detail
+
+namespace detail {
 
 /// The Hopper backward's launch order for a page-sparse call of `key_blocks` blocks of bn keys
 /// (sparse_backward_plan, hs2). cut = false: hs1's order, no block in pieces. Otherwise a block that
@@ -655,7 +666,8 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
     p.plan = make_sparse_backward_plan(a, key_blocks, Cfg::BN, order_hint != 3);
     ctas = p.plan.ctas_per_head(key_blocks);
     const int past_blocks = p.plan.own_kb;
-    if (order_hint != 3 && past_blocks > 0 && ws.data != nullptr && ws.ints >= 2 * std::int64_t(past_blocks) + 1) {
+    check_sparse_backward_workspace(a, ws);
+    if (order_hint != 3 && past_blocks > 0 && ws.data != nullptr) {
       sparse_backward_order_kernel<><<<1, ORDER_THREADS, 0, stream>>>(p, past_blocks, a.kv.pool.page_size / Cfg::BN,
                                                                     ws.data);
       check_launch("attention_backward (sm90, sparse launch order)");
@@ -727,6 +739,7 @@ decltype(auto) with_backward_sm90_config(backward_sm90_call call, F&& f) {
 inline void attention_backward(const attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
                                float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
                                cudaStream_t stream, sparse_backward_workspace ws = {}) {
+  detail::check_sparse_backward_workspace(a, ws);
   dispatch_head_dim(a.d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     const bool hopper = detail::with_backward_sm90_config<D>(detail::choose_backward_sm90<D>(a, dq), [&](auto cfg) {
