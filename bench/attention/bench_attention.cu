@@ -430,12 +430,10 @@ void trace_sparse(const problem& p, int order, const std::string& label, std::FI
     if (h[i] != 0) t0 = std::min(t0, h[i]);
   for (std::size_t i = 0; i < h.size(); i += record::WORDS) {
     if (h[i] == 0) continue;
-    const std::uint64_t info = h[i + 5];
+    const auto f = record::fields(h[i + 5]);
     auto rel = [&](std::uint64_t t) { return t == 0 ? -1ll : static_cast<long long>(t - t0); };
-    std::fprintf(out, "%s,%d,%lld,%lld,%lld,%lld,%lld,%d,%d,%d,%d,%lld\n", label.c_str(), order, rel(h[i]),
-                 rel(h[i + 1]), rel(h[i + 2]), rel(h[i + 3]), rel(h[i + 4]), static_cast<int>(info & 255), static_cast<int>(info >> 8 & 255),
-                 static_cast<int>(info >> 16 & 255) - 1, static_cast<int>(info >> 24 & 0xffff),
-                 static_cast<long long>(info >> 40));
+    std::fprintf(out, "%s,%d,%lld,%lld,%lld,%lld,%lld,%d,%d,%d,%d,%d\n", label.c_str(), order, rel(h[i]),
+                 rel(h[i + 1]), rel(h[i + 2]), rel(h[i + 3]), rel(h[i + 4]), f.sm, f.kvh, f.piece, f.steps, f.kb);
   }
 }
 
@@ -526,6 +524,10 @@ int main(int argc, char** argv) {
   if (tf != nullptr) std::fprintf(tf, "label,order,begin,walk,first,last,end,sm,kvh,piece,steps,kb\n");
   if (json != nullptr && jf == nullptr) {
     std::fprintf(stderr, "cannot write %s\n", json);
+    return 1;
+  }
+  if (trace != nullptr && tf == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", trace);
     return 1;
   }
   if (head_dim != 0 && head_dim != 128 && head_dim != 64) {

@@ -152,6 +152,14 @@ struct backward_trace_record {
     return std::uint64_t(sm & 255) | std::uint64_t(kvh & 255) << 8 | std::uint64_t((piece + 1) & 255) << 16 |
            std::uint64_t(steps & 0xffff) << 24 | std::uint64_t(kb) << 40;
   }
+  struct info_fields {
+    int sm, kvh, piece, steps, kb;
+  };
+  /// info's fields back (the bench's CSV).
+  static info_fields fields(std::uint64_t v) {
+    return {static_cast<int>(v & 255), static_cast<int>(v >> 8 & 255), static_cast<int>(v >> 16 & 255) - 1,
+            static_cast<int>(v >> 24 & 0xffff), static_cast<int>(v >> 40)};
+  }
 };
 
 /// Bits [ta, tb) of selection word wd.
