@@ -58,11 +58,21 @@ def split(rows):
         return v[len(v) // 2] / 1e3
 
     wa, wb = fit([r["steps"] for r in work], [r["last"] - r["first"] for r in work])
+    # The finer points (traces since hs3): the prologue and the epilogue in parts.
+    parts_us = {}
+    if "selected" in work[0]:
+        parts_us = {
+            "tiles known": median(lambda r: r["selected"] - r["begin"]),
+            "K/V after": median(lambda r: r["walk"] - r["selected"]),
+            "consumers synced": median(lambda r: r["synced"] - r["last"]),
+            "dK/dV staged": median(lambda r: r["staged"] - r["synced"]),
+            "reductions issued": median(lambda r: r["end"] - r["staged"]),
+        }
     return {
         "span_us": span / 1e3, "sms": len(sms), "ctas": len(rows), "working": len(work),
         "steps": sum(r["steps"] for r in work), "cta_fit_us": (a / 1e3, b / 1e3), "walk_fit_us": (wa / 1e3, wb / 1e3),
         "prologue_us": median(lambda r: r["walk"] - r["begin"]), "first_us": median(lambda r: r["first"] - r["walk"]),
-        "epilogue_us": median(lambda r: r["end"] - r["last"]),
+        "epilogue_us": median(lambda r: r["end"] - r["last"]), "parts_us": parts_us,
         "parts": {k: v / total for k, v in parts.items()},
         "last": sorted(work, key=lambda r: -r["end"]),
     }
@@ -73,8 +83,10 @@ def read(path):
     launches = collections.OrderedDict()
     with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
         for r in csv.DictReader(f):
-            for k in ("order", "begin", "walk", "first", "last", "end", "sm", "kvh", "piece", "steps", "kb"):
-                r[k] = int(r[k])
+            for k in ("order", "begin", "selected", "walk", "first", "last", "synced", "staged", "end", "sm", "kvh",
+                      "piece", "steps", "kb"):
+                if k in r:  # selected, synced, staged: traces since hs3
+                    r[k] = int(r[k])
             launches.setdefault((r["label"], r["order"]), []).append(r)
     return launches
 
@@ -85,6 +97,8 @@ def report(rows, last):
           f"({t['steps']} steps); CTA fit: {t['cta_fit_us'][0]:.2f} us + {t['cta_fit_us'][1]:.3f} us/step")
     print(f"  medians: prologue {t['prologue_us']:.2f} us, first stage {t['first_us']:.2f} us, walk fit "
           f"{t['walk_fit_us'][0]:.2f} us + {t['walk_fit_us'][1]:.3f} us/step, epilogue {t['epilogue_us']:.2f} us")
+    if t["parts_us"]:
+        print("  medians of the parts (us): " + ", ".join(f"{k} {v:.2f}" for k, v in t["parts_us"].items()))
     print("  " + " | ".join(f"{k} {100 * v:.1f}%" for k, v in t["parts"].items()))
     print(f"  the {last} CTAs that ended last (begin..end us, kvh, block, piece, steps):")
     for r in t["last"][:last]:

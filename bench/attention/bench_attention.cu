@@ -394,11 +394,13 @@ struct sparse_timing {
   timing fwd, bwd;  // the public entries
   timing bwd_hs1;  // the public entry's kernel in hs1's launch order: no walk cut into pieces (order_hint 3)
   timing bwd_no_ws;  // the public entry without a workspace: past blocks in the window-ends-first order (hs1's), long walks in pieces
+  timing bwd_packed;  // the wide-group configuration (steps of BM packed rows that straddle queries) with the workspace
 };
 
 /// One launch of the sparse backward's public configuration in launch order `order` (0: the default with a
-/// workspace, 3: hs1's), every CTA's timeline appended to `out` as CSV lines "label,order,begin,walk,first,last,end,sm,
-/// kvh,piece,steps,kb" (backward_trace_record; times in ns from the first CTA's begin, -1: not reached).
+/// workspace, 3: hs1's), every CTA's timeline appended to `out` as CSV lines "label,order,begin,selected,walk,first,
+/// last,synced,staged,end,sm,kvh,piece,steps,kb" (backward_trace_record; times in ns from the first CTA's begin, -1:
+/// not reached).
 void trace_sparse(const problem& p, int order, const std::string& label, std::FILE* out) {
   device_problem dp(p);
   const auto a = dp.args();
@@ -430,10 +432,11 @@ void trace_sparse(const problem& p, int order, const std::string& label, std::FI
     if (h[i] != 0) t0 = std::min(t0, h[i]);
   for (std::size_t i = 0; i < h.size(); i += record::WORDS) {
     if (h[i] == 0) continue;
-    const auto f = record::fields(h[i + 5]);
-    auto rel = [&](std::uint64_t t) { return t == 0 ? -1ll : static_cast<long long>(t - t0); };
-    std::fprintf(out, "%s,%d,%lld,%lld,%lld,%lld,%lld,%d,%d,%d,%d,%d\n", label.c_str(), order, rel(h[i]),
-                 rel(h[i + 1]), rel(h[i + 2]), rel(h[i + 3]), rel(h[i + 4]), f.sm, f.kvh, f.piece, f.steps, f.kb);
+    const auto f = record::fields(h[i + record::INFO]);
+    auto rel = [&](int slot) { return h[i + slot] == 0 ? -1ll : static_cast<long long>(h[i + slot] - t0); };
+    std::fprintf(out, "%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%d,%d,%d,%d,%d\n", label.c_str(), order,
+                 rel(record::BEGIN), rel(record::SELECTED), rel(record::WALK), rel(record::FIRST), rel(record::LAST),
+                 rel(record::SYNCED), rel(record::STAGED), rel(record::END), f.sm, f.kvh, f.piece, f.steps, f.kb);
   }
 }
 
@@ -467,6 +470,17 @@ sparse_timing time_sparse(const problem& p, int reps) {
       else
         gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
                                                                                 dv.p, grads, nullptr, 0, 3);
+    });
+    // An isolated 128-query tile at group 7 is 896 rows: 7 packed steps of 128 at d64, 8 whole-query steps of 126.
+    t.bwd_packed = time_ms(1, reps, [&] {
+      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      const gpu::sparse_backward_workspace w{ws.p, static_cast<std::int64_t>(ws.n)};
+      if (c.d == 128)
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+                                                                                       dk.p, dv.p, grads, nullptr, 0, 0, w);
+      else
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+                                                                                      dk.p, dv.p, grads, nullptr, 0, 0, w);
     });
   }
   return t;
@@ -521,7 +535,7 @@ int main(int argc, char** argv) {
               "hb2", "hb2 ctg", "alt", "vs port", "fwd ms", "bwd ms");
   std::FILE* jf = json != nullptr ? std::fopen(json, "w") : nullptr;
   std::FILE* tf = trace != nullptr ? std::fopen(trace, "w") : nullptr;
-  if (tf != nullptr) std::fprintf(tf, "label,order,begin,walk,first,last,end,sm,kvh,piece,steps,kb\n");
+  if (tf != nullptr) std::fprintf(tf, "label,order,begin,selected,walk,first,last,synced,staged,end,sm,kvh,piece,steps,kb\n");
   if (json != nullptr && jf == nullptr) {
     std::fprintf(stderr, "cannot write %s\n", json);
     return 1;
@@ -588,25 +602,26 @@ int main(int argc, char** argv) {
                 trace_sparse(p, order, std::string(s.name) + (pool > 0 ? " pool" : " random"), tf);
             const double tf_f = fl_f / st.fwd.median / 1e9, tf_b = 2.5 * fl_f / st.bwd.median / 1e9;
             auto tf = [&](double ms) { return ms > 0 ? 2.5 * fl_f / ms / 1e9 : 0.0; };
-            const double tf_b0 = tf(st.bwd_hs1.median), tf_bi = tf(st.bwd_no_ws.median);
+            const double tf_b0 = tf(st.bwd_hs1.median), tf_bi = tf(st.bwd_no_ws.median), tf_bp = tf(st.bwd_packed.median);
             const double dense_f = flops_fwd / paged.fwd.median / 1e9, dense_b = flops_bwd / paged.bwd.median / 1e9;
             const std::string sel = "64 pages + sink 1 + local 8 per 128-query tile, drawn from " +
                                     (pool > 0 ? "a shared pool of " + std::to_string(pool) + " pages" : std::string("every past page"));
             std::printf("  [sparse %s 256K past, %s (%lld past keys), TFLOP/s over attended keys: fwd %.1f (%.3fx dense %.1f) | "
                         "bwd %.1f (%.3fx dense %.1f) | no workspace (ends first) %.1f (%.3fx) | hs1's order, no walk in "
-                        "pieces %.1f (%.3fx)]\n",
+                        "pieces %.1f (%.3fx) | packed-row steps %.1f (%.3fx)]\n",
                         s.name, sel.c_str(), (long long)keys, tf_f, tf_f / dense_f, dense_f, tf_b, tf_b / dense_b, dense_b,
-                        tf_bi, tf_bi / dense_b, tf_b0, tf_b0 / dense_b);
+                        tf_bi, tf_bi / dense_b, tf_b0, tf_b0 / dense_b, tf_bp, tf_bp / dense_b);
             if (jf != nullptr)
               std::fprintf(jf,
                            "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"sparse\": \"%s\", "
                            "\"pool\": %d, \"attended_past_keys\": %lld, \"tflops_median_min_max\": "
                            "{\"fwd_sparse\": [%f, %f, %f], \"bwd_sparse\": [%f, %f, %f], \"bwd_sparse_no_workspace\": [%f, %f, %f], "
-                           "\"bwd_sparse_hs1_order\": [%f, %f, %f]}, "
+                           "\"bwd_sparse_hs1_order\": [%f, %f, %f], \"bwd_sparse_packed_rows\": [%f, %f, %f]}, "
                            "\"fwd_dense_paged_median\": %f, \"bwd_dense_paged_median\": %f}\n",
                            s.name, (long long)past, sq, r, sel.c_str(), pool, (long long)keys, tf_f, fl_f / st.fwd.hi / 1e9,
                            fl_f / st.fwd.lo / 1e9, tf_b, tf(st.bwd.hi), tf(st.bwd.lo), tf_bi, tf(st.bwd_no_ws.hi),
-                           tf(st.bwd_no_ws.lo), tf_b0, tf(st.bwd_hs1.hi), tf(st.bwd_hs1.lo), dense_f, dense_b);
+                           tf(st.bwd_no_ws.lo), tf_b0, tf(st.bwd_hs1.hi), tf(st.bwd_hs1.lo), tf_bp, tf(st.bwd_packed.hi),
+                           tf(st.bwd_packed.lo), dense_f, dense_b);
             std::fflush(stdout);
             p.c.sparse = false;
             p.tile_indptr.clear();

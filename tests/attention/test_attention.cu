@@ -670,16 +670,18 @@ TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block
 
 TEST_CASE("attention: a sparse backward's workspace smaller than it needs is refused") {
   // attention_backward_workspace_ints: a count and an order slot per past 128-key block of the
-  // window, and one more; a smaller workspace throws before anything is enqueued, a dense call and
-  // a call without workspace need none.
+  // window, one more, and per page a word of tile bits per 32 query tiles; a smaller workspace throws
+  // before anything is enqueued, a dense call and a call without workspace need none.
   gpu::attention_args a{};
   a.kv.pool.page_size = 256;
   a.window_pages = 37;
+  a.sq = 2500;
+  a.tile = 64;  // 40 tiles: two words per page
   const std::int32_t indptr[2] = {0, 0};
-  std::int32_t ws[200] = {};
+  std::int32_t ws[300] = {};
   a.tile_indptr = indptr;
   const std::int64_t need = gpu::attention_backward_workspace_ints(a);
-  CHECK(need == 2 * 37 * 2 + 1);
+  CHECK(need == 2 * 37 * 2 + 1 + 37 * 2);
   CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(a, {ws, need}));
   CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(a, {nullptr, 0}));
   CHECK_THROWS_AS(gpu::detail::check_sparse_backward_workspace(a, {ws, need - 1}), oomb::invalid_argument);
@@ -875,6 +877,8 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
       // over 8 query tiles: the own blocks and the window's end blocks in pieces (hs2)
       sparse(make("sm90 sparse pieces g2 d128 p128", 1100, 1200, 4, 2, 128, 128), 64),
       sparse(make("sm90 sparse pieces g5 d64 p128", 1300, 2600, 10, 2, 64, 128), 128),
+      // over 32 query tiles: the workspace's tile bits take two words per page (variant 11)
+      sparse(make("sm90 sparse 35 tiles g2 d64 p128", 2200, 900, 4, 2, 64, 128), 64),
   };
   std::vector<std::unique_ptr<problem>> probs;
   for (const auto& c : cfgs) probs.push_back(std::make_unique<problem>(c));

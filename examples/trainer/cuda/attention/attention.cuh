@@ -574,7 +574,8 @@ bool use_sm90_backward(const attention_args& a) {
 /// Device scratch for page-sparse backward calls, attention_backward_workspace_ints(args) ints: with
 /// it the Hopper backward launches only the past blocks that some tile selects, the most selected
 /// first (detail::sparse_backward_order_kernel; hs2), so the long walks start early and unselected
-/// blocks cost no CTA; without it, in the window-ends-first order (hs1). Stream-ordered: one
+/// blocks cost no CTA, and each CTA reads which tiles select its page instead of searching their
+/// lists (hs3); without it, in the window-ends-first order (hs1). Stream-ordered: one
 /// workspace serves the calls of one stream in turn.
 struct sparse_backward_workspace {
   std::int32_t* data = nullptr;
@@ -585,7 +586,10 @@ struct sparse_backward_workspace {
 inline std::int64_t attention_backward_workspace_ints(const attention_args& a) {
   if (a.tile_indptr == nullptr) return 0;
   const std::int64_t key_blocks = std::int64_t(a.window_pages) * a.kv.pool.page_size / 128;
-  return 2 * key_blocks + 1;  // a count and an order slot per past block, and the number selected
+  const std::int64_t tile_words = (std::int64_t(a.sq) + a.tile - 1) / a.tile + 31 >> 5;
+  // a count and an order slot per past block, the number selected, and per page the bits of the
+  // query tiles that select it
+  return 2 * key_blocks + 1 + std::int64_t(a.window_pages) * tile_words;
 }
 
 namespace detail {
@@ -673,6 +677,7 @@ void launch_backward_sm90(const attention_args& a, const float* lse, const float
       check_launch("attention_backward (sm90, sparse launch order)");
       p.plan.order = ws.data + past_blocks;
       p.plan.selected = ws.data + 2 * past_blocks;
+      p.plan.tiles_of = reinterpret_cast<const std::uint32_t*>(ws.data + 2 * past_blocks + 1);
     }
   }
   const int query_tiles = static_cast<int>((std::int64_t(a.sq) * p.group + step_rows - 1) / step_rows);

@@ -141,12 +141,14 @@ struct query_walk {
 };
 
 /// One CTA's timeline in kernel_params::trace (bench --trace; globaltimer nanoseconds, as seen by the
-/// first consumer thread): when the CTA began, when the K/V tile had landed, when the first step's Q/dO
-/// had (writer-warp configurations; else = walk), when the walk's last products were done, when the
-/// epilogue's reductions were issued; and what it took. A CTA that found no step writes `begin` and
-/// `info` only (end = 0).
+/// first consumer thread): when the CTA began (before the launch order's loads), when it knew its
+/// query tiles, when the K/V tile had landed, when the first step's Q/dO had (writer-warp
+/// configurations; else = walk), when the walk's last products were done, when both consumers were
+/// (epilogue), when dK/dV were staged for the tensor reductions (red.add epilogue: = synced), when
+/// the epilogue's reductions were issued; and what it took. A CTA that found no step writes `begin`
+/// and `info` only (end = 0).
 struct backward_trace_record {
-  static constexpr int WORDS = 6;  // begin, walk, first, last, end, info
+  enum slot { BEGIN, SELECTED, WALK, FIRST, LAST, SYNCED, STAGED, END, INFO, WORDS };
   /// info: SM (bits 0-7), KV head (8-15), piece + 1 (16-23), steps (24-39), key block (40-63)
   static __host__ __device__ std::uint64_t info(int sm, int kvh, int piece, int steps, int kb) {
     return std::uint64_t(sm & 255) | std::uint64_t(kvh & 255) << 8 | std::uint64_t((piece + 1) & 255) << 16 |
@@ -174,7 +176,8 @@ __device__ __forceinline__ std::uint32_t range_bits(int wd, int ta, int tb) {
 /// selection word array. The CTA's warps take the tiles in groups of L lanes (a power of two from 2 to
 /// 32: the most that cover the range in one pass), and a group searches its tile's list L-ary: each
 /// round probes L entries at once, so a list of n entries costs log_L(n) dependent loads (one L2
-/// round trip each) where a binary search costs log_2(n), and every CTA pays this before its walk.
+/// round trip each) where a binary search costs log_2(n), and every past block's CTA pays this before
+/// its walk (a launch ordered by a workspace reads the bits instead: sparse_backward_plan::tiles_of).
 /// The constructor issues the first pass's list bounds, so that their loads overlap the window's
 /// (the kernel builds it before it knows whether the page is past, hs2).
 template <int THREADS>
@@ -235,9 +238,11 @@ struct tile_search {
 /// The sparse backward's launch order from a workspace (sparse_backward_plan::order, hs2): counts for
 /// every past key block of the window the query tiles whose list selects its page, then lists the
 /// blocks that any tile selects, most selected first (a counting sort by count), so that the long
-/// walks start first and an unselected block launches no walk. One CTA of ORDER_THREADS; ws holds
-/// count [past_blocks], order [past_blocks], selected [1]. (A template, as a header's kernels must be:
-/// one definition for every translation unit that includes it.)
+/// walks start first and an unselected block launches no walk; and per past page the bits of the
+/// tiles that select it, which the backward's CTAs read instead of searching (tile_search). One CTA of
+/// ORDER_THREADS; ws holds count [past_blocks], order [past_blocks], selected [1], then the bits
+/// [past_pages][ceil(ntiles / 32)]. (A template, as a header's kernels must be: one definition for
+/// every translation unit that includes it.)
 inline constexpr int ORDER_THREADS = 1024;
 template <int THREADS = ORDER_THREADS>
 __global__ void __launch_bounds__(THREADS)
@@ -249,18 +254,22 @@ __global__ void __launch_bounds__(THREADS)
   using scan = cub::BlockScan<int, THREADS>;
   __shared__ typename scan::TempStorage scan_tmp;
   __shared__ int start[4096 + 2];  // per count 1..ntiles: where its blocks go in `order`
-  const int tid = static_cast<int>(threadIdx.x);
-  const int ntiles = (p.sq + p.tile - 1) / p.tile;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int ntiles = (p.sq + p.tile - 1) / p.tile, words = (ntiles + 31) >> 5;
+  const int past_pages = past_blocks / blocks_per_page;
+  std::uint32_t* const tiles_of = reinterpret_cast<std::uint32_t*>(ws + 2 * past_blocks + 1);
   for (int b = tid; b < past_blocks; b += THREADS) count[b] = 0;
+  for (int w = tid; w < past_pages * words; w += THREADS) tiles_of[w] = 0u;
   for (int c = tid; c <= ntiles + 1; c += THREADS) start[c] = 0;
   __syncthreads();
-  // A tile lists a page at most once (strictly increasing), so a count is at most ntiles.
-  const int past_pages = past_blocks / blocks_per_page;
-  for (int e = p.tile_indptr[0] + tid; e < p.tile_indptr[ntiles]; e += THREADS) {
-    const std::int64_t j = std::int64_t(p.tile_pages[e]) - p.first_page;
-    if (j < 0 || j >= past_pages) continue;  // outside the window's past
-    for (int b = 0; b < blocks_per_page; ++b) atomicAdd(count + j * blocks_per_page + b, 1);
-  }
+  // A tile lists a page at most once (strictly increasing), so a count is at most ntiles. A warp per tile.
+  for (int t = warp; t < ntiles; t += THREADS / 32)
+    for (int e = p.tile_indptr[t] + lane; e < p.tile_indptr[t + 1]; e += 32) {
+      const std::int64_t j = std::int64_t(p.tile_pages[e]) - p.first_page;
+      if (j < 0 || j >= past_pages) continue;  // outside the window's past
+      atomicOr(tiles_of + j * words + (t >> 5), 1u << (t & 31));
+      for (int b = 0; b < blocks_per_page; ++b) atomicAdd(count + j * blocks_per_page + b, 1);
+    }
   __syncthreads();
   for (int b = tid; b < past_blocks; b += THREADS)
     if (count[b] > 0) atomicAdd(start + count[b], 1);
@@ -438,6 +447,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // blocks and the first plan.ends past blocks come in plan.pieces CTAs each, one per run of query
   // tiles, so that no walk is long enough to end late (hs2; sparse_backward_plan).
   // heads_interleaved (bench option) takes the KV heads in turn instead.
+  const std::uint64_t t_begin = p.trace != nullptr && tid == 0 ? globaltimer() : 0;  // bench --trace
+  const window_extent win(p);  // its loads overlap the launch order's
   int kb = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y);
   int piece = -1;  // sparse: this CTA's range of query tiles (-1: all of them)
   if (sparse) {
@@ -454,8 +465,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       backward_trace_record::WORDS *
       (blockIdx.x + std::int64_t(gridDim.x) * (blockIdx.y + std::int64_t(gridDim.y) * blockIdx.z));
   if (p.trace != nullptr && tid == 0) {
-    p.trace[trace_at] = globaltimer();
-    p.trace[trace_at + 5] = backward_trace_record::info(smid(), kvh, piece, 0, kb);
+    p.trace[trace_at + backward_trace_record::BEGIN] = t_begin;
+    p.trace[trace_at + backward_trace_record::INFO] = backward_trace_record::info(smid(), kvh, piece, 0, kb);
   }
   if (tid == 0) {  // the descriptors' fetch overlaps the loads below
     prefetch_tensor_map(&tmap_k);
@@ -482,13 +493,21 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   int row_begin, row_end;
   p.plan.piece_rows(piece, tile_rows, first_tile, first_row, rows, row_begin, row_end);
   if (row_begin >= row_end) return;  // uniform: the causal start lies past this piece
-  // Sparse: the query tiles of those rows (the walk reads no others); their lists' bounds are loaded
-  // together with the window below.
+  // Sparse: the query tiles of those rows (the walk reads no others). Of a past block that the order
+  // kernel counted (plan.tiles_of), which of them select its page is read from the workspace, one word
+  // per thread from thread 1 on (thread 0 issues K/V), here, where the load overlaps the page id's; of
+  // any other past block they are searched for (tile_search), their lists' bounds loaded here.
   const int ta = sparse ? static_cast<int>(p.tile_rows_div.div(static_cast<std::uint32_t>(row_begin))) : 0;
   const int tb = sparse ? static_cast<int>(p.tile_rows_div.div(static_cast<std::uint32_t>(row_end - 1))) + 1 : 0;
-  const tile_search<Cfg::THREADS> tiles(p, ta, tb);
+  const int ntiles = sparse ? (p.sq + p.tile - 1) / p.tile : 0, words = (ntiles + 31) / 32;  // words < THREADS
+  const std::int32_t page_j = s0 >> p.log_page;  // the block's one page (BN <= page_size)
+  const bool listed = sparse && p.plan.tiles_of != nullptr && kb < p.plan.own_kb;
+  static_assert(Cfg::SEL_WORDS < Cfg::THREADS, "a selection word per thread from thread 1 on");
+  const int wd = tid - 1;
+  const std::uint32_t listed_word =
+      listed && wd >= 0 && wd < words ? p.plan.tiles_of[std::int64_t(page_j) * words + wd] & range_bits(wd, ta, tb) : 0u;
+  const tile_search<Cfg::THREADS> tiles(p, ta, listed ? ta : tb);
 
-  const window_extent win(p);
   const std::int64_t p_own = first_own_page(p, win);
   if (s0 >= win.len) return;
   const std::int32_t s_end = s0 + BN < win.len ? s0 + BN : win.len;
@@ -497,24 +516,42 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const int step_q = Cfg::TMA_Q ? BM / p.group : 0;
   const int RS = Cfg::TMA_Q ? step_q * p.group : BM;
   const int page_mask = (1 << p.log_page) - 1;
-  const std::int32_t page_j = s0 >> p.log_page;  // the block's one page (BN <= page_size)
   const std::int32_t page_id = win.ids[page_j];
   // Sparse: an id of -1 is a page the caller brought no memory for, which no tile may select
   // (attention_args): done without the scan below (the trainer's windows are mostly such pages).
   if (sparse && page_id < 0) return;
 
   // Sparse: bit t of sSel says whether query tile t attends this block's page.
-  const int ntiles = sparse ? (p.sq + p.tile - 1) / p.tile : 0;
   const std::int64_t page = std::int64_t(p.first_page) + page_j;
-  const bool search = sparse && page < p_own;  // own pages: every tile attends them (causally)
-  for (int wd = tid; wd < (ntiles + 31) / 32; wd += Cfg::THREADS) sSel[wd] = search ? 0u : range_bits(wd, ta, tb);
+  const bool past = sparse && page < p_own;  // own pages: every tile attends them (causally)
+  const bool search = past && !listed;
 
+  // K and V of the block, once: TMA boxes of the page when the tile is full, else zero-filled cp.async
+  // by the producer (keys past the window's end must read as finite zeros). Issued here, before the
+  // selection search, where the block surely has a step: dense and own blocks, and the blocks of an
+  // ordered sparse launch, which some tile selects (hs3: the load then overlaps reading the tiles). A CTA
+  // whose share of such a walk turns out empty (a query split or a piece) waits for the load before it ends.
+  const bool kv_tma = s_end - s0 == BN;
+  const bool kv_early = kv_tma && !search;  // uniform
+  auto issue_kv = [&] {
+    const int tok = s0 & page_mask;
+    const int c1 = token_dim1 ? tok : kvh, c2 = token_dim1 ? kvh : tok;
+    mbar_expect_tx(kv_bar, 2 * KV_BYTES);
+#pragma unroll
+    for (int c = 0; c < PANELS; ++c) {
+      tma_load_4d(sK + c * PANEL_K, &tmap_k, kv_bar, c * 64, c1, c2, page_id);
+      tma_load_4d(sV + c * PANEL_K, &tmap_v, kv_bar, c * 64, c1, c2, page_id);
+    }
+  };
+  if (wd >= 0 && wd < words) sSel[wd] = !past ? range_bits(wd, ta, tb) : listed ? listed_word : 0u;
   if (tid == 0) {
+    mbar_init(kv_bar, 1);
+    fence_barrier_init();
+    if (kv_early) issue_kv();
     for (int s = 0; s < S; ++s) {
       mbar_init(full(s), Cfg::FULL_ARRIVALS);
       mbar_init(empty(s), 256);
     }
-    mbar_init(kv_bar, 1);
     for (int n = 0; n < NDQ; ++n) {
       mbar_init(dq_full(n), Cfg::DQ_OWN ? 128 : 256);  // else both consumers write one tile
       mbar_init(dq_empty(n), 1);
@@ -527,9 +564,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     __syncthreads();
   }
 
+  const std::uint64_t t_selected = p.trace != nullptr ? globaltimer() : 0;
   const query_walk walk0(sparse ? sSel : nullptr, ntiles, tile_rows, p.tile_rows_div, row_end, RS, row_begin,
                          static_cast<int>(blockIdx.z), qsplit);
-  if (walk0.done()) return;  // uniform: no step of this block's share sees these keys
+  if (walk0.done()) {  // uniform: no step of this block's share sees these keys
+    if (kv_early) mbar_wait(kv_bar, 0);  // no load may land in the shared memory of a CTA that ended
+    return;
+  }
   const int head0 = kvh * p.group;
 
   if (wg == 0) {
@@ -579,19 +620,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         return;
       }
     }
-    // K and V of the block, once: TMA boxes of the page when the tile is full, else zero-filled
-    // cp.async (keys past the window's end must read as finite zeros).
-    if (s_end - s0 == BN) {
-      if (pt == 0) {
-        const int tok = s0 & page_mask;
-        const int c1 = token_dim1 ? tok : kvh, c2 = token_dim1 ? kvh : tok;
-        mbar_expect_tx(kv_bar, 2 * KV_BYTES);
-#pragma unroll
-        for (int c = 0; c < PANELS; ++c) {
-          tma_load_4d(sK + c * PANEL_K, &tmap_k, kv_bar, c * 64, c1, c2, page_id);
-          tma_load_4d(sV + c * PANEL_K, &tmap_v, kv_bar, c * 64, c1, c2, page_id);
-        }
-      }
+    // K and V of the block (see kv_early), if not issued yet.
+    if (kv_tma) {
+      if (pt == 0 && !kv_early) issue_kv();
     } else {
       const auto base = reinterpret_cast<const std::uint16_t*>(p.pool.base);
       constexpr int CPR = D / 8;
@@ -1197,8 +1228,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   constexpr int PANEL_ROWS = BN * 128;  // one box: 32 fp32 columns x the block's rows, 128-byte swizzle
   static_assert(2 * D * BN * 4 <= 2 * KV_BYTES + 2 * S * Q_BYTES + Cfg::DS_BUFS * DS_BYTES, "dK/dV staging");
   const std::uint32_t sdK = sbase, sdV = sbase + D / 32 * PANEL_ROWS;
+  std::uint64_t t_synced = t_last, t_staged = t_last;
   if (tensor_rows) {
     named_sync(2, 256);  // both consumers are past their last reads of K, V, the stages and dS
+    if (tracing) t_synced = globaltimer();
     // Column col of row r: panel col / 32, 16-byte chunk (col / 4) % 8 XOR r % 8; the 8 rows of one
     // store instruction (g) then fill the banks twice over, the minimum for 256 bytes.
 #pragma unroll
@@ -1219,6 +1252,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
     fence_proxy_async();
     named_sync(2, 256);
+    if (tracing) t_staged = globaltimer();
     if (ct == 0 && c == 0) {
       const int tok = s0 & page_mask;
       const int c1 = outp.grad_token_dim1 ? tok : kvh, c2 = outp.grad_token_dim1 ? kvh : tok;
@@ -1252,11 +1286,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   if (tracing && ct == 0 && c == 0) {
     int steps = 0;
     for (query_walk wk = walk0; !wk.done(); wk.next()) ++steps;
-    p.trace[trace_at + 1] = t_walk;
-    p.trace[trace_at + 2] = t_first;
-    p.trace[trace_at + 3] = t_last;
-    p.trace[trace_at + 4] = globaltimer();
-    p.trace[trace_at + 5] = backward_trace_record::info(smid(), kvh, piece, steps, kb);
+    using rec = backward_trace_record;
+    p.trace[trace_at + rec::SELECTED] = t_selected;
+    p.trace[trace_at + rec::WALK] = t_walk;
+    p.trace[trace_at + rec::FIRST] = t_first;
+    p.trace[trace_at + rec::LAST] = t_last;
+    p.trace[trace_at + rec::SYNCED] = t_synced;
+    p.trace[trace_at + rec::STAGED] = t_staged;
+    p.trace[trace_at + rec::END] = globaltimer();
+    p.trace[trace_at + rec::INFO] = rec::info(smid(), kvh, piece, steps, kb);
   }
   if (tensor_rows && ct == 0 && c == 0) bulk_wait_read<0>();  // the staged rows stay until the reductions read them
 #else

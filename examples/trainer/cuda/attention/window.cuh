@@ -25,7 +25,9 @@ namespace oomb_trainer::gpu::detail {
 /// CTA each. A block's pieces add their dK/dV atomically.
 /// With a workspace (sparse_backward_order_kernel) the past blocks come in order of how many tiles
 /// select them instead, most first, the unselected ones not at all: `order` lists them, `*selected` of
-/// them; the first `ends` of that order are the ones cut into pieces.
+/// them; the first `ends` of that order are the ones cut into pieces. The order kernel also leaves, per
+/// past page, the bits of the tiles that select it (`tiles_of`), so that a CTA reads its walk's tiles
+/// instead of searching the tiles' lists.
 struct sparse_backward_plan {
   std::int32_t own_kb = 0;       // first key block of the chunk's own pages (from the host's q_start)
   std::int32_t own = 0;          // own key blocks
@@ -34,6 +36,7 @@ struct sparse_backward_plan {
   std::int32_t piece_tiles = 0;  // query tiles per piece
   const std::int32_t* order = nullptr;     // device: past blocks, most selected first (nullptr: the alternation)
   const std::int32_t* selected = nullptr;  // device: how many blocks `order` lists
+  const std::uint32_t* tiles_of = nullptr;  // device: per past page (window order), ceil(tiles / 32) words of tile bits
   __host__ __device__ int ctas_per_head(int key_blocks) const { return (own + ends) * pieces + (key_blocks - own - ends); }
   /// The key block that launch position o (within a KV head) takes, and which piece of it (-1: the
   /// whole walk); -1: none (an ordered launch's position past the selected blocks).
@@ -49,7 +52,10 @@ struct sparse_backward_plan {
       k = ends + (o - cut);
     }
     if (k < 0) return own_kb - 1 - k;
-    if (order != nullptr) return k < *selected ? order[k] : -1;
+    if (order != nullptr) {  // both loads at once (k < past blocks: in bounds; unused past *selected)
+      const int b = order[k];
+      return k < *selected ? b : -1;
+    }
     return (k & 1) ? own_kb - 1 - (k >> 1) : k >> 1;
   }
   /// The packed rows [begin, end) of a block's walk that `piece` takes (-1: all): the block's rows are
