@@ -12,7 +12,7 @@ lm_head_h200.png    bench/trainer_ops/results/lm_head_*_tiling_curve.jsonl: time
                     PyTorch
 sparse_backward_h200.png  bench/attention/results/<trace>-trace.csv.gz (bench_attention --trace):
                     where the page-sparse backward's SM time goes, per shape and selection, in
-                    hs1's launch and in the default one (tools/sparse_trace.py splits it)
+                    hs1's launch order and in the default one (tools/sparse_trace.py splits it)
 """
 import argparse
 import json
@@ -97,7 +97,7 @@ def sparse_backward(trace, out):
     names = ["steps", "fixed", "empty", "gaps", "tail"]
     labels, splits = [], []
     for (label, order), rows in launches.items():
-        labels.append(f"{label}, {'hs1 order' if order == 3 else 'hs2'}")
+        labels.append(f"{label}, {'hs1 order' if order == 3 else 'default'}")
         splits.append(sparse_trace.split(rows)["parts"])
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(labels) + 1.4))
     left = [0.0] * len(labels)
@@ -117,8 +117,8 @@ def sparse_backward(trace, out):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--attention-prefix", default="2026-12-02-hb7-call3")
-    p.add_argument("--sparse-trace", default="2026-12-02-hs2-call8")
+    p.add_argument("--attention-prefix", default="2026-12-02-hs3-call5")
+    p.add_argument("--sparse-trace", default="2026-12-02-hs3-call5")
     args = p.parse_args()
     img = ROOT / "docs/img"
     img.mkdir(exist_ok=True)
