@@ -8,7 +8,8 @@
 //   attention_backward_delta(sq, hq, d, o, d_o, delta, stream)   delta [hq][sq] = rowsum(dO o O)
 //   attention_backward(args, lse, delta, d_o, dq, dk_own, dv_own, dpast, stream [, workspace])
 //       (Hopper kernel on sm_90 when supported, else the portable one: see backward_kernels; the
-//       optional workspace, attention_backward_workspace_ints(args) ints, orders sparse calls' blocks)
+//       optional workspace, attention_backward_workspace_ints(args) ints, orders sparse calls'
+//       blocks and lists each one's tiles)
 // The backward of one window takes the GLOBAL lse (after all windows merged) and the delta of the
 // global O; it adds into dq [sq][hq][d], dk_own / dv_own [sq][hkv][d] (row = position - q_start)
 // and the fp32 gradient pages of past pages (dpast.grad_id[id] >= 0 for every past page of the

@@ -504,8 +504,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const bool listed = sparse && p.plan.tiles_of != nullptr && kb < p.plan.own_kb;
   static_assert(Cfg::SEL_WORDS < Cfg::THREADS, "a selection word per thread from thread 1 on");
   const int wd = tid - 1;
-  const std::uint32_t listed_word =
-      listed && wd >= 0 && wd < words ? p.plan.tiles_of[std::int64_t(page_j) * words + wd] & range_bits(wd, ta, tb) : 0u;
+  const std::uint32_t listed_word = listed && wd >= 0 && wd < words
+                                        ? p.plan.tiles_of[std::int64_t(page_j) * words + wd] & range_bits(wd, ta, tb)
+                                        : 0u;
   const tile_search<Cfg::THREADS> tiles(p, ta, listed ? ta : tb);
 
   const std::int64_t p_own = first_own_page(p, win);
