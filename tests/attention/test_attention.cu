@@ -685,6 +685,9 @@ TEST_CASE("attention: a sparse backward's workspace smaller than it needs is ref
   CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(a, {ws, need}));
   CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(a, {nullptr, 0}));
   CHECK_THROWS_AS(gpu::detail::check_sparse_backward_workspace(a, {ws, need - 1}), oomb::invalid_argument);
+  a.tile = 0;  // a bad tile is refused, not divided by
+  CHECK_THROWS_AS(gpu::attention_backward_workspace_ints(a), oomb::invalid_argument);
+  CHECK_THROWS_AS(gpu::detail::check_sparse_backward_workspace(a, {ws, need}), oomb::invalid_argument);
   a.tile_indptr = nullptr;
   CHECK(gpu::attention_backward_workspace_ints(a) == 0);
   CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(a, {ws, 1}));

@@ -586,6 +586,8 @@ struct sparse_backward_workspace {
 /// The ints of workspace a backward call on `a` uses (0: a dense call, nothing to order).
 inline std::int64_t attention_backward_workspace_ints(const attention_args& a) {
   if (a.tile_indptr == nullptr) return 0;
+  OOMB_EXPECTS(a.tile > 0 && a.sq >= 0, "attention_backward_workspace_ints: sparse tile (", a.tile,
+               " queries) must be positive and sq (", a.sq, ") not negative");
   const std::int64_t key_blocks = std::int64_t(a.window_pages) * a.kv.pool.page_size / 128;
   const std::int64_t tile_words = (std::int64_t(a.sq) + a.tile - 1) / a.tile + 31 >> 5;
   // a count and an order slot per past block, the number selected, and per page the bits of the
