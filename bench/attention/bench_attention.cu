@@ -26,7 +26,7 @@
 
 #include <cuda_runtime.h>
 
-#include "trainer/cuda/attention/attention.cuh"
+#include <oomb/attention/attention.cuh>
 
 #include "problem.hpp"
 

@@ -20,7 +20,7 @@
 #include <oomb/paging/page_shape.hpp>
 #include <oomb/paging/views.hpp>
 
-#include "trainer/cuda/attention/args.hpp"
+#include <oomb/attention/args.hpp>
 #include "reference_gpu.cuh"
 
 namespace attn_test {

@@ -11,7 +11,7 @@
 
 #include <cuda_runtime.h>
 
-#include "trainer/cuda/attention/args.hpp"
+#include <oomb/attention/args.hpp>
 
 namespace attn_test {
 

@@ -18,8 +18,8 @@
 
 #include <oomb/core/error.hpp>
 
-#include "trainer/cpu/attention.hpp"
-#include "trainer/cuda/attention/attention.cuh"
+#include <oomb/attention/reference.hpp>
+#include <oomb/attention/attention.cuh>
 
 #include "problem.hpp"
 #include "reference_gpu.cuh"

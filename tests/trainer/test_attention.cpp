@@ -1,4 +1,4 @@
-// The CPU attention reference (examples/trainer/cpu/attention.hpp): forward against a naive
+// The CPU attention reference (include/oomb/attention/reference.hpp): forward against a naive
 // masked softmax, backward against finite differences in double, windows that partition the keys,
 // GQA ratios, page-sparse tiles, bf16 pages.
 // SPDX-License-Identifier: Apache-2.0
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "test_util.hpp"
-#include "trainer/cpu/attention.hpp"
+#include <oomb/attention/reference.hpp>
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The page kernels (examples/trainer/cuda/paging) against the CPU path's loops (chunk_recurrent.hpp's
+// The page kernels (include/oomb/attention) against the CPU path's loops (chunk_recurrent.hpp's
 // write_kv and the own-page part of attend_backward) over host copies of the same pools: both
 // layouts, head_dim 64 and 128, a partial last page, shuffled page ids, pools poisoned first so
 // that a stray or missing write shows. Both kernels are exact (a copy, the CPU's rounding steps,
@@ -16,8 +16,8 @@
 
 #include "trainer/cpu/rope.hpp"
 #include "trainer/cuda/ops/rope.cuh"
-#include "trainer/cuda/paging/own_page_grads.cuh"
-#include "trainer/cuda/paging/write_kv_pages.cuh"
+#include <oomb/attention/own_page_grads.cuh>
+#include <oomb/attention/write_kv_pages.cuh>
 
 #include "device_util.cuh"
 

@@ -30,7 +30,7 @@
 #include <oomb/sparse/tile_selector.hpp>
 
 #include "trainer/backend/trainer_backend.hpp"
-#include "trainer/cpu/attention.hpp"
+#include <oomb/attention/reference.hpp>
 #include "trainer/cpu/embedding.hpp"
 #include "trainer/cpu/linear.hpp"
 #include "trainer/cpu/rmsnorm.hpp"

@@ -78,7 +78,7 @@
 #include "trainer/backend/op_kind.hpp"
 #include "trainer/backend/trainer_backend.hpp"
 #include "trainer/cpu/rope.hpp"
-#include "trainer/cuda/attention/attention.cuh"
+#include <oomb/attention/attention.cuh>
 #include "trainer/cuda/ops/elementwise.cuh"
 #include "trainer/cuda/ops/embedding.cuh"
 #include "trainer/cuda/ops/gemm.cuh"
@@ -87,8 +87,8 @@
 #include "trainer/cuda/ops/rmsnorm.cuh"
 #include "trainer/cuda/ops/rope.cuh"
 #include "trainer/cuda/ops/swiglu.cuh"
-#include "trainer/cuda/paging/own_page_grads.cuh"
-#include "trainer/cuda/paging/write_kv_pages.cuh"
+#include <oomb/attention/own_page_grads.cuh>
+#include <oomb/attention/write_kv_pages.cuh>
 
 namespace oomb_trainer {
 

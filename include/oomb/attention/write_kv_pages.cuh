@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "trainer/cuda/ops/rope.cuh"
-#include "trainer/cuda/paging/chunk_pages.cuh"
+#include "chunk_pages.cuh"
 
 namespace oomb_trainer::gpu::paging {
 

@@ -1,5 +1,5 @@
 // oomb trainer — what one GPU attention call works on: the queries of a chunk against one window of
-// key pages. Mirrors cpu::attention_args (examples/trainer/cpu/attention.hpp) with device pointers,
+// key pages. Mirrors cpu::attention_args (include/oomb/attention/reference.hpp) with device pointers,
 // bf16 queries and an fp32 scale, so a test can run both on the same data.
 // SPDX-License-Identifier: Apache-2.0
 #pragma once

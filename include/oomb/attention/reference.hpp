@@ -1,7 +1,7 @@
 // oomb trainer — the CPU reference of paged, windowed, optionally page-sparse causal attention.
 // SPDX-License-Identifier: Apache-2.0
 //
-// This file is the contract the GPU kernels (examples/trainer/cuda/attention/) mirror; see
+// This file is the contract the GPU kernels (include/oomb/attention/) mirror; see
 // /work/ATTENTION_CONTRACT.md for its origin. One call handles the queries of one chunk against one
 // *window* of key pages; windows partition the keys, so
 //   - forward over several windows, folded with merge_partial, equals one pass over all pages (up to
