@@ -37,7 +37,7 @@ using attn_test::cuda_check;
 using attn_test::dev;
 using attn_test::device_problem;
 using attn_test::problem;
-namespace gpu = oomb_trainer::gpu;
+namespace gpu = oomb::attention;
 
 /// Median, fastest and slowest of `reps` timed calls (ms), and the calls in the order they ran
 /// (hb6's spread: is the fast call always the first?).

@@ -1,12 +1,12 @@
 // oomb — the umbrella header: every public header that needs no CUDA, listed by hand.
 // SPDX-License-Identifier: Apache-2.0
 //
-// The CUDA side (oomb/cuda/) is not included: it needs nvcc or the CUDA runtime's headers; include
-// its headers where you use them. A test (tests/headers/check_umbrella.py) fails when a public
+// The CUDA side (oomb/cuda/, the kernels in oomb/attention/*.cuh) is not included: it needs nvcc
+// or the CUDA runtime's headers; include its headers where you use them. A test (tests/headers/check_umbrella.py) fails when a public
 // header outside cuda/ and detail/ is missing here, or when a line here names no header.
 #pragma once
 
-// core: version, compiler glue, errors, scalar and tensor types
+// core: version, compiler glue, errors, scalar and tensor types, fixed-order reductions
 #include "oomb/core/version.hpp"
 #include "oomb/core/config.hpp"
 #include "oomb/core/error.hpp"
@@ -16,6 +16,7 @@
 #include "oomb/core/dtype.hpp"
 #include "oomb/core/any_tensor_view.hpp"
 #include "oomb/core/id_span.hpp"
+#include "oomb/core/fixed_order.hpp"
 
 // memory: the resource concept, host memory, adaptors, growable ranges, the block pool
 #include "oomb/memory/resource.hpp"
@@ -62,3 +63,9 @@
 #include "oomb/sparse/selection.hpp"
 #include "oomb/sparse/sparse_page_table.hpp"
 #include "oomb/sparse/tile_selector.hpp"
+
+// attention: what one paged attention call works on, the CPU reference every kernel is checked
+// against, and the RoPE table the K/V page writes read (the kernels are under oomb/attention/*.cuh)
+#include "oomb/attention/args.hpp"
+#include "oomb/attention/reference.hpp"
+#include "oomb/attention/rope_table.hpp"

@@ -178,11 +178,11 @@ struct device_problem {
   }
 
   /// Args for window `w` (index into h.windows), or the whole sequence when w < 0.
-  oomb_trainer::gpu::attention_args args(int w = -1) const {
+  oomb::attention::attention_args args(int w = -1) const {
     const window_range all{0, h.npages};
     const window_range r = w < 0 ? all : h.windows[static_cast<std::size_t>(w)];
     const dev<std::int32_t>& t = *window_tables[w < 0 ? window_tables.size() - 1 : static_cast<std::size_t>(w)];
-    oomb_trainer::gpu::attention_args a;
+    oomb::attention::attention_args a;
     a.q = q.p;
     a.q_start = h.c.q_start;
     a.sq = h.c.sq;

@@ -21,7 +21,7 @@ inline void cuda_check(cudaError_t e, const char* what) {
 
 namespace ref {
 
-using oomb_trainer::gpu::attention_args;
+using oomb::attention::attention_args;
 
 __device__ __forceinline__ float bf(const oomb::bf16 x) { return __uint_as_float(std::uint32_t(x.bits) << 16); }
 

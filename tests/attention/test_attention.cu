@@ -33,8 +33,8 @@ using attn_test::problem;
 using attn_test::rel_err;
 using attn_test::to_double;
 using oomb::bf16;
-namespace gpu = oomb_trainer::gpu;
-namespace cpu = oomb_trainer::cpu;
+namespace gpu = oomb::attention;
+namespace cpu = oomb::attention::reference;
 
 constexpr double tolerance = 2e-2;  // norm-wise relative error, bf16 inputs
 

@@ -17,7 +17,7 @@
 
 namespace {
 
-using oomb_trainer::cpu::attention_args;
+using oomb::attention::reference::attention_args;
 using trainer_test::rel_err;
 
 /// A sequence's K/V in a pool whose page ids are scrambled, plus a gradient pool with its own
@@ -47,7 +47,7 @@ struct paged_sequence {
     ids.assign(perm.begin(), perm.begin() + pages);
     const auto vals = trainer_test::random_vector<double>(static_cast<std::size_t>(capacity * shape.pair_elements()), seed);
     pool.resize(vals.size());
-    for (std::size_t i = 0; i < vals.size(); ++i) pool[i] = oomb_trainer::cpu::store<E>(vals[i]);
+    for (std::size_t i = 0; i < vals.size(); ++i) pool[i] = oomb::fixed_order::store<E>(vals[i]);
     gpool.assign(static_cast<std::size_t>(capacity * shape.pair_elements()), 0.0);
     grad_id.assign(static_cast<std::size_t>(capacity), -1);
     for (std::int32_t i = 0; i < pages; ++i)
@@ -68,11 +68,11 @@ struct paged_sequence {
   }
   double k(std::int64_t pos, std::int32_t h, std::int32_t x) const {
     const auto id = ids[static_cast<std::size_t>(pos / shape.page_size)];
-    return oomb_trainer::cpu::load<double>(pool_view().k(id, std::int32_t(pos % shape.page_size), h)[x]);
+    return oomb::fixed_order::load<double>(pool_view().k(id, std::int32_t(pos % shape.page_size), h)[x]);
   }
   double v(std::int64_t pos, std::int32_t h, std::int32_t x) const {
     const auto id = ids[static_cast<std::size_t>(pos / shape.page_size)];
-    return oomb_trainer::cpu::load<double>(pool_view().v(id, std::int32_t(pos % shape.page_size), h)[x]);
+    return oomb::fixed_order::load<double>(pool_view().v(id, std::int32_t(pos % shape.page_size), h)[x]);
   }
 };
 
@@ -161,8 +161,8 @@ run_result run_windows(paged_sequence<E>& s, const std::vector<double>& q, std::
     a.tile_indptr = tile_indptr;
     a.tile_pages = tile_pages;
     a.tile = tile;
-    oomb_trainer::cpu::attention_forward(a, o.data(), lse.data());
-    oomb_trainer::cpu::merge_partial(sq, hq, d, r.o.data(), r.lse.data(), o.data(), lse.data());
+    oomb::attention::reference::attention_forward(a, o.data(), lse.data());
+    oomb::attention::reference::merge_partial(sq, hq, d, r.o.data(), r.lse.data(), o.data(), lse.data());
   }
   r.dq.assign(q.size(), 0.0);
   r.dk_own.assign(static_cast<std::size_t>(sq * hkv * d), 0.0);
@@ -173,7 +173,7 @@ run_result run_windows(paged_sequence<E>& s, const std::vector<double>& q, std::
     a.tile_indptr = tile_indptr;
     a.tile_pages = tile_pages;
     a.tile = tile;
-    oomb_trainer::cpu::attention_backward(a, r.o.data(), r.lse.data(), d_o.data(), r.dq.data(), r.dk_own.data(),
+    oomb::attention::reference::attention_backward(a, r.o.data(), r.lse.data(), d_o.data(), r.dq.data(), r.dk_own.data(),
                                           r.dv_own.data(), s.mirror());
   }
   r.gpool = s.gpool;
@@ -274,7 +274,7 @@ TEST_CASE("attention: windows partition the keys; forward matches a naive softma
       }
       check_finite_differences(s, q, q_start, sq, w, r1, [&] {
         std::vector<double> o(q.size()), lse(static_cast<std::size_t>(hq * sq));
-        oomb_trainer::cpu::attention_forward(one[0].args<double>(s, q.data(), q_start, sq, hq), o.data(), lse.data());
+        oomb::attention::reference::attention_forward(one[0].args<double>(s, q.data(), q_start, sq, hq), o.data(), lse.data());
         return o;
       });
     }
@@ -286,7 +286,7 @@ TEST_CASE("attention: a window with no visible key gives lse = -inf and o = 0") 
   const auto q = trainer_test::random_vector<double>(16 * 2 * 4, 4);
   const window future(s, 2, 1);  // positions 32..47; queries at 0..15
   std::vector<double> o(q.size(), 1.0), lse(2 * 16, 0.0);
-  oomb_trainer::cpu::attention_forward(future.args<double>(s, q.data(), 0, 16, 2), o.data(), lse.data());
+  oomb::attention::reference::attention_forward(future.args<double>(s, q.data(), 0, 16, 2), o.data(), lse.data());
   for (double l : lse) CHECK(l == -std::numeric_limits<double>::infinity());
   for (double x : o) CHECK(x == 0.0);
 }
@@ -325,7 +325,7 @@ TEST_CASE("attention: page-sparse tiles — a subset matches a masked softmax an
     a.tile_indptr = indptr.data();
     a.tile_pages = pages.data();
     a.tile = tile;
-    oomb_trainer::cpu::attention_forward(a, o.data(), lse.data());
+    oomb::attention::reference::attention_forward(a, o.data(), lse.data());
     return o;
   });
 
@@ -356,7 +356,7 @@ TEST_CASE("attention: tiles that select no past page read only the chunk's own p
   a.tile_pages = nullptr;  // an empty selection may have no storage at all
   a.tile = 8;
   std::vector<double> o(q.size()), lse(static_cast<std::size_t>(hq * sq)), o_ref, lse_ref;
-  oomb_trainer::cpu::attention_forward(a, o.data(), lse.data());
+  oomb::attention::reference::attention_forward(a, o.data(), lse.data());
   naive_forward(s, q, q_start, sq, hq, [&](std::int32_t, std::int64_t pos) { return pos >= q_start; }, o_ref, lse_ref);
   CHECK(rel_err(o, o_ref) < 1e-14);
   CHECK(rel_err(lse, lse_ref) < 1e-14);
@@ -375,9 +375,9 @@ TEST_CASE("attention: bf16 pages with float arithmetic match double over the sam
   const window wd(sd, 0, 3);
   std::vector<float> o(qf.size()), lse(static_cast<std::size_t>(hq * sq));
   auto a = wb.args<float>(sb, qf.data(), q_start, sq, hq);
-  oomb_trainer::cpu::attention_forward(a, o.data(), lse.data());
+  oomb::attention::reference::attention_forward(a, o.data(), lse.data());
   std::vector<double> od(qr.size()), lsed(lse.size());
-  oomb_trainer::cpu::attention_forward(wd.args<double>(sd, qr.data(), q_start, sq, hq), od.data(), lsed.data());
+  oomb::attention::reference::attention_forward(wd.args<double>(sd, qr.data(), q_start, sq, hq), od.data(), lsed.data());
   CHECK(rel_err(o, od) < 1e-5);
   CHECK(rel_err(lse, lsed) < 1e-5);
 
@@ -389,7 +389,7 @@ TEST_CASE("attention: bf16 pages with float arithmetic match double over the sam
   m.pool = oomb::page_pool_view<float>::over(gpool.data(), sb.shape);
   m.grad_id = sb.grad_id.data();
   m.num_kv_ids = static_cast<std::int32_t>(sb.grad_id.size());
-  oomb_trainer::cpu::attention_backward(a, o.data(), lse.data(), dof.data(), dq.data(), dk.data(), dv.data(), m);
+  oomb::attention::reference::attention_backward(a, o.data(), lse.data(), dof.data(), dq.data(), dk.data(), dv.data(), m);
   const std::vector<double> dod(dof.begin(), dof.end());
   const auto rd = run_windows(sd, qr, q_start, sq, hq, {wd}, dod);
   CHECK(rel_err(dq, rd.dq) < 1e-4);
@@ -403,15 +403,15 @@ TEST_CASE("attention: bad arguments are named") {
   const window w(s, 0, 2);
   std::vector<double> o(q.size()), lse(3 * 16);
   auto a = w.args<double>(s, q.data(), 16, 16, 3);  // 3 query heads over 2 KV heads
-  CHECK_THROWS_WITH_AS(oomb_trainer::cpu::attention_forward(a, o.data(), lse.data()),
+  CHECK_THROWS_WITH_AS(oomb::attention::reference::attention_forward(a, o.data(), lse.data()),
                        doctest::Contains("query heads (3)"), oomb::invalid_argument);
   a = w.args<double>(s, q.data(), 16, 16, 4);
   s.grad_id[static_cast<std::size_t>(s.ids[0])] = -1;  // the past page lost its gradient page
   std::vector<double> o4(16 * 4 * 4), lse4(4 * 16), dq(o4.size()), dk(16 * 2 * 4), dv(dk.size());
   const auto q4 = trainer_test::random_vector<double>(o4.size(), 43);
   a.q = q4.data();
-  oomb_trainer::cpu::attention_forward(a, o4.data(), lse4.data());
-  CHECK_THROWS_WITH_AS(oomb_trainer::cpu::attention_backward(a, o4.data(), lse4.data(), q4.data(), dq.data(),
+  oomb::attention::reference::attention_forward(a, o4.data(), lse4.data());
+  CHECK_THROWS_WITH_AS(oomb::attention::reference::attention_backward(a, o4.data(), lse4.data(), q4.data(), dq.data(),
                                                              dk.data(), dv.data(), s.mirror()),
                        doctest::Contains("has no gradient page"), oomb::invalid_argument);
 }

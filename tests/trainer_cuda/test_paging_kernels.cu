@@ -24,7 +24,7 @@
 namespace {
 
 using namespace ops_test;
-namespace paging = oomb_trainer::gpu::paging;
+namespace paging = oomb::attention;
 namespace ops = oomb_trainer::gpu::ops;
 namespace cpu = oomb_trainer::cpu;
 

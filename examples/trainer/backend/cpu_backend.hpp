@@ -211,8 +211,8 @@ class cpu_backend {
     const auto a = args(c, kv, w);
     o_w_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq * c.d));
     lse_w_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
-    cpu::attention_forward(a, o_w_.data(), lse_w_.data());
-    cpu::merge_partial(a.sq, c.hq, c.d, o_acc, lse_acc, o_w_.data(), lse_w_.data());
+    oomb::attention::reference::attention_forward(a, o_w_.data(), lse_w_.data());
+    oomb::attention::reference::merge_partial(a.sq, c.hq, c.d, o_acc, lse_acc, o_w_.data(), lse_w_.data());
   }
   void attention_backward_begin(const attention_chunk<T>&, const T*, const T*) {}
   void attention_backward(const attention_chunk<T>& c, const oomb::page_pool_view<const E>& kv, const window_table& w,
@@ -236,7 +236,7 @@ class cpu_backend {
           if (w.grad_ids[i] >= 0) map[static_cast<std::size_t>(w.ids[i])] = -1;
       }
     } clear{grad_map_, w};
-    cpu::attention_backward(args(c, kv, w), o, lse, d_o, dq, dk, dv, dpast);
+    oomb::attention::reference::attention_backward(args(c, kv, w), o, lse, d_o, dq, dk, dv, dpast);
   }
 
  private:
@@ -247,13 +247,13 @@ class cpu_backend {
                  " rows need ", (n + P - 1) / P, " pages, given ", where.size());
   }
 
-  cpu::attention_args<T, E> args(const attention_chunk<T>& c, const oomb::page_pool_view<const E>& kv,
+  oomb::attention::reference::attention_args<T, E> args(const attention_chunk<T>& c, const oomb::page_pool_view<const E>& kv,
                                  const window_table& w) {
     OOMB_EXPECTS(w.pages >= 0 && (w.ids != nullptr || w.pages == 0), "cpu_backend: a window of ", w.pages,
                  " pages needs ids");
     indptr_[1] = w.pages;
     last_ = w.last_page_len;
-    cpu::attention_args<T, E> a;
+    oomb::attention::reference::attention_args<T, E> a;
     a.q = c.q;
     a.q_start = c.q_start;
     a.sq = c.sq;

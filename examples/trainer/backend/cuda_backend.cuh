@@ -54,6 +54,9 @@
 #include <cuda_runtime.h>
 #include <nvtx3/nvtx3.hpp>
 
+#include <oomb/attention/attention.cuh>
+#include <oomb/attention/own_page_grads.cuh>
+#include <oomb/attention/write_kv_pages.cuh>
 #include <oomb/core/bf16.hpp>
 #include <oomb/core/error.hpp>
 #include <oomb/core/id_span.hpp>
@@ -78,7 +81,6 @@
 #include "trainer/backend/op_kind.hpp"
 #include "trainer/backend/trainer_backend.hpp"
 #include "trainer/cpu/rope.hpp"
-#include <oomb/attention/attention.cuh>
 #include "trainer/cuda/ops/elementwise.cuh"
 #include "trainer/cuda/ops/embedding.cuh"
 #include "trainer/cuda/ops/gemm.cuh"
@@ -87,8 +89,6 @@
 #include "trainer/cuda/ops/rmsnorm.cuh"
 #include "trainer/cuda/ops/rope.cuh"
 #include "trainer/cuda/ops/swiglu.cuh"
-#include <oomb/attention/own_page_grads.cuh>
-#include <oomb/attention/write_kv_pages.cuh>
 
 namespace oomb_trainer {
 
@@ -380,7 +380,7 @@ class basic_cuda_backend {
                    const bf16* v) {
     const op_scope scope(*this, op_kind::pages, "pages/write");
     const auto pages = page_list(where, n, pool.page_size, "write_pages");
-    gpu::paging::write_kv_pages(n, pool.kv_heads, pool.head_dim, k, v, pages.data, any_page, pool,
+    oomb::attention::write_kv_pages(n, pool.kv_heads, pool.head_dim, k, v, pages.data, any_page, pool,
                                 bad_.data() + bad_page, compute());
     ring_.release(pages, compute());
   }
@@ -403,7 +403,7 @@ class basic_cuda_backend {
     const std::int64_t rows = n * pool.kv_heads * pool.head_dim;
     float* dk32 = widen(f32_[0], rows, dk);
     float* dv32 = widen(f32_[1], rows, dv);
-    gpu::paging::add_own_page_grads(n, pool.kv_heads, pool.head_dim, t.data, mirror, dk32, dv32, bad_.data() + bad_page,
+    oomb::attention::add_own_page_grads(n, pool.kv_heads, pool.head_dim, t.data, mirror, dk32, dv32, bad_.data() + bad_page,
                                     compute());
     ring_.release(t, compute());
     gpu::ops::convert(rows, static_cast<const float*>(dk32), dk, compute());
@@ -424,16 +424,16 @@ class basic_cuda_backend {
     const std::int64_t od = std::int64_t(c.sq) * c.hq * c.d;
     o_w_.resize(static_cast<std::size_t>(od));
     lse_w_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
-    gpu::attention_forward(a, o_w_.data(), lse_w_.data(), compute_.get());
+    oomb::attention::attention_forward(a, o_w_.data(), lse_w_.data(), compute_.get());
     ring_.release(t, compute());
     float* o32 = widen(f32_[0], od, o_acc);
-    gpu::attention_merge(c.sq, c.hq, c.d, o32, lse_acc, o_w_.data(), lse_w_.data(), compute_.get());
+    oomb::attention::attention_merge(c.sq, c.hq, c.d, o32, lse_acc, o_w_.data(), lse_w_.data(), compute_.get());
     gpu::ops::convert(od, static_cast<const float*>(o32), o_acc, compute());
   }
   void attention_backward_begin(const attention_chunk<bf16>& c, const bf16* o, const bf16* d_o) {
     const op_scope scope(*this, op_kind::attention_backward, "attention/backward_delta");
     delta_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
-    gpu::attention_backward_delta(c.sq, c.hq, c.d, o, d_o, delta_.data(), compute_.get());
+    oomb::attention::attention_backward_delta(c.sq, c.hq, c.d, o, d_o, delta_.data(), compute_.get());
   }
   void attention_backward(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
                           const window_table& w, const oomb::page_pool_view<float>& grads, const bf16*, const float* lse,
@@ -450,8 +450,8 @@ class basic_cuda_backend {
     float* dq32 = widen(f32_[0], qd, dq);
     float* dk32 = widen(f32_[1], kvd, dk);
     float* dv32 = widen(f32_[2], kvd, dv);
-    order_ws_.resize(static_cast<std::size_t>(gpu::attention_backward_workspace_ints(a)));
-    gpu::attention_backward(a, lse, delta_.data(), d_o, dq32, dk32, dv32, dpast, compute_.get(),
+    order_ws_.resize(static_cast<std::size_t>(oomb::attention::attention_backward_workspace_ints(a)));
+    oomb::attention::attention_backward(a, lse, delta_.data(), d_o, dq32, dk32, dv32, dpast, compute_.get(),
                             {order_ws_.data(), static_cast<std::int64_t>(order_ws_.size())});
     ring_.release(t, compute());
     gpu::ops::convert(qd, static_cast<const float*>(dq32), dq, compute());
@@ -582,9 +582,9 @@ class basic_cuda_backend {
   }
 
   /// The kernels' arguments over a window's upload (`grad_map`: it holds the backward's map).
-  static gpu::attention_args args(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
+  static oomb::attention::attention_args args(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
                                   const window_table& w, const std::int32_t* table, bool grad_map) {
-    gpu::attention_args a;
+    oomb::attention::attention_args a;
     a.q = c.q;
     a.q_start = c.q_start;
     a.sq = c.sq;

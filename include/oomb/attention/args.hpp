@@ -1,15 +1,15 @@
-// oomb trainer — what one GPU attention call works on: the queries of a chunk against one window of
-// key pages. Mirrors cpu::attention_args (include/oomb/attention/reference.hpp) with device pointers,
+// oomb — what one GPU attention call works on: the queries of a chunk against one window of
+// key pages. Mirrors reference::attention_args (include/oomb/attention/reference.hpp) with device pointers,
 // bf16 queries and an fp32 scale, so a test can run both on the same data.
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 #include <cstdint>
 
-#include <oomb/core/bf16.hpp>
-#include <oomb/paging/views.hpp>
+#include "oomb/core/bf16.hpp"
+#include "oomb/paging/views.hpp"
 
-namespace oomb_trainer::gpu {
+namespace oomb::attention {
 
 /// Every pointer is device memory. Query i of the chunk sits at absolute position q_start + i;
 /// query head h reads KV head h / (hq / hkv). Sequence 0 of kv.table lists the window's pages, the
@@ -40,4 +40,4 @@ struct attention_args {
   std::int32_t tile = 128;
 };
 
-}  // namespace oomb_trainer::gpu
+}  // namespace oomb::attention

@@ -1,4 +1,4 @@
-// oomb trainer — the GPU attention entry points: argument checks (oomb exceptions naming the
+// oomb — the GPU attention entry points: argument checks (oomb exceptions naming the
 // values), then one launch on the caller's stream. No allocation, no host synchronisation.
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -31,29 +31,17 @@
 
 #include <cuda_runtime.h>
 
-#include <oomb/core/bf16.hpp>
-#include <oomb/core/error.hpp>
-#include <oomb/paging/views.hpp>
+#include "oomb/core/bf16.hpp"
+#include "oomb/core/error.hpp"
+#include "oomb/paging/views.hpp"
 
-#include "args.hpp"
-#include "variants.cuh"
+#include "oomb/attention/args.hpp"
+#include "oomb/attention/common.cuh"
+#include "oomb/attention/variants.cuh"
 
-namespace oomb_trainer::gpu {
+namespace oomb::attention {
 
 namespace detail {
-
-inline void check_launch(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) OOMB_FAIL(oomb::cuda_error, what, ": ", cudaGetErrorString(e));
-}
-
-inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-
-inline int log2_exact(std::int32_t x) {
-  int l = 0;
-  while ((std::int32_t(1) << l) < x) ++l;
-  return l;
-}
 
 /// Checks what both directions need and derives the kernels' parameters.
 inline kernel_params make_params(const attention_args& a, int rows_per_tile_multiple) {
@@ -762,4 +750,4 @@ inline void attention_backward(const attention_args& a, const float* lse, const 
   });
 }
 
-}  // namespace oomb_trainer::gpu
+}  // namespace oomb::attention

@@ -1,4 +1,4 @@
-// oomb trainer — attention backward over one window of key pages (FlashAttention-2 style, mma.sync).
+// oomb — attention backward over one window of key pages (FlashAttention-2 style, mma.sync).
 // SPDX-License-Identifier: Apache-2.0
 //
 // One block owns BN consecutive keys of the window for one KV head and walks the packed query rows
@@ -15,13 +15,15 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <oomb/core/bf16.hpp>
-#include <oomb/paging/views.hpp>
+#include "oomb/cuda/kernel_linkage.cuh"
+#include "oomb/core/bf16.hpp"
+#include "oomb/paging/views.hpp"
 
-#include "ptx.cuh"
-#include "window.cuh"
+#include "oomb/attention/ptx.cuh"
+#include "oomb/attention/window.cuh"
 
-namespace oomb_trainer::gpu::detail {
+namespace oomb::attention::detail {
+OOMB_KERNEL_NAMESPACE_BEGIN
 
 /// Tile shape of the backward: BN keys per block, BM packed query rows per step, and three warp
 /// layouts: S/dP as WM_S (rows) x WARPS/WM_S (keys), dK/dV as WK (keys) x WARPS/WK (d), dQ as
@@ -65,7 +67,7 @@ inline bool rows16_aligned(const backward_outputs& out) {
 }
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
+OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     attention_backward_kernel(const kernel_params p, const float* __restrict__ lse,
                               const float* __restrict__ delta, const std::uint16_t* __restrict__ d_o,
                               const backward_outputs outp, int qsplit) {
@@ -436,7 +438,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 
 /// delta[h][i] = sum_d dO[i][h][d] * O[i][h][d] (fp32), one warp per (i, h).
 template <class O>
-__global__ void attention_delta_kernel(std::int32_t sq, std::int32_t hq, std::int32_t d, const O* __restrict__ o,
+OOMB_KERNEL void attention_delta_kernel(std::int32_t sq, std::int32_t hq, std::int32_t d, const O* __restrict__ o,
                                        const std::uint16_t* __restrict__ d_o, float* __restrict__ delta) {
   const std::int64_t row = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -462,7 +464,7 @@ __global__ void attention_delta_kernel(std::int32_t sq, std::int32_t hq, std::in
 
 /// Folds one window's (o, lse) into the accumulator (o_acc, lse_acc) by log-sum-exp; one warp a row.
 template <int = 0>  // a template: every translation unit may include this header
-__global__ void attention_merge_kernel(std::int32_t sq, std::int32_t hq, std::int32_t d, float* __restrict__ o_acc,
+OOMB_KERNEL void attention_merge_kernel(std::int32_t sq, std::int32_t hq, std::int32_t d, float* __restrict__ o_acc,
                                        float* __restrict__ lse_acc, const float* __restrict__ o,
                                        const float* __restrict__ lse) {
   const std::int64_t row = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -479,4 +481,5 @@ __global__ void attention_merge_kernel(std::int32_t sq, std::int32_t hq, std::in
   if (lane == 0) lse_acc[h * sq + i] = m + logf(wa + wb);
 }
 
-}  // namespace oomb_trainer::gpu::detail
+OOMB_KERNEL_NAMESPACE_END
+}  // namespace oomb::attention::detail

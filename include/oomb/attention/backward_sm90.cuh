@@ -1,4 +1,4 @@
-// oomb trainer — attention backward for Hopper (sm_90a): wgmma products, producer/consumer warp
+// oomb — attention backward for Hopper (sm_90a): wgmma products, producer/consumer warp
 // specialisation, an mbarrier pipeline over the query steps.
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -44,15 +44,17 @@
 
 #include <cub/block/block_scan.cuh>
 
-#include <oomb/core/bf16.hpp>
-#include <oomb/paging/views.hpp>
+#include "oomb/cuda/kernel_linkage.cuh"
+#include "oomb/core/bf16.hpp"
+#include "oomb/paging/views.hpp"
 
-#include "backward.cuh"
-#include "ptx.cuh"
-#include "ptx_sm90.cuh"
-#include "window.cuh"
+#include "oomb/attention/backward.cuh"
+#include "oomb/attention/ptx.cuh"
+#include "oomb/attention/ptx_sm90.cuh"
+#include "oomb/attention/window.cuh"
 
-namespace oomb_trainer::gpu::detail {
+namespace oomb::attention::detail {
+OOMB_KERNEL_NAMESPACE_BEGIN
 
 /// How a consumer's finished dQ tile reaches the fp32 dq in global memory.
 enum class backward_dq {
@@ -245,7 +247,7 @@ struct tile_search {
 /// every translation unit that includes it.)
 inline constexpr int ORDER_THREADS = 1024;
 template <int THREADS = ORDER_THREADS>
-__global__ void __launch_bounds__(THREADS)
+OOMB_KERNEL void __launch_bounds__(THREADS)
     sparse_backward_order_kernel(const __grid_constant__ kernel_params p, int past_blocks, int blocks_per_page,
                                  std::int32_t* ws) {
   std::int32_t* const count = ws;
@@ -396,7 +398,7 @@ struct backward_rows_maps {
 };
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::THREADS, 1)
+OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
     attention_backward_sm90_kernel(const __grid_constant__ kernel_params p, const __grid_constant__ CUtensorMap tmap_k,
                                    const __grid_constant__ CUtensorMap tmap_v, const __grid_constant__ CUtensorMap tmap_q,
                                    const __grid_constant__ CUtensorMap tmap_do, const __grid_constant__ CUtensorMap tmap_dq,
@@ -1316,4 +1318,5 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #endif
 }
 
-}  // namespace oomb_trainer::gpu::detail
+OOMB_KERNEL_NAMESPACE_END
+}  // namespace oomb::attention::detail

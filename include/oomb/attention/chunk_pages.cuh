@@ -1,4 +1,4 @@
-// oomb trainer — what the page kernels share: a chunk's tokens and the list naming its pages, and
+// oomb — what the page kernels share: a chunk's tokens and the list naming its pages, and
 // the checks every such kernel makes of them and of the page pool it addresses.
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -12,27 +12,19 @@
 
 #include <cstdint>
 
-#include <oomb/paging/views.hpp>
+#include "oomb/core/bf16.hpp"
+#include "oomb/core/error.hpp"
+#include "oomb/cuda/error.hpp"
+#include "oomb/cuda/stream_view.hpp"
+#include "oomb/paging/views.hpp"
 
-#include "trainer/cuda/ops/common.cuh"
+#include "oomb/attention/common.cuh"
 
-namespace oomb_trainer::gpu::paging {
+namespace oomb::attention {
 
-using oomb::bf16;
 using stream_view = oomb::cuda_stream_view;
 
 namespace detail {
-
-using ops::detail::grid_for;
-
-/// log2 of a power of two.
-inline int log2_exact(std::int32_t x) {
-  int l = 0;
-  while ((std::int32_t(1) << l) < x) ++l;
-  return l;
-}
-
-inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 /// The checks of a chunk of n tokens [n][heads][d] over the pages of `pool`, whose elements are
 /// accessed `vector` at a time (16 bytes): sizes, the pool's shape and alignment.
@@ -63,4 +55,4 @@ __device__ __forceinline__ void report_bad_page(std::int32_t* bad_page, std::int
 /// Entries of the page list of a chunk of n tokens: ceil(n / page_size).
 inline std::int64_t chunk_page_count(std::int64_t n, std::int32_t page_size) { return (n + page_size - 1) / page_size; }
 
-}  // namespace oomb_trainer::gpu::paging
+}  // namespace oomb::attention

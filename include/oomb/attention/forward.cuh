@@ -1,4 +1,4 @@
-// oomb trainer — attention forward over one window of key pages (FlashAttention-2 style, mma.sync).
+// oomb — attention forward over one window of key pages (FlashAttention-2 style, mma.sync).
 // SPDX-License-Identifier: Apache-2.0
 //
 // One block owns BM consecutive *packed* rows of one KV head: row r is (query r / group, query head
@@ -14,12 +14,14 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <oomb/core/bf16.hpp>
+#include "oomb/cuda/kernel_linkage.cuh"
+#include "oomb/core/bf16.hpp"
 
-#include "ptx.cuh"
-#include "window.cuh"
+#include "oomb/attention/ptx.cuh"
+#include "oomb/attention/window.cuh"
 
-namespace oomb_trainer::gpu::detail {
+namespace oomb::attention::detail {
+OOMB_KERNEL_NAMESPACE_BEGIN
 
 template <int D_, int BM_, int BN_, int WARPS_, int MIN_BLOCKS_>
 struct forward_tile {
@@ -32,7 +34,7 @@ struct forward_tile {
 };
 
 template <class Cfg, class O>
-__global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
+OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     attention_forward_kernel(const kernel_params p, O* __restrict__ out, float* __restrict__ lse_out, int split) {
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, THREADS = Cfg::THREADS, MT = Cfg::MT;
   constexpr int NT_S = BN / 8, NT_O = D / 8;
@@ -363,4 +365,5 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     }
 }
 
-}  // namespace oomb_trainer::gpu::detail
+OOMB_KERNEL_NAMESPACE_END
+}  // namespace oomb::attention::detail

@@ -1,4 +1,4 @@
-// oomb trainer — attention forward for Hopper (sm_90a): TMA page tiles, an mbarrier pipeline,
+// oomb — attention forward for Hopper (sm_90a): TMA page tiles, an mbarrier pipeline,
 // wgmma products, producer/consumer warp specialisation.
 // SPDX-License-Identifier: Apache-2.0
 //
@@ -18,13 +18,15 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <oomb/core/bf16.hpp>
+#include "oomb/cuda/kernel_linkage.cuh"
+#include "oomb/core/bf16.hpp"
 
-#include "ptx.cuh"
-#include "ptx_sm90.cuh"
-#include "window.cuh"
+#include "oomb/attention/ptx.cuh"
+#include "oomb/attention/ptx_sm90.cuh"
+#include "oomb/attention/window.cuh"
 
-namespace oomb_trainer::gpu::detail {
+namespace oomb::attention::detail {
+OOMB_KERNEL_NAMESPACE_BEGIN
 
 template <int D_, int STAGES_, bool PINGPONG_ = false>
 struct forward_sm90_tile {
@@ -43,7 +45,7 @@ struct forward_sm90_tile {
 };
 
 template <class Cfg, class O>
-__global__ void __launch_bounds__(Cfg::THREADS, 1)
+OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
     attention_forward_sm90_kernel(const __grid_constant__ kernel_params p, const __grid_constant__ CUtensorMap tmap_k,
                                   const __grid_constant__ CUtensorMap tmap_v, O* __restrict__ out,
                                   float* __restrict__ lse_out, int token_dim1, int split) {
@@ -419,4 +421,5 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #endif
 }
 
-}  // namespace oomb_trainer::gpu::detail
+OOMB_KERNEL_NAMESPACE_END
+}  // namespace oomb::attention::detail

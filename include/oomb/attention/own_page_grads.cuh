@@ -1,4 +1,4 @@
-// oomb trainer — the chunk's own dK/dV: what later chunks added into the gradient pages of the
+// oomb — the chunk's own dK/dV: what later chunks added into the gradient pages of the
 // chunk's own K/V pages, added to the chunk-local dK/dV the attention backward wrote, as the end
 // of chunk_recurrent.hpp's attend_backward does on the CPU ("dK_c = local + mirror").
 // SPDX-License-Identifier: Apache-2.0
@@ -13,16 +13,18 @@
 
 #include <cstdint>
 
-#include "chunk_pages.cuh"
+#include "oomb/attention/chunk_pages.cuh"
+#include "oomb/cuda/kernel_linkage.cuh"
 
-namespace oomb_trainer::gpu::paging {
+namespace oomb::attention {
 
 namespace detail {
+OOMB_KERNEL_NAMESPACE_BEGIN
 
 /// Item (t, h, j): row t of the chunk, kv head h, dims [4j, 4j + 4). A template, so that every
 /// translation unit may include it (one definition each).
 template <int = 0>
-__global__ void add_own_page_grads_kernel(std::int64_t n, std::int32_t heads, std::int32_t d, int log_page,
+OOMB_KERNEL void add_own_page_grads_kernel(std::int64_t n, std::int32_t heads, std::int32_t d, int log_page,
                                           const std::int32_t* __restrict__ pages, oomb::grad_mirror_view<float> mirror,
                                           float* __restrict__ dk, float* __restrict__ dv, std::int32_t* bad_page) {
   const std::int32_t groups = d / 4;
@@ -59,6 +61,7 @@ __global__ void add_own_page_grads_kernel(std::int64_t n, std::int32_t heads, st
   }
 }
 
+OOMB_KERNEL_NAMESPACE_END
 }  // namespace detail
 
 /// dk, dv [n][heads][d] (fp32, the chunk's local gradients) += the gradient pages of the chunk's
@@ -80,7 +83,7 @@ inline void add_own_page_grads(std::int64_t n, std::int32_t heads, std::int32_t 
   const std::int64_t count = n * heads * (d / 4);
   detail::add_own_page_grads_kernel<><<<detail::grid_for(count, 256), 256, 0, stream.get()>>>(
       n, heads, d, detail::log2_exact(mirror.pool.page_size), pages, mirror, dk, dv, bad_page);
-  OOMB_OPS_CHECK_LAUNCH(what);
+  OOMB_CUDA_CHECK_LAUNCH(what, ": kernel launch");
 }
 
-}  // namespace oomb_trainer::gpu::paging
+}  // namespace oomb::attention

@@ -1,4 +1,4 @@
-// oomb trainer — the few PTX instructions the attention kernels are built from (sm_80+):
+// oomb — the few PTX instructions the attention kernels are built from (sm_80+):
 // cp.async copies into shared memory, ldmatrix fragment loads, bf16 mma.sync m16n8k16, and the
 // XOR swizzle that keeps ldmatrix free of bank conflicts.
 // SPDX-License-Identifier: Apache-2.0
@@ -8,7 +8,7 @@
 
 #include <cuda_bf16.h>
 
-namespace oomb_trainer::gpu::detail {
+namespace oomb::attention::detail {
 
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -188,4 +188,4 @@ struct fast_divmod {
   }
 };
 
-}  // namespace oomb_trainer::gpu::detail
+}  // namespace oomb::attention::detail

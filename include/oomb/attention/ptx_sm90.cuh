@@ -1,4 +1,4 @@
-// oomb trainer — the Hopper (sm_90a) instructions the warp-specialised attention kernels use:
+// oomb — the Hopper (sm_90a) instructions the warp-specialised attention kernels use:
 // mbarriers, TMA tile loads (cp.async.bulk.tensor) completing on them, wgmma matrix descriptors
 // and the wgmma products themselves, fences, named barriers and setmaxnreg.
 // SPDX-License-Identifier: Apache-2.0
@@ -17,7 +17,7 @@
 #define OOMB_ATTENTION_SM90A 0
 #endif
 
-namespace oomb_trainer::gpu::detail::sm90 {
+namespace oomb::attention::detail::sm90 {
 
 __device__ __forceinline__ void mbar_init(std::uint32_t bar, std::uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -220,4 +220,4 @@ __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-}  // namespace oomb_trainer::gpu::detail::sm90
+}  // namespace oomb::attention::detail::sm90

@@ -1,4 +1,4 @@
-// oomb trainer — the CPU reference of paged, windowed, optionally page-sparse causal attention.
+// oomb — the CPU reference of paged, windowed, optionally page-sparse causal attention.
 // SPDX-License-Identifier: Apache-2.0
 //
 // This file is the contract the GPU kernels (include/oomb/attention/) mirror; see
@@ -11,7 +11,7 @@
 // Causal mask everywhere: a query at absolute position p sees keys at positions <= p.
 // GQA: query head h reads KV head h / (hq / hkv), as HF's repeat_kv.
 //
-// Summation order is fixed by the source (see common.hpp), and a sparse call that selects every
+// Summation order is fixed by the source (oomb/core/fixed_order.hpp), and a sparse call that selects every
 // past page runs exactly the arithmetic of a dense call, so the two agree bit for bit.
 #pragma once
 
@@ -21,12 +21,16 @@
 #include <limits>
 #include <vector>
 
-#include <oomb/core/error.hpp>
-#include <oomb/paging/views.hpp>
+#include "oomb/core/error.hpp"
+#include "oomb/paging/views.hpp"
 
-#include "trainer/cpu/common.hpp"
+#include "oomb/core/fixed_order.hpp"
 
-namespace oomb_trainer::cpu {
+namespace oomb::attention::reference {
+
+using fixed_order::axpy;
+using fixed_order::axpy_store;
+using fixed_order::dot;
 
 /// One call's work: the queries of one chunk against one window of key pages.
 template <class T, class E>
@@ -265,4 +269,4 @@ void attention_backward(const attention_args<T, E>& a, const T* o, const T* lse,
   }
 }
 
-}  // namespace oomb_trainer::cpu
+}  // namespace oomb::attention::reference

@@ -1,4 +1,4 @@
-// oomb trainer — every attention kernel that is compiled, listed in one place.
+// oomb — every attention kernel that is compiled, listed in one place.
 // SPDX-License-Identifier: Apache-2.0
 //
 // GQA group size, page size, layout (head- or token-major), dense or sparse and the window are
@@ -16,14 +16,14 @@
 
 #include <type_traits>
 
-#include <oomb/core/error.hpp>
+#include "oomb/core/error.hpp"
 
-#include "backward.cuh"
-#include "forward.cuh"
-#include "backward_sm90.cuh"
-#include "forward_sm90.cuh"
+#include "oomb/attention/backward.cuh"
+#include "oomb/attention/forward.cuh"
+#include "oomb/attention/backward_sm90.cuh"
+#include "oomb/attention/forward_sm90.cuh"
 
-namespace oomb_trainer::gpu {
+namespace oomb::attention {
 
 /// Tile shapes per head size.
 template <int D>
@@ -113,4 +113,4 @@ decltype(auto) dispatch_head_dim(int d, F&& f) {
   }
 }
 
-}  // namespace oomb_trainer::gpu
+}  // namespace oomb::attention

@@ -1,4 +1,4 @@
-// oomb trainer — where the keys of one attention window live, as the kernels see them.
+// oomb — where the keys of one attention window live, as the kernels see them.
 // SPDX-License-Identifier: Apache-2.0
 //
 // A window is a run of logical pages of one sequence (kv.table's sequence 0). The forward walks a
@@ -10,12 +10,12 @@
 
 #include <cstdint>
 
-#include <oomb/core/bf16.hpp>
-#include <oomb/paging/views.hpp>
+#include "oomb/core/bf16.hpp"
+#include "oomb/paging/views.hpp"
 
-#include "ptx.cuh"
+#include "oomb/attention/ptx.cuh"
 
-namespace oomb_trainer::gpu::detail {
+namespace oomb::attention::detail {
 
 /// The Hopper backward's launch order on page-sparse calls, computed on the host (hs2). Per KV head,
 /// in launch order: the chunk's own key blocks [own_kb, own_kb + own), then the first `ends` past
@@ -205,4 +205,4 @@ struct virtual_keys {
   }
 };
 
-}  // namespace oomb_trainer::gpu::detail
+}  // namespace oomb::attention::detail

@@ -1,4 +1,4 @@
-// oomb trainer — a chunk's projected K and V into its K/V pages, as chunk_recurrent.hpp's
+// oomb — a chunk's projected K and V into its K/V pages, as chunk_recurrent.hpp's
 // write_kv does on the CPU, through the library's page_pool_view (head_major or token_major: only
 // the strides differ). Optionally applies RoPE to K on the way (k straight from its projection),
 // which saves the separate pass over K that ops::rope_forward would make.
@@ -12,12 +12,14 @@
 
 #include <cstdint>
 
-#include "trainer/cuda/ops/rope.cuh"
-#include "chunk_pages.cuh"
+#include "oomb/attention/rope_table.hpp"
+#include "oomb/attention/chunk_pages.cuh"
+#include "oomb/cuda/kernel_linkage.cuh"
 
-namespace oomb_trainer::gpu::paging {
+namespace oomb::attention {
 
 namespace detail {
+OOMB_KERNEL_NAMESPACE_BEGIN
 
 __device__ __forceinline__ void unpack8(const uint4& w, float (&x)[8]) {
   const std::uint32_t u[4] = {w.x, w.y, w.z, w.w};
@@ -36,7 +38,7 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
 
 /// Item (t, h, j): row t of the chunk, kv head h, dims 8j.. and d/2 + 8j.. of K and V.
 template <bool Rotate>
-__global__ void write_kv_pages_kernel(std::int64_t n, std::int32_t heads, std::int32_t d, int log_page,
+OOMB_KERNEL void write_kv_pages_kernel(std::int64_t n, std::int32_t heads, std::int32_t d, int log_page,
                                       const bf16* __restrict__ k, const bf16* __restrict__ v,
                                       const std::int32_t* __restrict__ pages, std::int32_t pool_pages,
                                       oomb::page_pool_view<bf16> pool, const float* __restrict__ cos_t,
@@ -85,7 +87,7 @@ __global__ void write_kv_pages_kernel(std::int64_t n, std::int32_t heads, std::i
 template <bool Rotate>
 void write_kv_pages_launch(const char* what, std::int64_t n, std::int32_t heads, std::int32_t d, const bf16* k,
                            const bf16* v, const std::int32_t* pages, std::int32_t pool_pages,
-                           const oomb::page_pool_view<bf16>& pool, const ops::rope_table_view* rope,
+                           const oomb::page_pool_view<bf16>& pool, const rope_table_view* rope,
                            std::int32_t* bad_page, stream_view stream) {
   check_chunk(what, n, heads, d, 8, pages, pool, bad_page);
   OOMB_EXPECTS(d % 16 == 0, what, ": head_dim must be a multiple of 16, got ", d);
@@ -101,9 +103,10 @@ void write_kv_pages_launch(const char* what, std::int64_t n, std::int32_t heads,
   write_kv_pages_kernel<Rotate><<<grid_for(count, 256), 256, 0, stream.get()>>>(
       n, heads, d, log2_exact(pool.page_size), k, v, pages, pool_pages, pool, rope ? rope->cos : nullptr,
       rope ? rope->sin : nullptr, bad_page);
-  OOMB_OPS_CHECK_LAUNCH(what);
+  OOMB_CUDA_CHECK_LAUNCH(what, ": kernel launch");
 }
 
+OOMB_KERNEL_NAMESPACE_END
 }  // namespace detail
 
 /// Writes k and v [n][heads][d] (bf16, k already rotated) into the pages of a chunk of n tokens:
@@ -122,11 +125,11 @@ inline void write_kv_pages(std::int64_t n, std::int32_t heads, std::int32_t d, c
 /// `rope` (row t at the table's position t; the fp32 cos/sin of ops::rope_forward), rounded to
 /// bf16 once. k itself is not changed.
 inline void write_kv_pages_rotating_k(std::int64_t n, std::int32_t heads, std::int32_t d, const bf16* k, const bf16* v,
-                                      const ops::rope_table_view& rope, const std::int32_t* pages,
+                                      const rope_table_view& rope, const std::int32_t* pages,
                                       std::int32_t pool_pages, const oomb::page_pool_view<bf16>& pool,
                                       std::int32_t* bad_page, stream_view stream) {
   detail::write_kv_pages_launch<true>("write_kv_pages_rotating_k", n, heads, d, k, v, pages, pool_pages, pool, &rope,
                                       bad_page, stream);
 }
 
-}  // namespace oomb_trainer::gpu::paging
+}  // namespace oomb::attention

@@ -7,17 +7,15 @@
 
 #include <cstdint>
 
+#include <oomb/attention/rope_table.hpp>
+
 #include "trainer/cuda/ops/common.cuh"
 
 namespace oomb_trainer::gpu::ops {
 
-/// Device cos/sin [n][half] of n consecutive positions (row t: the position of x's row t).
-struct rope_table_view {
-  const float* cos = nullptr;
-  const float* sin = nullptr;
-  std::int64_t n = 0;
-  std::int32_t half = 0;  ///< head_dim / 2
-};
+/// Device cos/sin [n][half] of n consecutive positions (row t: the position of x's row t); the
+/// attention layer's type, so the same table feeds the K/V page writes that rotate K on the way.
+using rope_table_view = oomb::attention::rope_table_view;
 
 namespace detail {
 
