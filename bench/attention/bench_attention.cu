@@ -3,12 +3,11 @@
 // KV read through a shuffled page table (paged) and through ids in logical order (contiguous).
 // Forward FLOPs 4 Sq Sk D Hq with the causal square halved; backward 2.5x forward.
 // Plain program (no Google Benchmark) so the binary runs on the GPU machine as is. Options: --quick
-// (16K only), --past N, --reps N (default 5, every past), --no-extras, --sm90-variants, --alt (older
-// Hopper backward alternatives), --no-sparse (skip the page-sparse run at 256K: 64 pages + sink + local
+// (16K only), --past N, --reps N (default 5, every past), --no-extras, --sm90-variants (the Hopper
+// forward at cluster splits 1 and 2), --no-sparse (skip the page-sparse run at 256K: 64 pages + sink + local
 // per 128-query tile, TFLOP/s over the attended keys), --lean (the public entries on paged ids only: no
 // contiguous run, no forced kernels; with --past 262144 the sparse-vs-dense call of hs1), --head-dim D
-// (only the shape of head size D: 128 or 64, e.g. one profiler run each), --candidates (only the
-// public backward and the Hopper backward configurations on trial, timed in turn), --json FILE (one
+// (only the shape of head size D: 128 or 64, e.g. one profiler run each), --json FILE (one
 // line per shape and past: TFLOP/s median, min, max), --trace FILE (with the sparse run: one traced
 // launch of the sparse backward per shape, selection and launch order, every CTA's timeline as CSV
 // lines for tools/sparse_trace.py).
@@ -94,11 +93,8 @@ struct result {
   timing fwd, bwd;         // the public entry (Hopper forward where it applies; backward per backward_kernels)
   double fwd_portable_ms;  // the mma.sync forward forced
   timing bwd_sm90;         // the Hopper backward's dense configuration forced (hb6: Q/dO by TMA; 0: not a Hopper device / no sm_90a code)
-  timing bwd_other;        // hb2 forced: dQ by red.add from the consumers, 64-row steps
-  timing bwd_hb4;          // forced: d128 writer warp with dQ over own keys, d64 writer warp with 64-row steps (hb3)
-  timing bwd_bm64;         // forced, d128 only: the sparse calls' configuration (64-row steps; the dense default before hb5)
+  timing bwd_other;        // the unaligned-dq configuration forced (hb2: dQ by red.add from the consumers, 64-row steps)
   timing bwd_wide;         // forced: the wide-group dense configuration, Q/dO by cp.async (the dense default before hb6)
-  double bwd_sm90_alt_ms;  // alternative (--alt only): d128 dQ over each consumer's own keys, d64 software-pipelined
   double bwd_sm90_err;     // largest norm-wise difference Hopper (both) vs portable backward (dq, dk, dv, dpast), 16K only
 };
 
@@ -170,7 +166,7 @@ double time_fwd_sm90(const device_problem& dp, int split, int reps) {
 }
 
 /// lean: the public forward and backward only (the forced kernels' fields stay 0).
-result time_one(const problem& p, int reps, bool alt, bool lean = false) {
+result time_one(const problem& p, int reps, bool lean = false) {
   device_problem dp(p);
   const auto a = dp.args();
   const auto& c = p.c;
@@ -205,13 +201,12 @@ result time_one(const problem& p, int reps, bool alt, bool lean = false) {
                                                                                 dv.p, grads, nullptr);
     };
     auto other = [&] {
-      namespace x = gpu::experimental;
       if (c.d == 128)
-        gpu::detail::launch_backward_sm90<x::backward_sm90_d128_atomics>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
-                                                                         grads, nullptr);
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::unaligned>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+                                                                                      dk.p, dv.p, grads, nullptr);
       else
-        gpu::detail::launch_backward_sm90<x::backward_sm90_d64_atomics>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
-                                                                        grads, nullptr);
+        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::unaligned>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+                                                                                     dk.p, dv.p, grads, nullptr);
     };
     r.bwd_sm90 = time_ms(1, reps, [&] {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
@@ -221,29 +216,7 @@ result time_one(const problem& p, int reps, bool alt, bool lean = false) {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       other();
     });
-    auto hb4 = [&] {
-      namespace x = gpu::experimental;
-      if (c.d == 128)
-        gpu::detail::launch_backward_sm90<x::backward_sm90_d128_writer_own>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
-                                                                            dv.p, grads, nullptr);
-      else
-        gpu::detail::launch_backward_sm90<x::backward_sm90_d64_writer_bm64>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
-                                                                            dv.p, grads, nullptr);
-    };
-    r.bwd_hb4 = time_ms(1, reps, [&] {
-      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-      hb4();
-    });
-    auto bm64 = [&] {
-      gpu::detail::launch_backward_sm90<gpu::experimental::backward_sm90_d128_bm64>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
-                                                                                 dv.p, grads, nullptr);
-    };
     const bool d128 = c.d == 128;
-    if (d128)
-      r.bwd_bm64 = time_ms(1, reps, [&] {
-        gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-        bm64();
-      });
     auto wide = [&] {
       if (d128)
         gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
@@ -255,15 +228,6 @@ result time_one(const problem& p, int reps, bool alt, bool lean = false) {
     r.bwd_wide = time_ms(1, reps, [&] {
       gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       wide();
-    });
-    if (alt) r.bwd_sm90_alt_ms = median_ms(1, reps, [&] {
-      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-      if (c.d == 128)
-        gpu::detail::launch_backward_sm90<gpu::experimental::backward_sm90_d128_own>(a, lse.p, delta.p, dp.d_o.p, dq.p,
-                                                                                    dk.p, dv.p, grads, nullptr);
-      else
-        gpu::detail::launch_backward_sm90<gpu::experimental::backward_sm90_d64_pipe>(a, lse.p, delta.p, dp.d_o.p,
-                                                                                       dq.p, dk.p, dv.p, grads, nullptr);
     });
     if (c.q_start <= 16384) {  // the same gradients as the portable kernel at benchmark scale
       auto run = [&](auto&& bwd) {
@@ -287,53 +251,11 @@ result time_one(const problem& p, int reps, bool alt, bool lean = false) {
       const auto oth = run(other);
       for (int k = 0; k < 4; ++k)
         r.bwd_sm90_err = std::max({r.bwd_sm90_err, rel_diff(hop[k], ref[k]), rel_diff(oth[k], ref[k])});
-      const auto h4 = run(hb4);
       const auto hw = run(wide);
-      for (int k = 0; k < 4; ++k)
-        r.bwd_sm90_err = std::max({r.bwd_sm90_err, rel_diff(h4[k], ref[k]), rel_diff(hw[k], ref[k])});
-      if (d128) {
-        const auto h64 = run(bm64);
-        for (int k = 0; k < 4; ++k) r.bwd_sm90_err = std::max(r.bwd_sm90_err, rel_diff(h64[k], ref[k]));
-      }
+      for (int k = 0; k < 4; ++k) r.bwd_sm90_err = std::max(r.bwd_sm90_err, rel_diff(hw[k], ref[k]));
     }
   }
   return r;
-}
-
-/// --candidates: the public backward and the Hopper backward configurations on trial (variants.cuh
-/// `experimental`, hb7: d128 dQ by TMA tensor reductions; d64 hb6's own-keys dQ and all keys with bulk
-/// reductions per query), each call timed in turn
-/// (public, candidate 1, candidate 2, public, ...) so that a drifting clock weighs on all alike.
-/// Returns their timings in that order: the public backward first, then d128's one candidate or d64's two.
-std::vector<timing> time_candidates(const problem& p, int reps) {
-  device_problem dp(p);
-  const auto a = dp.args();
-  const auto& c = p.c;
-  backward_buffers buf(dp);
-  gpu::attention_forward(a, buf.o.p, buf.lse.p, nullptr);
-  namespace x = gpu::experimental;
-  auto bwd = [&](auto cfg) {
-    gpu::attention_backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
-    gpu::detail::launch_backward_sm90<decltype(cfg)>(a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p,
-                                                     buf.grads, nullptr);
-  };
-  std::vector<std::function<void()>> runs{[&] {
-    gpu::attention_backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
-    gpu::attention_backward(a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, nullptr);
-  }};
-  if (c.d == 128) {
-    runs.push_back([&] { bwd(x::backward_sm90_d128_tensor_dq{}); });
-  } else {
-    runs.push_back([&] { bwd(x::backward_sm90_d64_own_keys{}); });
-    runs.push_back([&] { bwd(x::backward_sm90_d64_all_keys_rows{}); });
-  }
-  std::vector<std::vector<float>> t(runs.size());
-  for (auto& f : runs) f();  // warm-up
-  for (int i = 0; i < reps; ++i)
-    for (std::size_t k = 0; k < runs.size(); ++k) t[k].push_back(time_ms(0, 1, runs[k]).median);
-  std::vector<timing> out;
-  for (auto& v : t) out.push_back(summarize(std::move(v)));
-  return out;
 }
 
 /// Gives p a page-sparse past: every tile of 128 queries attends the first `sink` past pages, the
@@ -493,16 +415,12 @@ int main(int argc, char** argv) {
   int reps = 5;
   int head_dim = 0;  // --head-dim: only this shape (0: both)
   bool extras = true;
-  bool sm90_variants = false;  // time the Hopper forward's configurations and splits at every past
-  bool alt = false;            // time the Hopper backward's older alternatives (own-keys dQ, pipelined)
+  bool sm90_variants = false;  // time the Hopper forward's cluster splits at every past
   bool lean = false;           // the public entries on paged ids only
   bool sparse_budget = true;   // at 256K: the page-sparse forward/backward at a 64-page budget (--no-sparse: off)
-  bool candidates = false;     // only the public backward beside the configurations on trial (time_candidates)
   const char* json = nullptr;  // one JSON line per shape and past, every timed kernel
   const char* trace = nullptr;  // CTA timelines of the sparse backward (CSV)
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--alt") == 0) alt = true;
-    if (std::strcmp(argv[i], "--candidates") == 0) candidates = true;
     if (std::strcmp(argv[i], "--no-sparse") == 0) sparse_budget = false;
     if (std::strcmp(argv[i], "--lean") == 0) {
       lean = true;
@@ -530,9 +448,9 @@ int main(int argc, char** argv) {
               gpu::get_forward_kernels() == gpu::forward_kernels::portable ? "portable" : "automatic");
   std::printf("backward kernels: %s (bwd columns: the public entry; 'sm90 bwd' = Hopper backward forced)\n",
               gpu::get_backward_kernels() == gpu::backward_kernels::portable ? "portable" : "automatic");
-  std::printf("%-10s %7s | %9s %9s %6s %9s | %9s %9s %6s | %9s %9s %9s %9s %9s %8s | %8s %8s\n", "heads", "past",
+  std::printf("%-10s %7s | %9s %9s %6s %9s | %9s %9s %6s | %9s %9s %9s %9s %8s | %8s %8s\n", "heads", "past",
               "fwd paged", "fwd contig", "ratio", "mma.sync", "bwd paged", "bwd contig", "ratio", "sm90 bwd", "sm90 ctg",
-              "hb2", "hb2 ctg", "alt", "vs port", "fwd ms", "bwd ms");
+              "hb2", "hb2 ctg", "vs port", "fwd ms", "bwd ms");
   std::FILE* jf = json != nullptr ? std::fopen(json, "w") : nullptr;
   std::FILE* tf = trace != nullptr ? std::fopen(trace, "w") : nullptr;
   if (tf != nullptr) std::fprintf(tf, "label,order,begin,selected,walk,first,last,synced,staged,end,sm,kvh,piece,steps,kb\n");
@@ -563,34 +481,11 @@ int main(int argc, char** argv) {
       const double flops_fwd = 4.0 * sq * double(past) * s.d * s.hq + 2.0 * sq * double(sq) * s.d * s.hq;
       const double flops_bwd = 2.5 * flops_fwd;
       const int r = reps;
-      if (candidates) {
-        c.shuffle_ids = true;
-        const problem p(c, false);
-        const auto t = time_candidates(p, r);
-        static const char* const names[2][3] = {{"public", "own_keys_hb6", "all_keys_rows"}, {"public", "tensor_dq", ""}};
-        std::printf("%-10s %6lldK candidates, backward TFLOP/s median [min-max] of %d, in turn:", s.name,
-                    (long long)(past / 1024), r);
-        std::string row;
-        for (std::size_t k = 0; k < t.size(); ++k) {
-          const double tf = flops_bwd / t[k].median / 1e9;
-          std::printf(" | %s %.1f [%.1f-%.1f] (%.3fx)", names[s.d == 128][k], tf, flops_bwd / t[k].hi / 1e9, flops_bwd / t[k].lo / 1e9,
-                      t[0].median / t[k].median);
-          row += std::string(k ? ", " : "") + "\"" + names[s.d == 128][k] + "\": [" + std::to_string(tf) + ", " +
-                 std::to_string(flops_bwd / t[k].hi / 1e9) + ", " + std::to_string(flops_bwd / t[k].lo / 1e9) + "]";
-        }
-        std::printf("\n");
-        if (jf != nullptr)
-          std::fprintf(jf, "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"device\": \"%s\", "
-                           "\"candidates_bwd_tflops_median_min_max\": {%s}}\n",
-                       s.name, (long long)past, sq, r, prop.name, row.c_str());
-        std::fflush(stdout);
-        continue;
-      }
       result paged, contig;
       {
         c.shuffle_ids = true;
         problem p(c, false);
-        paged = time_one(p, r, alt, lean);
+        paged = time_one(p, r, lean);
         if (sparse_budget && past == 262144)
           for (const std::int32_t pool : {0, 256}) {  // ~1 and ~8 tiles per selected middle page
             // FLOPs over the keys each query attends: the selected past pages plus its causal own keys
@@ -630,20 +525,15 @@ int main(int argc, char** argv) {
         if (sm90_variants) {
           device_problem dp(p);
           const double tf = flops_fwd / 1e9;
-          namespace x = gpu::experimental;
-          if (s.d == 128) {
-            using H = gpu::forward_sm90_config<128>::type;
-            using P = x::forward_sm90_d128_pingpong;
-            std::printf("  [sm90 fwd d128 %lldK: plain split 1 %.1f | 2 %.1f | pingpong split 1 %.1f | 2 %.1f TFLOP/s]\n",
-                        (long long)(past / 1024), tf / time_fwd_sm90<H>(dp, 1, r), tf / time_fwd_sm90<H>(dp, 2, r),
-                        tf / time_fwd_sm90<P>(dp, 1, r), tf / time_fwd_sm90<P>(dp, 2, r));
-          } else {
-            using H = x::forward_sm90_d64_plain;
-            using P = gpu::forward_sm90_config<64>::type;
-            std::printf("  [sm90 fwd d64 %lldK: plain split 1 %.1f | 2 %.1f | pingpong split 1 %.1f | 2 %.1f TFLOP/s]\n",
-                        (long long)(past / 1024), tf / time_fwd_sm90<H>(dp, 1, r), tf / time_fwd_sm90<H>(dp, 2, r),
-                        tf / time_fwd_sm90<P>(dp, 1, r), tf / time_fwd_sm90<P>(dp, 2, r));
-          }
+          auto splits = [&](auto cfg) {
+            using H = decltype(cfg);
+            std::printf("  [sm90 fwd %s %lldK: split 1 %.1f | 2 %.1f TFLOP/s]\n", s.name, (long long)(past / 1024),
+                        tf / time_fwd_sm90<H>(dp, 1, r), tf / time_fwd_sm90<H>(dp, 2, r));
+          };
+          if (s.d == 128)
+            splits(gpu::forward_sm90_config<128>::type{});
+          else
+            splits(gpu::forward_sm90_config<64>::type{});
           std::fflush(stdout);
         }
         if (extras && past == 65536) {  // what gathering the window into contiguous memory first would cost
@@ -659,15 +549,11 @@ int main(int argc, char** argv) {
                         tb / time_bwd<B>(dp, 2, r), tb / time_bwd<B>(dp, 0, r));
           } else {
             using F = gpu::forward_config<64>::type;
-            using F2 = gpu::experimental::forward_d64_bn64;
             using B = gpu::backward_config<64>::type;
-            using B2 = gpu::experimental::backward_d64_bm64;
             for (int sp = 1; sp <= 4; ++sp)
-              std::printf("  [fwd d64 BN128 split %d: %.1f | BN64 split %d: %.1f TFLOP/s]\n", sp,
-                          tf / time_fwd<F>(dp, sp, r), sp, tf / time_fwd<F2>(dp, sp, r));
-            std::printf("  [bwd d64 BM128 query split 1: %.1f | 2: %.1f | auto: %.1f | BM64 auto: %.1f TFLOP/s]\n",
-                        tb / time_bwd<B>(dp, 1, r), tb / time_bwd<B>(dp, 2, r), tb / time_bwd<B>(dp, 0, r),
-                        tb / time_bwd<B2>(dp, 0, r));
+              std::printf("  [fwd d64 split %d: %.1f TFLOP/s]\n", sp, tf / time_fwd<F>(dp, sp, r));
+            std::printf("  [bwd d64 query split 1: %.1f | 2: %.1f | auto: %.1f TFLOP/s]\n", tb / time_bwd<B>(dp, 1, r),
+                        tb / time_bwd<B>(dp, 2, r), tb / time_bwd<B>(dp, 0, r));
           }
           const std::int64_t pair_vec = p.shape.pair_elements() * 2 / 16;
           dev<uint4> out(std::size_t(p.npages) * pair_vec);
@@ -682,7 +568,7 @@ int main(int argc, char** argv) {
       if (!lean) {
         c.shuffle_ids = false;
         const problem p(c, false);
-        contig = time_one(p, r, alt);
+        contig = time_one(p, r);
         if (extras) {
           device_problem dp(p);  // the backward with every block walking the query tiles in lockstep
           const double ms = s.d == 128 ? time_bwd<gpu::backward_config<128>::type>(dp, 0, r, 1)
@@ -692,23 +578,18 @@ int main(int argc, char** argv) {
         }
       }
       auto tfs = [](double flops, double ms) { return ms > 0 ? flops / ms / 1e9 : 0.0; };
-      std::printf("%-10s %6lldK | %9.1f %9.1f %6.3f %9.1f | %9.1f %9.1f %6.3f | %9.1f %9.1f %9.1f %9.1f %9.1f %8.1e | %8.3f %8.3f\n",
+      std::printf("%-10s %6lldK | %9.1f %9.1f %6.3f %9.1f | %9.1f %9.1f %6.3f | %9.1f %9.1f %9.1f %9.1f %8.1e | %8.3f %8.3f\n",
                   s.name, (long long)(past / 1024), tfs(flops_fwd, paged.fwd.median), tfs(flops_fwd, contig.fwd.median),
                   contig.fwd.median / paged.fwd.median, tfs(flops_fwd, paged.fwd_portable_ms),
                   tfs(flops_bwd, paged.bwd.median), tfs(flops_bwd, contig.bwd.median), contig.bwd.median / paged.bwd.median,
                   tfs(flops_bwd, paged.bwd_sm90.median), tfs(flops_bwd, contig.bwd_sm90.median),
                   tfs(flops_bwd, paged.bwd_other.median), tfs(flops_bwd, contig.bwd_other.median),
-                  tfs(flops_bwd, paged.bwd_hb4.median), std::max(paged.bwd_sm90_err, contig.bwd_sm90_err), paged.fwd.median, paged.bwd.median);
-      if (alt) std::printf("  [sm90 bwd alternative %s %lldK: %.1f TFLOP/s]\n", s.name, (long long)(past / 1024),
-                           tfs(flops_bwd, paged.bwd_sm90_alt_ms));
+                  std::max(paged.bwd_sm90_err, contig.bwd_sm90_err), paged.fwd.median, paged.bwd.median);
       std::printf("  [sm90 bwd %s %lldK: dense default (hb6, Q/dO by TMA, whole-query steps) %.1f (contig %.1f) | "
                   "cp.async Q/dO (wide groups; the dense default before hb6) %.1f (contig %.1f) TFLOP/s]\n",
                   s.name, (long long)(past / 1024), tfs(flops_bwd, paged.bwd_sm90.median),
                   tfs(flops_bwd, contig.bwd_sm90.median), tfs(flops_bwd, paged.bwd_wide.median),
                   tfs(flops_bwd, contig.bwd_wide.median));
-      if (s.d == 128)
-        std::printf("  [sm90 bwd d128 %lldK: 64-row steps (sparse calls) %.1f (contig %.1f) TFLOP/s]\n",
-                    (long long)(past / 1024), tfs(flops_bwd, paged.bwd_bm64.median), tfs(flops_bwd, contig.bwd_bm64.median));
       if (jf != nullptr) {  // TFLOP/s of the median, slowest and fastest call
         auto tri = [&](double flops, const timing& t) {
           return std::to_string(tfs(flops, t.median)) + ", " + std::to_string(tfs(flops, t.hi)) + ", " +
@@ -724,8 +605,7 @@ int main(int argc, char** argv) {
                      "\"tflops_median_min_max\": {\"fwd_paged\": [%s], \"fwd_contig\": [%s], \"fwd_portable\": %f, "
                      "\"bwd_public_paged\": [%s], \"bwd_public_contig\": [%s], \"bwd_sm90_config_paged\": [%s], "
                      "\"bwd_sm90_config_contig\": [%s], \"bwd_hb2_paged\": [%s], \"bwd_hb2_contig\": [%s], "
-                     "\"bwd_alt_paged\": [%s], \"bwd_alt_contig\": [%s], \"bwd_sm90_d128_bm64_paged\": [%s], "
-                     "\"bwd_sm90_d128_bm64_contig\": [%s], \"bwd_sm90_wide_group_paged\": [%s], \"bwd_sm90_wide_group_contig\": [%s]}, "
+                     "\"bwd_sm90_wide_group_paged\": [%s], \"bwd_sm90_wide_group_contig\": [%s]}, "
                      "\"bwd_sm90_config_ms_in_order\": {\"paged\": [%s], \"contig\": [%s]}, "
                      "\"bwd_vs_portable_err\": %g, \"backward_kernels\": \"%s\"}\n",
                      s.name, (long long)past, sq, r, prop.name, tri(flops_fwd, paged.fwd).c_str(),
@@ -733,8 +613,6 @@ int main(int argc, char** argv) {
                      tri(flops_bwd, paged.bwd).c_str(), tri(flops_bwd, contig.bwd).c_str(),
                      tri(flops_bwd, paged.bwd_sm90).c_str(), tri(flops_bwd, contig.bwd_sm90).c_str(),
                      tri(flops_bwd, paged.bwd_other).c_str(), tri(flops_bwd, contig.bwd_other).c_str(),
-                     tri(flops_bwd, paged.bwd_hb4).c_str(), tri(flops_bwd, contig.bwd_hb4).c_str(),
-                     tri(flops_bwd, paged.bwd_bm64).c_str(), tri(flops_bwd, contig.bwd_bm64).c_str(),
                      tri(flops_bwd, paged.bwd_wide).c_str(), tri(flops_bwd, contig.bwd_wide).c_str(),
                      in_order(paged.bwd_sm90).c_str(), in_order(contig.bwd_sm90).c_str(),
                      std::max(paged.bwd_sm90_err, contig.bwd_sm90_err),
@@ -744,8 +622,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   std::printf("TFLOP/s (medians of %d calls); ratio = contiguous time / paged time (1.0 = paging is free); hb2 = the "
-              "Hopper backward with red.add dQ and 64-row steps; alt = d128 writer warp with dQ over own keys, d64 writer warp "
-              "with 64-row steps\n", reps);
+              "Hopper backward's unaligned-dq configuration (red.add dQ, 64-row steps)\n", reps);
   if (jf != nullptr) std::fclose(jf);
   if (tf != nullptr) std::fclose(tf);
   return 0;

@@ -230,14 +230,12 @@ config windowed(config c, std::int32_t windows) {
 }
 
 bool hopper_device() { return gpu::detail::current_device_is_sm90(); }
-/// variant: 0 the chosen configuration (Q/dO by TMA, whole-query steps; dense and sparse calls since
-/// hs1), 1 bulk dQ reductions, 2 d128 dQ over own keys / d64 software-pipelined, 3 hb2 (dQ by red.add
-/// from the consumers, 64-row steps), 4 d128: the writer warp with dQ over each consumer's own keys,
-/// d64: the writer warp with 64-row steps (hb3); 5 (d128 only, skipped otherwise): the 64-row writer
-/// warp (the sparse calls' kernel before hs1); 6 the wide-group configuration (cp.async Q/dO);
-/// 7 (sparse calls only): variant 0 with the KV heads interleaved in the launch order (order_hint 2);
-/// 10 (sparse calls only): variant 0 in hs1's launch order, no walk cut into pieces (order_hint 3);
-/// 11 (sparse calls only): variant 0 with a workspace: past blocks by selection count (hs2).
+/// variant: 0 the configuration for calls whose group fits a step (Q/dO by TMA, whole-query steps;
+/// dense and sparse calls), 1 the one for an 8- but not 16-byte aligned dq (red.add dQ, 64-row
+/// steps), 2 the one for groups wider than a step (cp.async Q/dO); sparse calls only: 3 variant 0
+/// with the KV heads interleaved in the launch order (order_hint 2), 4 variant 0 in hs1's launch
+/// order, no walk cut into pieces (order_hint 3), 5 variant 0 with a workspace: past blocks by
+/// selection count (hs2).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split = 0, int variant = 0);
 void check_backward_portable(const problem& p, const cpu_result& ref);
 
@@ -408,17 +406,14 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
 /// Backward of p through the Hopper kernel (all windows summed when p has several), outputs
 /// starting random, checked against the CPU oracle. split: forced query split (0 = policy).
 void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int variant) {
-  if (variant == 5 && p.c.d != 128) return;
-  if ((variant == 7 || variant >= 10) && !p.c.sparse) return;
-  if (variant == 9 && p.c.d != 64) return;
+  if (variant >= 3 && !p.c.sparse) return;
   const bool merged = p.c.windows > 1;
-  namespace x = gpu::experimental;
   const gpu_result g = run_backward(
       p, ref,
       [&](const gpu::attention_args& a, auto... rest) {
-        const int order = variant == 7 ? 2 : variant == 10 ? 3 : 0;
+        const int order = variant == 3 ? 2 : variant == 4 ? 3 : 0;
         auto run = [&](auto cfg) {
-          if (variant != 11) {
+          if (variant != 5) {
             gpu::detail::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split, order);
             return;
           }
@@ -428,36 +423,25 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
                                                            {ws.p, static_cast<std::int64_t>(ws.n)});
           sync();  // ws is freed at the end of this scope
         };
-        if (p.c.d == 128) {
-          if (variant == 0 || variant == 7 || variant >= 10) run(gpu::backward_sm90_config<128>::type{});
-          if (variant == 5) run(x::backward_sm90_d128_bm64{});
-          if (variant == 1) run(x::backward_sm90_d128_bulk{});
-          if (variant == 2) run(x::backward_sm90_d128_own{});
-          if (variant == 3) run(x::backward_sm90_d128_atomics{});
-          if (variant == 4) run(x::backward_sm90_d128_writer_own{});
-          if (variant == 6) run(gpu::backward_sm90_config<128>::wide_group{});
-          if (variant == 8) run(x::backward_sm90_d128_tensor_dq{});
-        } else {
-          if (variant == 0 || variant == 7 || variant >= 10) run(gpu::backward_sm90_config<64>::type{});
-          if (variant == 1) run(x::backward_sm90_d64_bulk{});
-          if (variant == 2) run(x::backward_sm90_d64_pipe{});
-          if (variant == 3) run(x::backward_sm90_d64_atomics{});
-          if (variant == 4) run(x::backward_sm90_d64_writer_bm64{});
-          if (variant == 6) run(gpu::backward_sm90_config<64>::wide_group{});
-          if (variant == 8) run(x::backward_sm90_d64_own_keys{});
-          if (variant == 9) run(x::backward_sm90_d64_all_keys_rows{});
-        }
+        auto run_for = [&](auto configs) {
+          using C = decltype(configs);
+          if (variant == 1)
+            run(typename C::unaligned{});
+          else if (variant == 2)
+            run(typename C::wide_group{});
+          else
+            run(typename C::type{});
+        };
+        if (p.c.d == 128)
+          run_for(gpu::backward_sm90_config<128>{});
+        else
+          run_for(gpu::backward_sm90_config<64>{});
       },
       merged);
-  static const char* const names[] = {" [sm90 backward", " [sm90 backward, bulk dQ",
-                                      " [sm90 backward, dQ own keys (d128) / pipelined (d64)",
-                                      " [sm90 backward, hb2 (red.add dQ, 64-row steps)",
-                                      " [sm90 backward, d128 writer warp with dQ over own keys / d64 64-row steps",
-                                      " [sm90 backward, d128 64-row steps (the sparse calls' kernel before hs1)",
+  static const char* const names[] = {" [sm90 backward",
+                                      " [sm90 backward, unaligned dq (red.add dQ, 64-row steps)",
                                       " [sm90 backward, cp.async Q/dO (the configuration of groups wider than a step)",
                                       " [sm90 backward, KV heads interleaved in the launch order",
-                                      " [sm90 backward, d128 dQ by TMA tensor reductions / d64 dQ over own keys (hb6)",
-                                      " [sm90 backward, d64 dQ over all keys with bulk reductions per query",
                                       " [sm90 backward, hs1's launch order (no walk in pieces)",
                                       " [sm90 backward, past blocks ordered by selection (workspace)"};
   std::string name = p.c.name + names[variant];
@@ -483,8 +467,8 @@ void check_backward_portable(const problem& p, const cpu_result& ref) {
 
 }  // namespace
 
-TEST_CASE("attention: backward query split (1..3 blocks per key block) and alternative tile shapes match") {
-  std::printf("backward with forced query splits, and the experimental tile shapes, vs CPU reference\n");
+TEST_CASE("attention: backward query split (1..3 blocks per key block) matches") {
+  std::printf("backward with forced query splits vs CPU reference\n");
   using oomb::kv_layout;
   const std::vector<config> cfgs = {
       make("qsplit g7 d128 p64", 200, 1300, 14, 2, 128, 64),
@@ -504,20 +488,6 @@ TEST_CASE("attention: backward query split (1..3 blocks per key block) and alter
         check_errors(c.name + (order == 1 ? " lockstep" : " stagger") + " qsplit " + std::to_string(split),
                      compare(g, ref), g.untouched_ok);
       }
-    if (c.d == 64) {  // the v2 shapes kept for the benchmark's comparison
-      const gpu_result g = run_backward(p, ref, [&](const gpu::attention_args& a, auto... rest) {
-        gpu::detail::launch_backward<gpu::experimental::backward_d64_bm64>(a, rest..., nullptr, 0);
-      });
-      check_errors(c.name + " backward BM64", compare(g, ref), g.untouched_ok);
-      device_problem dp(p);
-      dev<float> o(p.q.size()), lse(std::size_t(c.sq) * c.hq);
-      gpu::detail::launch_forward<gpu::experimental::forward_d64_bn64>(dp.args(), o.p, lse.p, nullptr, 0);
-      sync();
-      const double eo = rel_err(to_double(o.download()), ref.o), el = rel_err(lse.download(), ref.lse);
-      std::printf("  %-34s forward BN64: o %.2e  lse %.2e\n", c.name.c_str(), eo, el);
-      CHECK(eo <= tolerance);
-      CHECK(el <= tolerance);
-    }
   }
 }
 
@@ -817,25 +787,19 @@ TEST_CASE("attention: large shapes against the fp32 GPU reference") {
 namespace {
 
 /// Forward of p (one pass over all pages, or window w) through the Hopper kernel, outputs poisoned.
-/// alternative: the configuration variants.cuh did not choose (d128 ping-pong, d64 without);
 /// split: forced cluster split (0 = policy).
 template <class O>
 std::pair<std::vector<double>, std::vector<float>> forward_sm90(const problem& p, const device_problem& dp, int w = -1,
-                                                                bool alternative = false, int split = 0) {
+                                                                int split = 0) {
   const auto& c = p.c;
   dev<O> o(p.q.size());
   dev<float> lse(std::size_t(c.sq) * c.hq);
   o.fill_bytes(0xff);
   lse.fill_bytes(0xff);
-  namespace x = gpu::experimental;
-  if (c.d == 128 && !alternative)
+  if (c.d == 128)
     gpu::detail::launch_forward_sm90<gpu::forward_sm90_config<128>::type>(dp.args(w), o.p, lse.p, nullptr, split);
-  else if (c.d == 128)
-    gpu::detail::launch_forward_sm90<x::forward_sm90_d128_pingpong>(dp.args(w), o.p, lse.p, nullptr, split);
-  else if (!alternative)
-    gpu::detail::launch_forward_sm90<gpu::forward_sm90_config<64>::type>(dp.args(w), o.p, lse.p, nullptr, split);
   else
-    gpu::detail::launch_forward_sm90<x::forward_sm90_d64_plain>(dp.args(w), o.p, lse.p, nullptr, split);
+    gpu::detail::launch_forward_sm90<gpu::forward_sm90_config<64>::type>(dp.args(w), o.p, lse.p, nullptr, split);
   sync();
   return {to_double(o.download()), lse.download()};
 }
@@ -880,7 +844,7 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
       // over 8 query tiles: the own blocks and the window's end blocks in pieces (hs2)
       sparse(make("sm90 sparse pieces g2 d128 p128", 1100, 1200, 4, 2, 128, 128), 64),
       sparse(make("sm90 sparse pieces g5 d64 p128", 1300, 2600, 10, 2, 64, 128), 128),
-      // over 32 query tiles: the workspace's tile bits take two words per page (variant 11)
+      // over 32 query tiles: the workspace's tile bits take two words per page (variant 5)
       sparse(make("sm90 sparse 35 tiles g2 d64 p128", 2200, 900, 4, 2, 64, 128), 64),
   };
   std::vector<std::unique_ptr<problem>> probs;
@@ -891,18 +855,7 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
     const problem& p = *probs[i];
     const auto& c = p.c;
     const cpu_result ref = refs[i].get();
-    check_backward_sm90(p, ref);
-    check_backward_sm90(p, ref, 0, 1);
-    check_backward_sm90(p, ref, 0, 2);
-    check_backward_sm90(p, ref, 0, 3);
-    check_backward_sm90(p, ref, 0, 4);
-    check_backward_sm90(p, ref, 0, 5);
-    check_backward_sm90(p, ref, 0, 6);
-    check_backward_sm90(p, ref, 0, 7);
-    check_backward_sm90(p, ref, 0, 8);
-    check_backward_sm90(p, ref, 0, 9);
-    check_backward_sm90(p, ref, 0, 10);
-    check_backward_sm90(p, ref, 0, 11);
+    for (int variant = 0; variant <= 5; ++variant) check_backward_sm90(p, ref, 0, variant);
     device_problem dp(p);
     if (c.windows == 1) {
       const auto b = forward_sm90<bf16>(p, dp);
@@ -925,12 +878,12 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
   }
 }
 
-TEST_CASE("attention: Hopper forward split across a cluster (1..3 CTAs), with and without ping-pong, matches") {
+TEST_CASE("attention: Hopper forward split across a cluster (1..3 CTAs) matches") {
   if (!hopper_device()) {
     MESSAGE("not a compute-capability 9.0 device: the Hopper forward is not run");
     return;
   }
-  std::printf("Hopper forward, forced cluster splits and ping-pong, vs CPU reference\n");
+  std::printf("Hopper forward, forced cluster splits, vs CPU reference\n");
   using oomb::kv_layout;
   for (const config& c : {make("sm90 split g7 d128", 200, 1300, 14, 2, 128, 128),
                           sparse(make("sm90 split sparse g5 d64 tm", 150, 1900, 10, 2, 64, 128, kv_layout::token_major), 128),
@@ -938,13 +891,10 @@ TEST_CASE("attention: Hopper forward split across a cluster (1..3 CTAs), with an
     const problem p(c);
     const cpu_result ref = run_cpu(p);
     device_problem dp(p);
-    for (int pp = 0; pp < 2; ++pp)
-      for (int split = 1; split <= 3; ++split) {
-        const auto r = forward_sm90<bf16>(p, dp, -1, pp == 1, split);
-        const bool ping = (c.d == 64) != (pp == 1);  // d64 default is ping-pong, d128 default is not
-        check_forward(c.name + (ping ? " pingpong" : " plain") + " split " + std::to_string(split), r.first, r.second,
-                      ref);
-      }
+    for (int split = 1; split <= 3; ++split) {
+      const auto r = forward_sm90<bf16>(p, dp, -1, split);
+      check_forward(c.name + " split " + std::to_string(split), r.first, r.second, ref);
+    }
   }
 }
 
@@ -1110,8 +1060,8 @@ TEST_CASE("attention: sanitize Hopper forward (tiny shapes, for compute-sanitize
     device_problem dp(p);
     const auto r = forward_sm90<bf16>(p, dp);
     check_forward(c.name, r.first, r.second, ref);
-    const auto r2 = forward_sm90<bf16>(p, dp, -1, true, 2);
-    check_forward(c.name + " alternative split 2", r2.first, r2.second, ref);
+    const auto r2 = forward_sm90<bf16>(p, dp, -1, 2);
+    check_forward(c.name + " split 2", r2.first, r2.second, ref);
   }
 }
 

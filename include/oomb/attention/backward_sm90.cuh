@@ -33,8 +33,8 @@
 // reductions from a staging tile, others by red.add (hs2; the pieces of a block and the CTAs of a
 // query split add into the same rows). Page-sparse calls: the launch order (sparse_backward_plan)
 // cuts long walks into pieces and, with a workspace, launches the selected blocks most-selected
-// first. Alternatives kept for the benchmark (variants.cuh `experimental`): dQ by per-row bulk
-// reductions (row_bulk), d128 dQ over own keys (DQ_OWN), software-pipelined steps (PIPE).
+// first. Only the configurations variants.cuh names are compiled; the ones that lost (per-row bulk dQ
+// reductions, software-pipelined steps, ...) are gone, their numbers in docs/history/attention.md.
 // Keys past the window's end read as zeros (the partial tile is loaded with zero-filling cp.async),
 // and masked entries are selected to 0, so stale page tails never reach dQ.
 #pragma once
@@ -59,7 +59,6 @@ OOMB_KERNEL_NAMESPACE_BEGIN
 /// How a consumer's finished dQ tile reaches the fp32 dq in global memory.
 enum class backward_dq {
   atomics,      ///< red.global.add.v2 from every consumer thread
-  row_bulk,     ///< via shared memory, one cp.reduce.async.bulk per row issued by a consumer warp (hb1: slower)
   writer_warp,  ///< via shared memory; a producer warp adds whole query segments with bulk reductions
   /// via a shared tile laid out as dq's TMA boxes (128-byte swizzle); the producer warp adds it with
   /// one TMA tensor reduction per 32 columns (needs TMA_Q's steps of whole queries)
@@ -297,8 +296,8 @@ OOMB_KERNEL void __launch_bounds__(THREADS)
     if (count[b] > 0) order[atomicAdd(start + count[b], 1)] = b;
 }
 
-template <int D_, int STAGES_, backward_dq DQ_ = backward_dq::atomics, bool DQ_OWN_ = false, bool PIPE_ = false,
-          int BM_ = 64, bool TMA_Q_ = false>
+template <int D_, int STAGES_, backward_dq DQ_ = backward_dq::atomics, bool DQ_OWN_ = false, int BM_ = 64,
+          bool TMA_Q_ = false>
 struct backward_sm90_tile {
   /// BM: packed query rows per step, 64, or 128 at d64 with the writer warp (FlashAttention-3's d64
   /// tile: S^T products of n = 128, half the fixed per-step cost per FLOP; single dS buffer), or 80
@@ -317,9 +316,6 @@ struct backward_sm90_tile {
   /// (written once) and contribute nothing. One producer warp loads lse/delta and issues the boxes,
   /// instead of 96 threads of cp.async.
   static constexpr bool TMA_Q = TMA_Q_;
-  /// Software pipelining across steps (S, dP of the next step issued before this step's dq
-  /// additions); needs the registers of d64.
-  static constexpr bool PIPE = PIPE_;
   /// DQ_OWN: each consumer computes dQ over its own 64 keys only, for all columns (d128: two column
   /// halves), so the two consumers share no barrier per step; twice the dq additions. Else dQ runs
   /// over all 128 keys after a barrier between the consumers (both key panels of dS), split between
@@ -327,7 +323,6 @@ struct backward_sm90_tile {
   /// consumer c takes rows 64c..).
   static constexpr bool DQ_OWN = DQ_OWN_;
   static constexpr backward_dq DQ = DQ_;
-  static constexpr bool DQ_BULK = DQ == backward_dq::row_bulk;
   /// writer_warp / writer_tensor: the consumers copy their dq tile into a shared [BM][D] fp32 tile
   /// (over all keys: both consumers' halves in one tile; DQ_OWN: one tile per consumer) and go on;
   /// warp 3 of the producer warpgroup adds it to dq and frees the tile. Full/empty mbarriers per
@@ -347,8 +342,7 @@ struct backward_sm90_tile {
   /// one buffer does where shared memory is short (128-row steps, d128 over own keys).
   static constexpr int DS_BUFS = !DQ_OWN ? 2 : (BM == 128 || (DQ_WRITER && D == 128)) ? 1 : 2;
   static constexpr int DQ_UNIT_BYTES = BM * D * 4;
-  static constexpr int DQ_PITCH = 64 * 4 + 16;  // row_bulk: one consumer's row of 64 fp32, padded against bank conflicts
-  static constexpr int DQ_BYTES = DQ_BULK ? 2 * BM * DQ_PITCH : DQ_UNITS * DQ_BUFS * DQ_UNIT_BYTES;
+  static constexpr int DQ_BYTES = DQ_UNITS * DQ_BUFS * DQ_UNIT_BYTES;
   static constexpr int THREADS = 384;  // producer warpgroup + 2 consumer warpgroups
   /// Producer threads that load Q/dO (the writer warp, when there is one, is not among them).
   static constexpr int LOADERS = DQ_WRITER ? 96 : 128;
@@ -377,7 +371,6 @@ struct backward_sm90_tile {
   static constexpr bool WIDE = DQ_WRITER && (D == 128 || BM == 128);
   static constexpr int PRODUCER_REGS = WIDE ? 24 : 56, CONSUMER_REGS = WIDE ? 240 : 224;
   static_assert(D == 64 || D == 128, "head_dim");
-  static_assert(!DQ_WRITER || !PIPE, "writer warp: its own step order");
   static_assert(BM == 64 || (BM == 128 && D == 64 && DQ_WRITER) || (BM == 80 && D == 128 && DQ_WRITER && !DQ_OWN),
                 "steps of 64 rows; 128 at d64 and 80 at d128 with the writer warp (d128: dQ over all keys)");
   static_assert(D == 128 || DQ_OWN || DQ_QHALF, "d64 over all keys: 128-row steps (query halves)");
@@ -420,7 +413,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   const std::uint32_t sQ = sV + KV_BYTES;       // stage s at sQ + s * Q_BYTES
   const std::uint32_t sdO = sQ + S * Q_BYTES;   // stage s at sdO + s * Q_BYTES
   const std::uint32_t sdS = sdO + S * Q_BYTES;  // buffer i & 1 at sdS + (i & 1) * DS_BYTES
-  const std::uint32_t sdQ = sdS + Cfg::DS_BUFS * DS_BYTES;  // DQ_BULK: consumer c's rows at sdQ + c * BM * DQ_PITCH
+  const std::uint32_t sdQ = sdS + Cfg::DS_BUFS * DS_BYTES;
   unsigned char* const tail = smem_raw + (sdQ + Cfg::DQ_BYTES - raw);
   float* const sL = reinterpret_cast<float*>(tail);  // [S][BM] lse
   float* const sDl = sL + S * BM;                    // [S][BM] delta
@@ -1041,33 +1034,6 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
       if (part < PARTS - 1) return;
       fence_proxy_async();
       mbar_arrive(dq_full(n));
-    } else if constexpr (Cfg::DQ_BULK) {
-      constexpr int P = Cfg::DQ_PITCH;
-      const std::uint32_t my = sdQ + c * BM * P;
-      if (w == 0) bulk_wait_read<0>();  // the previous step's reductions have read the buffer
-      named_sync(3 + c, 128);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(my + (w * 16 + g + 8 * h) * P + (8 * j + 2 * t4) * 4),
-                       "f"(dq[part][4 * j + 2 * h]), "f"(dq[part][4 * j + 2 * h + 1])
-                       : "memory");
-      fence_proxy_async();
-      named_sync(3 + c, 128);
-      if (w == 0) {
-#pragma unroll
-        for (int k = 0; k < BM / 32; ++k) {
-          const int r = lane + 32 * k;
-          const int R = r0 + r;
-          if (r < nr) {
-            const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R)));
-            bulk_reduce_add_f32(outp.dq + (std::int64_t(qi) * p.hq + head0 + (R - qi * p.group)) * D + colp * 64,
-                                my + r * P, 256);
-          }
-        }
-        bulk_commit();
-      }
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -1082,49 +1048,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   };
   auto full_parity = [&](int i) { return static_cast<std::uint32_t>(i / S) & 1u; };
 
-  if constexpr (Cfg::PIPE) {
-    // Software-pipelined: S and dP of step i + 1 are issued right after dQ of step i, so the
-    // tensor cores have queued work while this warpgroup waits; the dq additions of step i run
-    // in step i + 1, after its softmax.
-    static_assert(HALVES == 1 && !Cfg::DQ_BULK, "pipelined variant: one dQ tile, red.add");
-    // The zeroed dK/dV accumulators must be defined before the first products are in flight
-    // (otherwise ptxas serialises every wgmma, C7515). ptxas still serialises this variant
-    // (C7514, caused by the deferred dq additions; docs/attention-notes.md hb2).
-#pragma unroll
-    for (int k = 0; k < NKV; ++k) {
-      fence_operand(acc_dk[k]);
-      fence_operand(acc_dv[k]);
-    }
-    mbar_wait(full(0), 0);
-    issue_sdp(0);
-    query_walk wk = walk0;
-    int i = 0, r_prev = -1, n_prev = 0, s_prev = 0;
-    while (true) {
-      const int s = i % S;
-      const int r0 = wk.r0, nr = wk.r1() - r0;
-      softmax_ds(r0, nr, s, i, -1);  // its waits also retire dV/dK and dQ of step i - 1
-      if (r_prev >= 0) {
-        fence_dq();
-        mbar_arrive(empty(s_prev));
-        dq_out(r_prev, n_prev, i - 1, 0);
-      }
-      issue_dkv(s);
-      ds_barrier();
-      issue_dq(i);
-      wk.next();
-      r_prev = r0;
-      n_prev = nr;
-      s_prev = s;
-      if (wk.done()) break;
-      ++i;
-      mbar_wait(full(i % S), full_parity(i));
-      issue_sdp(i % S);
-    }
-    wgmma_wait<0>();
-    fence_acc();
-    mbar_arrive(empty(s_prev));
-    dq_out(r_prev, n_prev, i, 0);
-  } else if constexpr (Cfg::DQ_WRITER) {
+  if constexpr (Cfg::DQ_WRITER) {
     // FlashAttention-3's order: dV, then dQ (needs both consumers' dS), then dK; dQ is drained and
     // copied to its shared tile while dK runs, and the writer warp adds it to global memory. dK of
     // step i still reads stage s when step i + 1 starts: the stage is freed after that step's S wait.
@@ -1196,8 +1120,6 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
     }
   }
 
-  if constexpr (Cfg::DQ_BULK)
-    if (w == 0) bulk_wait<0>();  // the reductions read this CTA's shared memory until they complete
   const std::uint64_t t_last = tracing ? globaltimer() : 0;
 
   // Epilogue: dK and dV of this block's keys added into their rows (thread: key rows kr0 + 8h, columns

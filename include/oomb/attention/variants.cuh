@@ -9,8 +9,7 @@
 //   forward, Hopper (forward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128  x  bf16, float
 //   backward, Hopper (backward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128  x  Q/dO by
 //       TMA, wide groups (cp.async), unaligned dq; each takes dense and page-sparse calls
-// plus the alternative tile shapes in `experimental` (tests check them, the benchmark times
-// them against the chosen ones; docs/attention-notes.md has the numbers).
+// The configurations that lost to these are not compiled; docs/history/attention.md has their numbers.
 // Adding a head size means one line in each table below and one case in dispatch_head_dim.
 #pragma once
 
@@ -62,46 +61,17 @@ template <> struct backward_config<128> { using type = detail::backward_tile<128
 /// reductions need 16): red.add from the consumers, 64-row steps (hb2).
 template <int D>
 struct backward_sm90_config;
-//                                                                D  stages dQ                            own keys pipe rows TMA Q
+//                                                                D  stages dQ                            own keys rows TMA Q
 template <> struct backward_sm90_config<64> {
-  using type = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_tensor, false, false, 128, true>;
-  using wide_group = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_warp, true, false, 128>;
+  using type = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_tensor, false, 128, true>;
+  using wide_group = detail::backward_sm90_tile<64, 2, detail::backward_dq::writer_warp, true, 128>;
   using unaligned = detail::backward_sm90_tile<64, 3, detail::backward_dq::atomics, true>;
 };
 template <> struct backward_sm90_config<128> {
-  using type = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp, false, false, 80, true>;
-  using wide_group = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp, false, false, 80>;
+  using type = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp, false, 80, true>;
+  using wide_group = detail::backward_sm90_tile<128, 2, detail::backward_dq::writer_warp, false, 80>;
   using unaligned = detail::backward_sm90_tile<128, 3>;
 };
-
-namespace experimental {
-using forward_d64_bn64 = detail::forward_tile<64, 128, 64, 4, 2>;                  // v2 default
-using backward_d64_bm64 = detail::backward_tile<64, 128, 64, 8, 1, 2, 4, 2>;       // v2 default
-// The Hopper forward configurations not chosen (docs/attention-notes.md, Hopper h2)
-using forward_sm90_d64_plain = detail::forward_sm90_tile<64, 3, false>;        // h1 default
-using forward_sm90_d128_pingpong = detail::forward_sm90_tile<128, 2, true>;
-// Hopper backward with dQ through shared memory and bulk reductions (docs/attention-notes.md, hb)
-using detail::backward_dq;
-using backward_sm90_d128_bulk = detail::backward_sm90_tile<128, 2, backward_dq::row_bulk>;
-using backward_sm90_d64_bulk = detail::backward_sm90_tile<64, 3, backward_dq::row_bulk, true>;
-using backward_sm90_d128_own = detail::backward_sm90_tile<128, 3, backward_dq::atomics, true>;  // dQ over own keys, no shared barrier
-using backward_sm90_d64_pipe = detail::backward_sm90_tile<64, 3, backward_dq::atomics, true, true>;  // software-pipelined steps
-// hb2's defaults: red.add from the consumers, 64-row steps
-using backward_sm90_d128_atomics = backward_sm90_config<128>::unaligned;
-using backward_sm90_d64_atomics = backward_sm90_config<64>::unaligned;
-// d128 writer warp with 64-row steps: the sparse calls' kernel before hs1 (and the dense default before hb5)
-using backward_sm90_d128_bm64 = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp>;
-// hb3 at d64: the writer warp with 64-row steps
-using backward_sm90_d64_writer_bm64 = detail::backward_sm90_tile<64, 3, backward_dq::writer_warp, true>;
-// d128 with dQ by TMA tensor reductions from a swizzled tile (hb7: -2% before the scaled stats)
-using backward_sm90_d128_tensor_dq = detail::backward_sm90_tile<128, 2, backward_dq::writer_tensor, false, false, 80, true>;
-// d64 with Q/dO by TMA: hb6's configuration (dQ over each consumer's own keys, one bulk reduction per
-// query), and dQ over all keys with those bulk reductions (hb7 took all keys with tensor reductions)
-using backward_sm90_d64_own_keys = detail::backward_sm90_tile<64, 2, backward_dq::writer_warp, true, false, 128, true>;
-using backward_sm90_d64_all_keys_rows = detail::backward_sm90_tile<64, 2, backward_dq::writer_warp, false, false, 128, true>;
-// d128 writer warp with dQ over each consumer's own keys: no dS barrier between the consumers (hb4: -8%)
-using backward_sm90_d128_writer_own = detail::backward_sm90_tile<128, 2, backward_dq::writer_warp, true>;
-}  // namespace experimental
 
 /// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
 template <class F>
