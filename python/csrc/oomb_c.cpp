@@ -1,0 +1,500 @@
+// oomb's C ABI (oomb_c.h) over the library's headers: the paged store and the CPU attention.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Every entry point catches what the library throws and turns it into -1 plus a per-thread
+// message, so no C++ exception crosses into ctypes.
+#include "oomb_c.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "oomb/attention/reference.hpp"
+#include "oomb/core/error.hpp"
+#include "oomb/core/tensor.hpp"
+#include "oomb/core/version.hpp"
+#include "oomb/memory/host_resource.hpp"
+#include "oomb/memory/statistics_adaptor.hpp"
+#include "oomb/paging/grad_mirror.hpp"
+#include "oomb/paging/paged_kv_cache.hpp"
+#include "oomb/paging/views.hpp"
+#include "oomb/sparse/page_summaries.hpp"
+#include "oomb/sparse/sparse_page_table.hpp"
+#include "oomb/sparse/tile_selector.hpp"
+
+// The CPU reference's names, in one place (the attention layer may still rename them).
+namespace ref = oomb::attention::reference;
+template <class T>
+using ref_args = ref::attention_args<T, T>;
+
+namespace {
+
+thread_local std::string last_error;
+
+template <class F>
+int guarded(F&& f) noexcept {
+  try {
+    f();
+    last_error.clear();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+  } catch (...) {
+    last_error = "oomb: unknown C++ exception";
+  }
+  return -1;
+}
+
+#define OOMB_C_EXPECTS(cond, ...) OOMB_EXPECTS(cond, "oomb_c: ", __VA_ARGS__)
+
+using far_resource = oomb::statistics_adaptor<oomb::host_resource>;
+
+/// One element type's store; the C handle holds one of the two.
+struct store_base {
+  virtual ~store_base() = default;
+};
+
+template <class E>
+struct typed_store final : store_base {
+  using cache_type = oomb::paged_kv_cache<E, far_resource>;
+  using mirror_type = oomb::grad_mirror<E, far_resource>;
+
+  typed_store(far_resource& r, const oomb::paged_kv_config& kc, const oomb::grad_mirror_config& gc)
+      : cache(r, kc), grads(r, gc) {}
+
+  cache_type cache;
+  mirror_type grads;
+};
+
+}  // namespace
+
+struct oomb_store {
+  oomb_store_config config{};
+  oomb::host_resource host;
+  far_resource counted{host};
+  std::unique_ptr<store_base> impl;
+  std::unique_ptr<oomb::page_summaries> summaries;
+
+  template <class E>
+  typed_store<E>& as() {
+    return static_cast<typed_store<E>&>(*impl);
+  }
+  template <class E>
+  const typed_store<E>& as() const {
+    return static_cast<const typed_store<E>&>(*impl);
+  }
+  /// Calls f(typed_store<E>&) with the store's element type.
+  template <class F>
+  void visit(F&& f) {
+    if (config.dtype == OOMB_DTYPE_F64)
+      f(as<double>());
+    else
+      f(as<float>());
+  }
+  template <class F>
+  void visit(F&& f) const {
+    if (config.dtype == OOMB_DTYPE_F64)
+      f(as<double>());
+    else
+      f(as<float>());
+  }
+};
+
+namespace {
+
+void check_dtype(std::int32_t dtype) {
+  OOMB_C_EXPECTS(dtype == OOMB_DTYPE_F32 || dtype == OOMB_DTYPE_F64, "dtype ", dtype,
+                 " is not one of the CPU path's (0: float32, 1: float64)");
+}
+
+void check_store(const oomb_store* s) { OOMB_C_EXPECTS(s != nullptr, "null store"); }
+
+oomb::page_shape shape_of(const oomb_store_config& c) {
+  oomb::page_shape s;
+  s.page_size = c.page_size;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.layout = oomb::kv_layout::token_major;
+  return s;
+}
+
+// ---- attention over the past pages of a pool plus the chunk's own K/V ----
+
+/// The two windows of one call: the past (pages of the pool, logical pages 0..np-1) and the chunk
+/// itself (its K/V tensor seen as pages: page i of K at kv_own + i * page elements, V sq rows on).
+template <class T>
+struct windows {
+  std::vector<std::int32_t> past_indptr, own_indptr, own_ids, past_last, own_last;
+  ref_args<T> past{}, own{};
+  std::int32_t np = 0, n_own = 0;
+
+  explicit windows(const oomb_attention_args& a) {
+    OOMB_C_EXPECTS(a.struct_size >= static_cast<std::int32_t>(sizeof(oomb_attention_args)),
+                   "oomb_attention_args of ", a.struct_size, " bytes, this library needs ",
+                   sizeof(oomb_attention_args));
+    OOMB_C_EXPECTS(a.sq > 0 && a.sq <= std::numeric_limits<std::int32_t>::max(), "sq ", a.sq,
+                   " out of range");
+    OOMB_C_EXPECTS(a.page_size > 0 && a.q_start >= 0 && a.q_start % a.page_size == 0, "q_start ",
+                   a.q_start, " must be a non-negative multiple of the page size ", a.page_size);
+    OOMB_C_EXPECTS(a.q != nullptr && a.kv_own != nullptr, "null q or kv_own");
+    OOMB_C_EXPECTS(a.hq > 0 && a.hkv > 0 && a.d > 0, "bad heads/head_dim ", a.hq, "/", a.hkv, "/", a.d);
+    const std::int64_t past_pages = a.q_start / a.page_size;
+    OOMB_C_EXPECTS(past_pages <= std::numeric_limits<std::int32_t>::max(), "too many past pages");
+    np = static_cast<std::int32_t>(past_pages);
+    OOMB_C_EXPECTS(np == 0 || (a.pool != nullptr && a.past_ids != nullptr), "q_start ", a.q_start,
+                   " needs ", np, " past pages but the pool or its ids are null");
+    for (std::int32_t i = 0; i < np; ++i)
+      OOMB_C_EXPECTS(a.past_ids[i] >= 0 && a.past_ids[i] < a.pool_pages, "past page ", i, " has id ",
+                     a.past_ids[i], ", outside the pool's ", a.pool_pages, " pages");
+    const auto sq = static_cast<std::int32_t>(a.sq);
+    const std::int64_t row = std::int64_t(a.hkv) * a.d;
+    const T scale = static_cast<T>(a.scale);
+
+    past.q = static_cast<const T*>(a.q);
+    past.q_start = a.q_start;
+    past.sq = sq;
+    past.hq = a.hq;
+    past.hkv = a.hkv;
+    past.d = a.d;
+    past.scale = scale;
+    own = past;
+
+    // The past: one sequence listing the past ids, whole pages.
+    past_indptr = {0, np};
+    past_last = {a.page_size};
+    oomb::page_shape ps;
+    ps.page_size = a.page_size;
+    ps.kv_heads = a.hkv;
+    ps.head_dim = a.d;
+    ps.layout = oomb::kv_layout::token_major;
+    past.kv.pool = oomb::page_pool_view<const T>::over(static_cast<const T*>(a.pool), ps);
+    past.kv.table.indptr = past_indptr.data();
+    past.kv.table.indices = a.past_ids;
+    past.kv.table.last_page_len = past_last.data();
+    past.kv.table.num_seqs = 1;
+    past.kv.table.page_size = a.page_size;
+    past.first_page = 0;
+    if (a.tile_indptr != nullptr) {
+      OOMB_C_EXPECTS(a.tile > 0, "a sparse call needs tile > 0, got ", a.tile);
+      past.tile_indptr = a.tile_indptr;
+      past.tile_pages = a.tile_pages;
+      past.tile = a.tile;
+    }
+
+    // The chunk: its [2][sq][hkv][d] tensor as pages of page_size tokens.
+    n_own = static_cast<std::int32_t>((a.sq + a.page_size - 1) / a.page_size);
+    own_indptr = {0, n_own};
+    own_ids.resize(static_cast<std::size_t>(n_own));
+    for (std::int32_t i = 0; i < n_own; ++i) own_ids[static_cast<std::size_t>(i)] = i;
+    own_last = {sq - (n_own - 1) * a.page_size};
+    own.kv.pool.base = static_cast<const T*>(a.kv_own);
+    own.kv.pool.pair_stride = std::int64_t(a.page_size) * row;
+    own.kv.pool.v_offset = std::int64_t(sq) * row;
+    own.kv.pool.stride_token = row;
+    own.kv.pool.stride_head = a.d;
+    own.kv.pool.page_size = a.page_size;
+    own.kv.pool.kv_heads = a.hkv;
+    own.kv.pool.head_dim = a.d;
+    own.kv.table.indptr = own_indptr.data();
+    own.kv.table.indices = own_ids.data();
+    own.kv.table.last_page_len = own_last.data();
+    own.kv.table.num_seqs = 1;
+    own.kv.table.page_size = a.page_size;
+    own.first_page = np;
+  }
+};
+
+template <class T>
+void forward_impl(const oomb_attention_args& a, T* o, T* lse) {
+  windows<T> w(a);
+  const std::int64_t n_o = a.sq * a.hq * a.d, n_l = a.sq * a.hq;
+  if (w.np == 0) {
+    ref::attention_forward(w.own, o, lse);
+    return;
+  }
+  ref::attention_forward(w.past, o, lse);
+  std::vector<T> o2(static_cast<std::size_t>(n_o)), l2(static_cast<std::size_t>(n_l));
+  ref::attention_forward(w.own, o2.data(), l2.data());
+  ref::merge_partial(static_cast<std::int32_t>(a.sq), a.hq, a.d, o, lse, o2.data(), l2.data());
+}
+
+template <class T>
+void backward_impl(const oomb_attention_args& a, const T* o, const T* lse, const T* d_o, T* dq, T* dk, T* dv,
+                   T* grad_pool, std::int64_t grad_pool_pages, const std::int32_t* grad_ids,
+                   std::int64_t num_kv_ids) {
+  windows<T> w(a);
+  const std::int64_t n_q = a.sq * a.hq * a.d, n_k = a.sq * a.hkv * a.d;
+  std::fill(dq, dq + n_q, T(0));
+  std::fill(dk, dk + n_k, T(0));
+  std::fill(dv, dv + n_k, T(0));
+  if (w.np > 0) {
+    OOMB_C_EXPECTS(grad_pool != nullptr && grad_ids != nullptr && num_kv_ids >= a.pool_pages,
+                   "a backward over ", w.np, " past pages needs the gradient pool and an id table of ",
+                   a.pool_pages, " entries (got ", num_kv_ids, ")");
+    OOMB_C_EXPECTS(num_kv_ids <= std::numeric_limits<std::int32_t>::max(), "id table too large");
+    // Every gradient page the past window may add into must exist in the gradient pool.
+    for (std::int32_t i = 0; i < w.np; ++i) {
+      const std::int32_t g = grad_ids[a.past_ids[i]];
+      OOMB_C_EXPECTS(g < grad_pool_pages, "past page ", i, " (id ", a.past_ids[i], ") has gradient page ",
+                     g, ", outside the gradient pool's ", grad_pool_pages, " pages");
+    }
+    oomb::grad_mirror_view<T> m;
+    m.pool = oomb::page_pool_view<T>::over(grad_pool, [&] {
+      oomb::page_shape s;
+      s.page_size = a.page_size;
+      s.kv_heads = a.hkv;
+      s.head_dim = a.d;
+      s.layout = oomb::kv_layout::token_major;
+      return s;
+    }());
+    m.grad_id = grad_ids;
+    m.num_kv_ids = static_cast<std::int32_t>(num_kv_ids);
+    ref::attention_backward(w.past, o, lse, d_o, dq, dk, dv, m);
+  }
+  ref::attention_backward(w.own, o, lse, d_o, dq, dk, dv, oomb::grad_mirror_view<T>{});
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t oomb_abi_version(void) { return OOMB_C_ABI_VERSION; }
+const char* oomb_version(void) { return OOMB_VERSION_STRING; }
+const char* oomb_last_error(void) { return last_error.c_str(); }
+
+int oomb_store_create(const oomb_store_config* config, oomb_store** out) {
+  return guarded([&] {
+    OOMB_C_EXPECTS(config != nullptr && out != nullptr, "null argument");
+    *out = nullptr;
+    const oomb_store_config c = *config;
+    check_dtype(c.dtype);
+    OOMB_C_EXPECTS(c.max_grad_pages > 0, "max_grad_pages must be positive, got ", c.max_grad_pages);
+    auto s = std::make_unique<oomb_store>();
+    s->config = c;
+    oomb::paged_kv_config kc;
+    kc.layers = c.layers;
+    kc.shape = shape_of(c);
+    kc.chunk_size = c.chunk_size;
+    kc.pool.max_pages = c.max_pages;
+    kc.record_changes = false;  // no device table to update on the CPU path
+    kc.validate();
+    oomb::grad_mirror_config gc;
+    gc.shape = kc.shape;
+    gc.kv_ids = c.max_pages;
+    gc.pool.max_pages = c.max_grad_pages;
+    gc.validate();
+    if (c.dtype == OOMB_DTYPE_F64)
+      s->impl = std::make_unique<typed_store<double>>(s->counted, kc, gc);
+    else
+      s->impl = std::make_unique<typed_store<float>>(s->counted, kc, gc);
+    if (c.summaries != 0) s->summaries = std::make_unique<oomb::page_summaries>(c.kv_heads, c.head_dim, c.max_pages);
+    *out = s.release();
+  });
+}
+
+void oomb_store_destroy(oomb_store* store) { delete store; }
+
+int oomb_store_add_sequence(oomb_store* store, int32_t* seq) {
+  return guarded([&] {
+    check_store(store);
+    store->visit([&](auto& t) { *seq = t.cache.add_sequence(); });
+  });
+}
+
+int oomb_store_append(oomb_store* store, int32_t seq, int64_t tokens, int64_t* first_pos) {
+  return guarded([&] {
+    check_store(store);
+    store->visit([&](auto& t) { *first_pos = t.cache.append(seq, tokens); });
+  });
+}
+
+int oomb_store_pop_chunk(oomb_store* store, int32_t seq, int64_t* tokens) {
+  return guarded([&] {
+    check_store(store);
+    store->visit([&](auto& t) {
+      *tokens = t.cache.pop_chunk(seq, [&](std::int32_t id) {
+        t.grads.release_if_touched(id);
+        if (store->summaries) store->summaries->clear(id);
+      });
+    });
+  });
+}
+
+int oomb_store_seq_len(const oomb_store* store, int32_t seq, int64_t* len) {
+  return guarded([&] {
+    check_store(store);
+    store->visit([&](const auto& t) { *len = t.cache.seq_len(seq); });
+  });
+}
+
+int oomb_store_page_ids(const oomb_store* store, int32_t seq, int32_t layer, int32_t first, int32_t last,
+                        int32_t* out) {
+  return guarded([&] {
+    check_store(store);
+    store->visit([&](const auto& t) {
+      OOMB_C_EXPECTS(layer >= 0 && layer < t.cache.num_layers(), "layer ", layer, " out of range [0, ",
+                     t.cache.num_layers(), ")");
+      const std::int32_t n = t.cache.num_pages(seq);
+      OOMB_C_EXPECTS(first >= 0 && first <= last && last <= n, "pages [", first, ", ", last,
+                     ") of sequence ", seq, " which has ", n);
+      const oomb::id_span ids = t.cache.page_ids(seq, layer);
+      for (std::int32_t i = first; i < last; ++i) out[i - first] = ids[static_cast<std::size_t>(i)];
+    });
+  });
+}
+
+int oomb_store_kv_pool(oomb_store* store, void** base, int64_t* capacity) {
+  return guarded([&] {
+    check_store(store);
+    store->visit([&](auto& t) {
+      *base = t.cache.pool().base();
+      *capacity = t.cache.pool().capacity();
+    });
+  });
+}
+
+int oomb_store_grad_pool(oomb_store* store, void** base, int64_t* capacity, int32_t** grad_ids, int64_t* kv_ids) {
+  return guarded([&] {
+    check_store(store);
+    store->visit([&](auto& t) {
+      *base = t.grads.pool().base();
+      *capacity = t.grads.pool().capacity();
+      // The table is the mirror's own vector, sized once at construction: its address is stable.
+      *grad_ids = const_cast<std::int32_t*>(t.grads.grad_ids().data());
+      *kv_ids = t.grads.num_kv_ids();
+    });
+  });
+}
+
+int oomb_store_touch_grads(oomb_store* store, const int32_t* kv_ids, int64_t n) {
+  return guarded([&] {
+    check_store(store);
+    store->visit([&](auto& t) {
+      // All or nothing on running out: count the fresh pages first.
+      std::int64_t fresh = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        OOMB_C_EXPECTS(kv_ids[i] >= 0 && kv_ids[i] < t.grads.num_kv_ids(), "KV page id ", kv_ids[i],
+                       " out of range [0, ", t.grads.num_kv_ids(), ")");
+        fresh += t.grads.touched(kv_ids[i]) ? 0 : 1;
+      }
+      const auto st = t.grads.stats();
+      OOMB_CHECK(fresh <= st.capacity - st.in_use, oomb::out_of_memory, "oomb_c: ", fresh,
+                 " new gradient pages needed, the gradient pool has ", st.capacity - st.in_use,
+                 " left of ", st.capacity);
+      for (std::int64_t i = 0; i < n; ++i) t.grads.touch_zeroed(kv_ids[i]);
+    });
+  });
+}
+
+int oomb_store_stats_get(const oomb_store* store, oomb_store_stats* out) {
+  return guarded([&] {
+    check_store(store);
+    store->visit([&](const auto& t) {
+      const auto kv = t.cache.stats();
+      const auto g = t.grads.stats();
+      out->kv_in_use = kv.in_use;
+      out->kv_high_water = kv.high_water;
+      out->kv_capacity = kv.capacity;
+      out->grad_in_use = g.in_use;
+      out->grad_high_water = g.high_water;
+      out->grad_capacity = g.capacity;
+      out->pair_bytes = static_cast<int64_t>(t.cache.pair_bytes());
+      const auto rs = store->counted.statistics();
+      out->bytes_reserved = static_cast<int64_t>(rs.bytes_in_use);
+      out->bytes_peak = static_cast<int64_t>(rs.bytes_high_water);
+    });
+  });
+}
+
+int oomb_store_summarize(oomb_store* store, int32_t seq, int32_t layer, int32_t first, int32_t last) {
+  return guarded([&] {
+    check_store(store);
+    OOMB_C_EXPECTS(store->summaries != nullptr, "summarize: the store keeps no page summaries");
+    store->visit([&](auto& t) {
+      const std::int32_t n = t.cache.num_pages(seq);
+      OOMB_C_EXPECTS(layer >= 0 && layer < t.cache.num_layers() && first >= 0 && first <= last && last <= n,
+                     "summarize: pages [", first, ", ", last, ") of layer ", layer, " of a sequence of ", n);
+      const auto pool = t.cache.pool_view();
+      const auto csr = t.cache.view(layer).table;
+      for (std::int32_t i = first; i < last; ++i)
+        store->summaries->update_from_pool(pool, t.cache.page_id(seq, layer, i), 0, csr.page_len(seq, i));
+    });
+  });
+}
+
+int oomb_store_select(oomb_store* store, int32_t seq, int32_t layer, const void* q, int64_t sq, int32_t hq,
+                      int64_t q_start, int32_t tile, int32_t budget, int32_t sink, int32_t local,
+                      int32_t scoring, int32_t* indptr, int32_t* pages, int64_t pages_capacity) {
+  return guarded([&] {
+    check_store(store);
+    OOMB_C_EXPECTS(store->summaries != nullptr, "select: the store keeps no page summaries");
+    OOMB_C_EXPECTS(scoring == 0 || scoring == 1, "select: scoring ", scoring, " is not 0 (quest) or 1 (mean)");
+    const auto& c = store->config;
+    OOMB_C_EXPECTS(q_start >= 0 && q_start % c.page_size == 0, "select: q_start ", q_start,
+                   " is not a page boundary");
+    store->visit([&](auto& t) {
+      using E = typename std::decay_t<decltype(t.cache)>::element_type;
+      oomb::tile_selection_config tc;
+      tc.tile_queries = tile;
+      tc.kind = scoring == 0 ? oomb::score_kind::quest : oomb::score_kind::mean;
+      tc.pages.budget = budget;
+      tc.pages.sink = sink;
+      tc.pages.local = local;
+      oomb::tile_selector selector(tc, hq, c.kv_heads, c.head_dim);
+      const auto past = static_cast<std::int32_t>(q_start / c.page_size);
+      OOMB_C_EXPECTS(past <= t.cache.num_pages(seq), "select: ", past, " past pages asked, the sequence has ",
+                     t.cache.num_pages(seq));
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(past));
+      const oomb::id_span all = t.cache.page_ids(seq, layer);
+      for (std::int32_t i = 0; i < past; ++i) ids[static_cast<std::size_t>(i)] = all[static_cast<std::size_t>(i)];
+      const oomb::tensor_view<const E, 3> queries(static_cast<const E*>(q), {sq, hq, c.head_dim},
+                                                  {std::int64_t(hq) * c.head_dim, c.head_dim, 1});
+      oomb::sparse_page_table out;
+      selector.select(store->summaries->view(), queries, ids.data(), past, out);
+      OOMB_C_EXPECTS(out.num_entries() <= pages_capacity, "select: ", out.num_entries(),
+                     " selected pages, room for ", pages_capacity);
+      std::copy(out.indptr().begin(), out.indptr().end(), indptr);
+      std::copy(out.indices().begin(), out.indices().end(), pages);
+    });
+  });
+}
+
+int oomb_attention_forward(const oomb_attention_args* args, void* o, void* lse) {
+  return guarded([&] {
+    OOMB_C_EXPECTS(args != nullptr && o != nullptr && lse != nullptr, "null argument");
+    check_dtype(args->dtype);
+    if (args->dtype == OOMB_DTYPE_F64)
+      forward_impl(*args, static_cast<double*>(o), static_cast<double*>(lse));
+    else
+      forward_impl(*args, static_cast<float*>(o), static_cast<float*>(lse));
+  });
+}
+
+int oomb_attention_backward(const oomb_attention_args* args, const void* o, const void* lse, const void* d_o,
+                            void* dq, void* dk, void* dv, void* grad_pool, int64_t grad_pool_pages,
+                            const int32_t* grad_ids, int64_t num_kv_ids) {
+  return guarded([&] {
+    OOMB_C_EXPECTS(args != nullptr && o != nullptr && lse != nullptr && d_o != nullptr && dq != nullptr &&
+                       dk != nullptr && dv != nullptr,
+                   "null argument");
+    check_dtype(args->dtype);
+    if (args->dtype == OOMB_DTYPE_F64)
+      backward_impl(*args, static_cast<const double*>(o), static_cast<const double*>(lse),
+                    static_cast<const double*>(d_o), static_cast<double*>(dq), static_cast<double*>(dk),
+                    static_cast<double*>(dv), static_cast<double*>(grad_pool), grad_pool_pages, grad_ids,
+                    num_kv_ids);
+    else
+      backward_impl(*args, static_cast<const float*>(o), static_cast<const float*>(lse),
+                    static_cast<const float*>(d_o), static_cast<float*>(dq), static_cast<float*>(dk),
+                    static_cast<float*>(dv), static_cast<float*>(grad_pool), grad_pool_pages, grad_ids,
+                    num_kv_ids);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,140 @@
+/* oomb's C ABI: what the Python package (python/src/oomb) loads through ctypes.
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * Plain C: no Python, no torch, no C++ types cross it, so one build of the shared library serves
+ * every Python version and every torch that can hand out a pointer, a shape and strides. Tensors
+ * cross as pointers to contiguous memory plus the sizes below; the Python layer checks shapes,
+ * dtypes, devices and contiguity before it calls.
+ *
+ * Every function returns 0 on success and -1 on failure; then oomb_last_error() (per thread) says
+ * what was asked and what was wrong, as the library's exceptions do. Nothing here aborts.
+ *
+ * Growth is additive: a new entry point or a new trailing field of oomb_attention_args (whose
+ * struct_size says how much of it the caller filled in) bumps OOMB_C_ABI_VERSION; nothing existing
+ * changes meaning. CUDA entry points (oomb_cuda_*, taking the same args plus a cudaStream_t) are
+ * the next addition.
+ */
+#ifndef OOMB_C_H
+#define OOMB_C_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OOMB_C_ABI_VERSION 1
+
+/* The library is built with hidden visibility: only what carries OOMB_C_API is exported. */
+#if defined(_WIN32)
+#define OOMB_C_API __declspec(dllexport)
+#else
+#define OOMB_C_API __attribute__((visibility("default")))
+#endif
+
+/* Element types. */
+enum { OOMB_DTYPE_F32 = 0, OOMB_DTYPE_F64 = 1 };
+
+OOMB_C_API int32_t oomb_abi_version(void);
+/* "major.minor.patch" of the oomb headers the library was built from. */
+OOMB_C_API const char* oomb_version(void);
+/* The message of the calling thread's last failure ("" when none). */
+OOMB_C_API const char* oomb_last_error(void);
+
+/* ---- Paged store: the library's paged_kv_cache (K/V pages of every layer, one pool), its
+ * grad_mirror (a gradient page pair per KV page that received a gradient) and, optionally, page
+ * summaries for page-sparse selection; all in host memory from oomb's host_resource, counted by a
+ * statistics_adaptor. Pages are token-major: the pool is [capacity][2 (K, V)][page][kv_heads][head_dim]. */
+typedef struct oomb_store oomb_store;
+
+typedef struct {
+  int32_t dtype;
+  int32_t layers;
+  int32_t page_size; /* a power of two >= 16 */
+  int32_t kv_heads;
+  int32_t head_dim;
+  int32_t chunk_size; /* a multiple of page_size */
+  int32_t max_pages;  /* K/V page pairs, all layers together */
+  int32_t max_grad_pages;
+  int32_t summaries; /* nonzero: keep page summaries (sparse selection) */
+} oomb_store_config;
+
+typedef struct {
+  int32_t kv_in_use, kv_high_water, kv_capacity;
+  int32_t grad_in_use, grad_high_water, grad_capacity;
+  int64_t pair_bytes;     /* one K/V (or dK/dV) page pair */
+  int64_t bytes_reserved; /* taken from the host resource now (pools and page summaries excluded) */
+  int64_t bytes_peak;
+} oomb_store_stats;
+
+OOMB_C_API int oomb_store_create(const oomb_store_config* config, oomb_store** out);
+OOMB_C_API void oomb_store_destroy(oomb_store* store);
+OOMB_C_API int oomb_store_add_sequence(oomb_store* store, int32_t* seq);
+/* Appends 1..chunk_size tokens to `seq` in every layer (all pages at once or none). */
+OOMB_C_API int oomb_store_append(oomb_store* store, int32_t seq, int64_t tokens, int64_t* first_pos);
+/* Pops the last chunk of `seq` in every layer: its K/V pages, their gradient pages and summaries. */
+OOMB_C_API int oomb_store_pop_chunk(oomb_store* store, int32_t seq, int64_t* tokens);
+OOMB_C_API int oomb_store_seq_len(const oomb_store* store, int32_t seq, int64_t* len);
+/* Pool ids of logical pages [first, last) of (seq, layer). */
+OOMB_C_API int oomb_store_page_ids(const oomb_store* store, int32_t seq, int32_t layer, int32_t first, int32_t last,
+                        int32_t* out);
+/* The K/V pool's memory (capacity pairs) and the gradient pool's, with the gradient id table
+ * (kv_ids entries, indexed by KV page id, -1 = no gradient page). Addresses are stable for the
+ * store's lifetime; the table's entries change with touch_grads and pop_chunk. */
+OOMB_C_API int oomb_store_kv_pool(oomb_store* store, void** base, int64_t* capacity);
+OOMB_C_API int oomb_store_grad_pool(oomb_store* store, void** base, int64_t* capacity, int32_t** grad_ids,
+                         int64_t* kv_ids);
+/* Gives each KV page in the list a zero-filled gradient page if it has none (idempotent). */
+OOMB_C_API int oomb_store_touch_grads(oomb_store* store, const int32_t* kv_ids, int64_t n);
+OOMB_C_API int oomb_store_stats_get(const oomb_store* store, oomb_store_stats* out);
+
+/* Page-sparse selection (stores made with summaries): summarise the keys of logical pages
+ * [first, last) of (seq, layer) as they are in the pool (whole pages, written once), and select,
+ * for every tile of `tile` queries of q ([sq][hq][head_dim], positions q_start.., q_start a page
+ * boundary), sink + local + the `budget` best-scoring past pages (scoring 0: Quest bound, 1: mean
+ * key). Out: indptr [ceil(sq / tile) + 1] and pages (at most tiles * min(past, budget + sink +
+ * local) entries: logical page indices, ascending per tile). */
+OOMB_C_API int oomb_store_summarize(oomb_store* store, int32_t seq, int32_t layer, int32_t first, int32_t last);
+OOMB_C_API int oomb_store_select(oomb_store* store, int32_t seq, int32_t layer, const void* q, int64_t sq, int32_t hq,
+                      int64_t q_start, int32_t tile, int32_t budget, int32_t sink, int32_t local,
+                      int32_t scoring, int32_t* indptr, int32_t* pages, int64_t pages_capacity);
+
+/* ---- Attention of one chunk's queries over the past pages of a pool plus the chunk's own K/V,
+ * causal, GQA, optionally page-sparse over the past; the CPU reference
+ * (oomb/attention/reference.hpp), one window for the past and one for the chunk, folded by
+ * log-sum-exp. All pointers host memory, contiguous, of `dtype`. */
+typedef struct {
+  int32_t struct_size; /* sizeof(oomb_attention_args) as the caller knows it */
+  int32_t dtype;
+  const void* q; /* [sq][hq][d], RoPE applied */
+  int64_t sq;
+  int32_t hq, hkv, d;
+  int64_t q_start; /* absolute position of query 0; a multiple of page_size */
+  double scale;
+  const void* kv_own; /* [2][sq][hkv][d]: the chunk's K then V (positions q_start..) */
+  const void* pool;   /* [pool_pages][2][page_size][hkv][d] */
+  int64_t pool_pages;
+  int32_t page_size;
+  const int32_t* past_ids; /* pool ids of logical pages 0 .. q_start / page_size - 1 */
+  /* Page-sparse past: per tile of `tile` queries, ascending logical indices of the past pages
+   * the tile attends (indptr [ceil(sq / tile) + 1]); NULL = dense. */
+  const int32_t* tile_indptr;
+  const int32_t* tile_pages;
+  int32_t tile;
+} oomb_attention_args;
+
+/* o [sq][hq][d], lse [hq][sq] (natural log). */
+OOMB_C_API int oomb_attention_forward(const oomb_attention_args* args, void* o, void* lse);
+/* Given the forward's o and lse and d_o: writes dq [sq][hq][d], dk, dv [sq][hkv][d] (the chunk's
+ * own keys) and ADDS the past pages' dK/dV into their gradient pages: grad_pool is
+ * [grad_pool_pages][2][page_size][hkv][d], grad_ids [num_kv_ids] maps a KV page id to its gradient
+ * page (every past page the call attends must have one). */
+OOMB_C_API int oomb_attention_backward(const oomb_attention_args* args, const void* o, const void* lse, const void* d_o,
+                            void* dq, void* dk, void* dv, void* grad_pool, int64_t grad_pool_pages,
+                            const int32_t* grad_ids, int64_t num_kv_ids);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OOMB_C_H */

@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Loads liboomb_c (the C ABI of csrc/oomb_c.h) through ctypes and declares its signatures.
+
+Nothing here imports torch: tensors become pointers one level up (oomb.ops, oomb.pages).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+ABI_VERSION = 1
+DTYPE_F32 = 0
+DTYPE_F64 = 1
+
+c_i32 = ctypes.c_int32
+c_i64 = ctypes.c_int64
+c_p = ctypes.c_void_p
+p_i32 = ctypes.POINTER(ctypes.c_int32)
+p_i64 = ctypes.POINTER(ctypes.c_int64)
+
+
+class StoreConfig(ctypes.Structure):
+    _fields_ = [
+        ("dtype", c_i32),
+        ("layers", c_i32),
+        ("page_size", c_i32),
+        ("kv_heads", c_i32),
+        ("head_dim", c_i32),
+        ("chunk_size", c_i32),
+        ("max_pages", c_i32),
+        ("max_grad_pages", c_i32),
+        ("summaries", c_i32),
+    ]
+
+
+class StoreStats(ctypes.Structure):
+    _fields_ = [
+        ("kv_in_use", c_i32),
+        ("kv_high_water", c_i32),
+        ("kv_capacity", c_i32),
+        ("grad_in_use", c_i32),
+        ("grad_high_water", c_i32),
+        ("grad_capacity", c_i32),
+        ("pair_bytes", c_i64),
+        ("bytes_reserved", c_i64),
+        ("bytes_peak", c_i64),
+    ]
+
+
+class AttentionArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_i32),
+        ("dtype", c_i32),
+        ("q", c_p),
+        ("sq", c_i64),
+        ("hq", c_i32),
+        ("hkv", c_i32),
+        ("d", c_i32),
+        ("q_start", c_i64),
+        ("scale", ctypes.c_double),
+        ("kv_own", c_p),
+        ("pool", c_p),
+        ("pool_pages", c_i64),
+        ("page_size", c_i32),
+        ("past_ids", c_p),
+        ("tile_indptr", c_p),
+        ("tile_pages", c_p),
+        ("tile", c_i32),
+    ]
+
+
+class OombError(RuntimeError):
+    """A failure reported by the C library (its message names what was asked and what was wrong)."""
+
+
+def _candidates():
+    env = os.environ.get("OOMB_C_LIBRARY")
+    if env:
+        yield Path(env)
+    here = Path(__file__).resolve().parent
+    for name in ("liboomb_c.so", "liboomb_c.dylib", "oomb_c.dll"):
+        yield here / name
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        tried.append(str(path))
+        if path.is_file():
+            return ctypes.CDLL(str(path))
+    raise ImportError(
+        "oomb: the compiled part of the package (liboomb_c) was not found; looked at "
+        + ", ".join(tried)
+        + ". Install the package with `pip install ./python` from a clone of the repository, "
+        "or point OOMB_C_LIBRARY at a liboomb_c.so built from python/CMakeLists.txt."
+    )
+
+
+lib = _load()
+
+_signatures = {
+    "oomb_abi_version": ([], c_i32),
+    "oomb_version": ([], ctypes.c_char_p),
+    "oomb_last_error": ([], ctypes.c_char_p),
+    "oomb_store_create": ([ctypes.POINTER(StoreConfig), ctypes.POINTER(c_p)], ctypes.c_int),
+    "oomb_store_destroy": ([c_p], None),
+    "oomb_store_add_sequence": ([c_p, p_i32], ctypes.c_int),
+    "oomb_store_append": ([c_p, c_i32, c_i64, p_i64], ctypes.c_int),
+    "oomb_store_pop_chunk": ([c_p, c_i32, p_i64], ctypes.c_int),
+    "oomb_store_seq_len": ([c_p, c_i32, p_i64], ctypes.c_int),
+    "oomb_store_page_ids": ([c_p, c_i32, c_i32, c_i32, c_i32, c_p], ctypes.c_int),
+    "oomb_store_kv_pool": ([c_p, ctypes.POINTER(c_p), p_i64], ctypes.c_int),
+    "oomb_store_grad_pool": ([c_p, ctypes.POINTER(c_p), p_i64, ctypes.POINTER(p_i32), p_i64], ctypes.c_int),
+    "oomb_store_touch_grads": ([c_p, c_p, c_i64], ctypes.c_int),
+    "oomb_store_stats_get": ([c_p, ctypes.POINTER(StoreStats)], ctypes.c_int),
+    "oomb_store_summarize": ([c_p, c_i32, c_i32, c_i32, c_i32], ctypes.c_int),
+    "oomb_store_select": (
+        [c_p, c_i32, c_i32, c_p, c_i64, c_i32, c_i64, c_i32, c_i32, c_i32, c_i32, c_i32, c_p, c_p, c_i64],
+        ctypes.c_int,
+    ),
+    "oomb_attention_forward": ([ctypes.POINTER(AttentionArgs), c_p, c_p], ctypes.c_int),
+    "oomb_attention_backward": (
+        [ctypes.POINTER(AttentionArgs), c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_i64, c_p, c_i64],
+        ctypes.c_int,
+    ),
+}
+for _name, (_args, _res) in _signatures.items():
+    _f = getattr(lib, _name)
+    _f.argtypes = _args
+    _f.restype = _res
+
+if lib.oomb_abi_version() != ABI_VERSION:
+    raise ImportError(
+        f"oomb: liboomb_c speaks C ABI version {lib.oomb_abi_version()}, this Python layer "
+        f"version {ABI_VERSION}: reinstall the package (pip install ./python)"
+    )
+
+
+def check(rc: int) -> None:
+    """Raises OombError with the library's message when a call failed."""
+    if rc != 0:
+        raise OombError(lib.oomb_last_error().decode(errors="replace"))
+
+
+def version() -> str:
+    return lib.oomb_version().decode()

@@ -1,0 +1,261 @@
+# SPDX-License-Identifier: Apache-2.0
+"""oomb's ops, registered with torch.library (namespace ``oomb``).
+
+``oomb::attention(q, k, v, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr,
+tile_pages, tile) -> (o, lse)``
+    Causal attention of one chunk's queries ``q`` [sq, hq, d] (positions q_start.., RoPE applied)
+    over the past pages ``past_ids`` of ``kv_pool`` plus the chunk's own ``k``, ``v`` [sq, hkv, d];
+    GQA as HF's repeat_kv. With ``tile_indptr``/``tile_pages`` the past is page-sparse: tile t of
+    ``tile`` queries attends only the logical past pages ``tile_pages[tile_indptr[t]:tile_indptr[t+1]]``.
+    Returns o [sq, hq, d] and lse [hq, sq] (natural log; not differentiable). Its backward gives
+    dq, dk, dv and ADDS the past pages' dK/dV into their gradient pages (``grad_pool``, addressed by
+    ``grad_ids``): the gradient of the past leaves through oomb's pages, not through autograd.
+``oomb::attention_backward(...) -> (dq, dk, dv)``, mutates ``grad_pool``: that backward as an op.
+``oomb::write_pages(kv_pool!, k, v, page_ids)``: writes a chunk's K/V [sq, hkv, d] into its pages.
+``oomb::gather_pages(pool, page_ids, tokens) -> (k, v)``: reads [tokens, hkv, d] back from pages
+    (an id of -1 reads zeros: a gradient page never touched).
+``oomb::accumulate_pages(pool!, page_ids, dk, dv)``: adds [sq, hkv, d] into pages.
+
+The attention ops run on the CPU through the library's reference (float32, float64); the page ops
+are plain tensor indexing and run on any device. Each op has a fake (meta) implementation, so
+``torch.library.opcheck`` and tracing see shapes without running it.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib
+from ._lib import check, lib
+from .pages import dtype_code
+
+__all__ = ["attention", "attention_backward", "write_pages", "gather_pages", "accumulate_pages"]
+
+
+def _ptr(t: Optional[Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+def _check_common(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, past_ids: Tensor, q_start: int,
+                  tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor]):
+    if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape:
+        raise ValueError(f"oomb.attention: q must be [sq, hq, d] and k, v [sq, hkv, d]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    sq, hq, d = q.shape
+    if k.shape[0] != sq or k.shape[2] != d or hq % k.shape[1] != 0:
+        raise ValueError(f"oomb.attention: k {tuple(k.shape)} does not fit q {tuple(q.shape)} (same tokens and "
+                         "head_dim, query heads a multiple of KV heads)")
+    if kv_pool.dim() != 5 or kv_pool.shape[1] != 2 or kv_pool.shape[3] != k.shape[1] or kv_pool.shape[4] != d:
+        raise ValueError(f"oomb.attention: kv_pool {tuple(kv_pool.shape)} is not [pages, 2, page, {k.shape[1]}, {d}]")
+    for name, t in (("q", q), ("k", k), ("v", v), ("kv_pool", kv_pool)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"oomb.attention: {name} is {t.dtype}, q is {q.dtype}")
+        if t.device.type != "cpu":
+            raise NotImplementedError(
+                f"oomb.attention: {name} is on {t.device}; this build has the CPU path only (the GPU "
+                "path through oomb's CUDA kernels is not built yet: docs/pytorch.md)")
+    if not kv_pool.is_contiguous():
+        raise ValueError("oomb.attention: kv_pool must be contiguous (it is the pool's own memory)")
+    page = kv_pool.shape[2]
+    if q_start < 0 or q_start % page != 0:
+        raise ValueError(f"oomb.attention: q_start {q_start} is not a multiple of the page size {page}")
+    if past_ids.dtype != torch.int32 or past_ids.dim() != 1 or past_ids.numel() != q_start // page:
+        raise ValueError(f"oomb.attention: past_ids must be int32 [{q_start // page}] (one id per past page), got "
+                         f"{past_ids.dtype} {tuple(past_ids.shape)}")
+    if (tile_indptr is None) != (tile_pages is None):
+        raise ValueError("oomb.attention: tile_indptr and tile_pages go together")
+    for name, t in (("tile_indptr", tile_indptr), ("tile_pages", tile_pages)):
+        if t is not None and t.dtype != torch.int32:
+            raise TypeError(f"oomb.attention: {name} must be int32, got {t.dtype}")
+
+
+def _args(q: Tensor, kv_own: Tensor, kv_pool: Tensor, past_ids: Tensor, q_start: int, scale: float,
+          tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], tile: int) -> _lib.AttentionArgs:
+    sq, hq, d = q.shape
+    a = _lib.AttentionArgs()
+    a.struct_size = ctypes.sizeof(_lib.AttentionArgs)
+    a.dtype = dtype_code(q.dtype)
+    a.q = q.data_ptr()
+    a.sq, a.hq, a.hkv, a.d = sq, hq, kv_own.shape[2], d
+    a.q_start = q_start
+    a.scale = float(scale)
+    a.kv_own = kv_own.data_ptr()
+    a.pool = kv_pool.data_ptr()
+    a.pool_pages = kv_pool.shape[0]
+    a.page_size = kv_pool.shape[2]
+    a.past_ids = past_ids.data_ptr() if past_ids.numel() else None
+    a.tile_indptr = _ptr(tile_indptr)
+    a.tile_pages = _ptr(tile_pages) if tile_pages is not None and tile_pages.numel() else None
+    a.tile = tile
+    return a
+
+
+@torch.library.custom_op("oomb::attention", mutates_args=(), device_types="cpu")
+def attention(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, past_ids: Tensor, grad_pool: Optional[Tensor],
+              grad_ids: Optional[Tensor], q_start: int, scale: float, tile_indptr: Optional[Tensor],
+              tile_pages: Optional[Tensor], tile: int) -> Tuple[Tensor, Tensor]:
+    _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages)
+    q = q.contiguous()
+    kv_own = torch.stack([k, v]).contiguous()
+    ids = past_ids.contiguous()
+    ti = None if tile_indptr is None else tile_indptr.contiguous()
+    tp = None if tile_pages is None else tile_pages.contiguous()
+    sq, hq, d = q.shape
+    o = torch.empty_like(q)
+    lse = q.new_empty((hq, sq))
+    a = _args(q, kv_own, kv_pool, ids, q_start, scale, ti, tp, tile)
+    check(lib.oomb_attention_forward(ctypes.byref(a), o.data_ptr(), lse.data_ptr()))
+    return o, lse
+
+
+@attention.register_fake
+def _(q, k, v, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile):
+    sq, hq, _d = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((hq, sq))
+
+
+@torch.library.custom_op("oomb::attention_backward", mutates_args=("grad_pool",), device_types="cpu")
+def attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, kv_pool: Tensor,
+                       past_ids: Tensor, grad_pool: Optional[Tensor], grad_ids: Optional[Tensor], q_start: int,
+                       scale: float, tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor],
+                       tile: int) -> Tuple[Tensor, Tensor, Tensor]:
+    _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages)
+    past = past_ids.numel()
+    if past and (grad_pool is None or grad_ids is None):
+        raise ValueError(f"oomb.attention_backward: {past} past pages need grad_pool and grad_ids")
+    if grad_pool is not None and (not grad_pool.is_contiguous() or grad_pool.dtype != q.dtype
+                                  or grad_pool.shape[1:] != kv_pool.shape[1:]):
+        raise ValueError(f"oomb.attention_backward: grad_pool {grad_pool.dtype} {tuple(grad_pool.shape)} must be a "
+                         f"contiguous {q.dtype} pool of pages shaped like kv_pool's {tuple(kv_pool.shape[1:])}")
+    if grad_ids is not None and (grad_ids.dtype != torch.int32 or not grad_ids.is_contiguous()
+                                 or grad_ids.numel() < kv_pool.shape[0]):
+        raise ValueError(f"oomb.attention_backward: grad_ids must be a contiguous int32 table of at least "
+                         f"{kv_pool.shape[0]} entries (one per KV page id)")
+    q, o, lse, d_o = q.contiguous(), o.contiguous(), lse.contiguous(), d_o.contiguous()
+    kv_own = torch.stack([k, v]).contiguous()
+    ids = past_ids.contiguous()
+    ti = None if tile_indptr is None else tile_indptr.contiguous()
+    tp = None if tile_pages is None else tile_pages.contiguous()
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(kv_own[0])
+    dv = torch.empty_like(kv_own[1])
+    a = _args(q, kv_own, kv_pool, ids, q_start, scale, ti, tp, tile)
+    check(lib.oomb_attention_backward(ctypes.byref(a), o.data_ptr(), lse.data_ptr(), d_o.data_ptr(),
+                                      dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), _ptr(grad_pool),
+                                      0 if grad_pool is None else grad_pool.shape[0], _ptr(grad_ids),
+                                      0 if grad_ids is None else grad_ids.numel()))
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile = inputs
+    o, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, o, lse, kv_pool, past_ids)
+    # Not saved as tensors for backward: the gradient pool and its table are oomb's state, which the
+    # backward updates in place (and the sparse selection, which never changes).
+    ctx.state = (grad_pool, grad_ids, tile_indptr, tile_pages)
+    ctx.q_start, ctx.scale, ctx.tile = q_start, scale, tile
+
+
+def _backward(ctx, d_o, _d_lse):
+    q, k, v, o, lse, kv_pool, past_ids = ctx.saved_tensors
+    grad_pool, grad_ids, tile_indptr, tile_pages = ctx.state
+    dq, dk, dv = attention_backward(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, ctx.q_start,
+                                    ctx.scale, tile_indptr, tile_pages, ctx.tile)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- page ops: plain tensor indexing, any device ----------------------------------------------
+
+def _pages_of(x: Tensor, n_pages: int, page: int) -> Tensor:
+    """[sq, hkv, d] -> [n_pages, page, hkv, d], zero-padded."""
+    sq = x.shape[0]
+    if sq == n_pages * page:
+        return x.reshape(n_pages, page, *x.shape[1:])
+    padded = x.new_zeros((n_pages * page, *x.shape[1:]))
+    padded[:sq] = x
+    return padded.view(n_pages, page, *x.shape[1:])
+
+
+def _check_pages(op: str, pool: Tensor, page_ids: Tensor, tokens: int):
+    if pool.dim() != 5 or pool.shape[1] != 2:
+        raise ValueError(f"oomb.{op}: pool {tuple(pool.shape)} is not [pages, 2, page, hkv, d]")
+    page = pool.shape[2]
+    need = (tokens + page - 1) // page
+    if page_ids.dim() != 1 or page_ids.numel() != need:
+        raise ValueError(f"oomb.{op}: {tokens} tokens in pages of {page} need {need} page ids, got "
+                         f"{tuple(page_ids.shape)}")
+    if page_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"oomb.{op}: page ids must be int32 or int64, got {page_ids.dtype}")
+
+
+@torch.library.custom_op("oomb::write_pages", mutates_args=("kv_pool",))
+def write_pages(kv_pool: Tensor, k: Tensor, v: Tensor, page_ids: Tensor) -> None:
+    _check_pages("write_pages", kv_pool, page_ids, k.shape[0])
+    if k.shape != v.shape or tuple(k.shape[1:]) != tuple(kv_pool.shape[3:]):
+        raise ValueError(f"oomb.write_pages: k {tuple(k.shape)}, v {tuple(v.shape)} do not fit pages "
+                         f"{tuple(kv_pool.shape[2:])}")
+    if page_ids.numel() and (int(page_ids.min()) < 0 or int(page_ids.max()) >= kv_pool.shape[0]):
+        raise ValueError(f"oomb.write_pages: a page id is outside the pool's {kv_pool.shape[0]} pages")
+    n, page = page_ids.numel(), kv_pool.shape[2]
+    ids = page_ids.to(device=kv_pool.device, dtype=torch.int64)
+    pairs = torch.stack([_pages_of(k, n, page), _pages_of(v, n, page)], dim=1).to(kv_pool.dtype)
+    kv_pool.index_copy_(0, ids, pairs)
+
+
+@write_pages.register_fake
+def _(kv_pool, k, v, page_ids):
+    return None
+
+
+@torch.library.custom_op("oomb::gather_pages", mutates_args=())
+def gather_pages(pool: Tensor, page_ids: Tensor, tokens: int) -> Tuple[Tensor, Tensor]:
+    _check_pages("gather_pages", pool, page_ids, tokens)
+    ids = page_ids.to(device=pool.device, dtype=torch.int64)
+    missing = ids < 0
+    pairs = pool.index_select(0, ids.clamp(min=0))
+    if bool(missing.any()):
+        pairs[missing] = 0
+    k = pairs[:, 0].reshape(-1, *pool.shape[3:])[:tokens].clone()  # pairs: [n, 2, page, hkv, d]
+    v = pairs[:, 1].reshape(-1, *pool.shape[3:])[:tokens].clone()
+    return k, v
+
+
+@gather_pages.register_fake
+def _(pool, page_ids, tokens):
+    shape = (tokens, *pool.shape[3:])
+    return pool.new_empty(shape), pool.new_empty(shape)
+
+
+@torch.library.custom_op("oomb::accumulate_pages", mutates_args=("pool",))
+def accumulate_pages(pool: Tensor, page_ids: Tensor, dk: Tensor, dv: Tensor) -> None:
+    _check_pages("accumulate_pages", pool, page_ids, dk.shape[0])
+    if dk.shape != dv.shape or tuple(dk.shape[1:]) != tuple(pool.shape[3:]):
+        raise ValueError(f"oomb.accumulate_pages: dk {tuple(dk.shape)}, dv {tuple(dv.shape)} do not fit pages "
+                         f"{tuple(pool.shape[2:])}")
+    if page_ids.numel() and (int(page_ids.min()) < 0 or int(page_ids.max()) >= pool.shape[0]):
+        raise ValueError(f"oomb.accumulate_pages: a page id is outside the pool's {pool.shape[0]} pages "
+                         "(touch the gradient pages first)")
+    n, page = page_ids.numel(), pool.shape[2]
+    ids = page_ids.to(device=pool.device, dtype=torch.int64)
+    pairs = torch.stack([_pages_of(dk, n, page), _pages_of(dv, n, page)], dim=1).to(pool.dtype)
+    pool.index_add_(0, ids, pairs)
+
+
+@accumulate_pages.register_fake
+def _(pool, page_ids, dk, dv):
+    return None

@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: Apache-2.0
+"""oomb's paged memory for PyTorch: the library's paged KV cache, gradient mirror and page
+summaries (C++, host memory from oomb's own host resource), with their pools seen as torch tensors
+without a copy.
+
+Pools are token-major page pairs: ``kv_pool[id, 0]`` is the K page of id ``id``, ``[page][kv_heads]
+[head_dim]``, ``kv_pool[id, 1]`` its V page; the gradient pool has the same layout, and
+``grad_ids[kv_id]`` names the gradient pair of a KV page (-1 while it has none).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import _lib
+from ._lib import check, lib
+
+_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float64: _lib.DTYPE_F64}
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise TypeError(
+            f"oomb: the CPU path computes in float32 or float64, not {dtype} "
+            "(bf16 is the GPU path's, which this build does not have)"
+        ) from None
+
+
+def _tensor_at(address: int, shape, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor over memory the C library owns (no copy; valid while the owner lives)."""
+    count = 1
+    for s in shape:
+        count *= int(s)
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    buf = (ctypes.c_byte * nbytes).from_address(address)
+    return torch.frombuffer(buf, dtype=dtype, count=count).view(*shape)
+
+
+class PagedStore:
+    """K/V pages of every layer in one pool, their gradient pages, optional page summaries.
+
+    Everything is allocated here, up front, for the capacities given (the plan): ``max_pages`` K/V
+    page pairs and ``max_grad_pages`` gradient pairs; nothing grows later. Sequences grow a chunk at
+    a time (``append``), and stage 2 releases them a chunk at a time (``pop_chunk``, which also
+    releases the chunk's gradient pages and summaries).
+    """
+
+    def __init__(self, *, layers: int, page_size: int, kv_heads: int, head_dim: int, chunk_size: int,
+                 max_pages: int, max_grad_pages: int, dtype: torch.dtype = torch.float64,
+                 summaries: bool = False):
+        cfg = _lib.StoreConfig(dtype_code(dtype), layers, page_size, kv_heads, head_dim, chunk_size,
+                               max_pages, max_grad_pages, 1 if summaries else 0)
+        handle = ctypes.c_void_p()
+        check(lib.oomb_store_create(ctypes.byref(cfg), ctypes.byref(handle)))
+        self._h = handle
+        self.layers, self.page_size, self.kv_heads, self.head_dim = layers, page_size, kv_heads, head_dim
+        self.chunk_size, self.dtype, self.has_summaries = chunk_size, dtype, summaries
+        pair = (2, page_size, kv_heads, head_dim)
+        base, cap = ctypes.c_void_p(), ctypes.c_int64()
+        check(lib.oomb_store_kv_pool(self._h, ctypes.byref(base), ctypes.byref(cap)))
+        self.kv_pool = _tensor_at(base.value, (cap.value, *pair), dtype)
+        gbase, gcap, ids, nids = ctypes.c_void_p(), ctypes.c_int64(), _lib.p_i32(), ctypes.c_int64()
+        check(lib.oomb_store_grad_pool(self._h, ctypes.byref(gbase), ctypes.byref(gcap), ctypes.byref(ids),
+                                       ctypes.byref(nids)))
+        self.grad_pool = _tensor_at(gbase.value, (gcap.value, *pair), dtype)
+        self.grad_ids = _tensor_at(ctypes.cast(ids, ctypes.c_void_p).value, (nids.value,), torch.int32)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Frees the pools now (the tensors above must not be used after)."""
+        if getattr(self, "_h", None):
+            self.kv_pool = self.grad_pool = self.grad_ids = None
+            lib.oomb_store_destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def _handle(self):
+        if not self._h:
+            raise RuntimeError("oomb: PagedStore used after close()")
+        return self._h
+
+    # -- sequences --------------------------------------------------------------------------
+    def add_sequence(self) -> int:
+        seq = ctypes.c_int32()
+        check(lib.oomb_store_add_sequence(self._handle(), ctypes.byref(seq)))
+        return seq.value
+
+    def append(self, seq: int, tokens: int) -> int:
+        """Takes the pages of `tokens` more tokens in every layer; returns the first new position."""
+        first = ctypes.c_int64()
+        check(lib.oomb_store_append(self._handle(), seq, tokens, ctypes.byref(first)))
+        return first.value
+
+    def pop_chunk(self, seq: int) -> int:
+        n = ctypes.c_int64()
+        check(lib.oomb_store_pop_chunk(self._handle(), seq, ctypes.byref(n)))
+        return n.value
+
+    def seq_len(self, seq: int) -> int:
+        n = ctypes.c_int64()
+        check(lib.oomb_store_seq_len(self._handle(), seq, ctypes.byref(n)))
+        return n.value
+
+    def page_ids(self, seq: int, layer: int, first: int, last: int) -> torch.Tensor:
+        """Pool ids (int32) of logical pages [first, last) of (seq, layer)."""
+        out = torch.empty(max(0, last - first), dtype=torch.int32)
+        check(lib.oomb_store_page_ids(self._handle(), seq, layer, first, last, out.data_ptr()))
+        return out
+
+    # -- gradient pages ---------------------------------------------------------------------
+    def touch_grads(self, kv_ids: torch.Tensor) -> None:
+        """Gives every listed KV page a zero-filled gradient page if it has none."""
+        ids = kv_ids.to(torch.int32).contiguous()
+        check(lib.oomb_store_touch_grads(self._handle(), ids.data_ptr(), ids.numel()))
+
+    # -- page-sparse selection --------------------------------------------------------------
+    def summarize(self, seq: int, layer: int, first: int, last: int) -> None:
+        check(lib.oomb_store_summarize(self._handle(), seq, layer, first, last))
+
+    def select(self, seq: int, layer: int, q: torch.Tensor, q_start: int, *, tile: int, budget: int,
+               sink: int, local: int, scoring: str = "quest"):
+        """Per tile of `tile` queries of q ([sq, hq, head_dim]), the past pages it attends: (indptr,
+        pages), int32, logical page indices ascending per tile."""
+        q = q.detach().contiguous()
+        if q.dtype != self.dtype:
+            raise TypeError(f"oomb: select: queries are {q.dtype}, the store holds {self.dtype}")
+        sq, hq = q.shape[0], q.shape[1]
+        tiles = (sq + tile - 1) // tile
+        past = q_start // self.page_size
+        cap = max(1, tiles * min(past, budget + sink + local))
+        indptr = torch.empty(tiles + 1, dtype=torch.int32)
+        pages = torch.empty(cap, dtype=torch.int32)
+        code = {"quest": 0, "mean": 1}[scoring]
+        check(lib.oomb_store_select(self._handle(), seq, layer, q.data_ptr(), sq, hq, q_start, tile, budget,
+                                    sink, local, code, indptr.data_ptr(), pages.data_ptr(), cap))
+        return indptr, pages[: int(indptr[-1])].clone()
+
+    # -- accounting -------------------------------------------------------------------------
+    def stats(self) -> dict:
+        s = _lib.StoreStats()
+        check(lib.oomb_store_stats_get(self._handle(), ctypes.byref(s)))
+        return {name: getattr(s, name) for name, _ in _lib.StoreStats._fields_}
