@@ -1,0 +1,379 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The chunk-recurrent driver: OOMB's two stages over a Hugging Face causal LM's own modules.
+
+    cr = ChunkRecurrent(model, chunk=4096, page=128, max_tokens=65536)
+    loss = cr.forward_backward(input_ids)      # every parameter's .grad: full backprop's
+    optimizer.step(); optimizer.zero_grad()
+
+The model's attention is routed to ``oomb::attention`` through transformers' attention registry
+(``AttentionInterface``, name ``"oomb"``) for the duration of the call, so RoPE, q/k norms, biases
+and MLPs stay the model's code. Stage 1 (no autograd) walks the chunks forwards and writes each
+layer's K/V into oomb's pages; stage 2 walks them backwards, recomputes each chunk under autograd
+over the stored past, lets the attention backward add the past pages' dK/dV into their gradient
+pages, and feeds each chunk's own K/V the gradient that later chunks left there.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+from . import ops
+from .pages import PagedStore
+
+__all__ = ["ChunkRecurrent", "SparseConfig", "ATTENTION_NAME", "RefusedError"]
+
+#: The name oomb's attention is registered under in transformers' AttentionInterface.
+ATTENTION_NAME = "oomb"
+
+
+class RefusedError(ValueError):
+    """A model, call or input the driver cannot train exactly; the message says what and why."""
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """Page-sparse attention over the past: each tile of ``tile`` queries attends ``sink`` first
+    pages, ``local`` last past pages and the ``budget`` past pages scoring best (``"quest"``: the
+    Quest upper bound from per-page key min/max; ``"mean"``: the mean key), selected in stage 1 by
+    the library's tile selector and reused in stage 2. The chunk's own pages are always attended."""
+
+    budget: int
+    sink: int = 1
+    local: int = 1
+    tile: int = 128
+    scoring: str = "quest"
+
+
+# ---- the registered attention function --------------------------------------------------------
+
+_active: Optional["_Run"] = None
+
+# kwargs that would change what attention computes, which oomb's attention does not do.
+_REFUSED_KWARGS = ("softcap", "s_aux", "sinks", "alibi", "alibi_slopes", "attention_bias", "position_bias",
+                   "cu_seq_lens_q", "cu_seq_lens_k", "cu_seqlens_q", "cu_seqlens_k")
+
+
+def _oomb_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    run = _active
+    if run is None:
+        raise RuntimeError(
+            f"oomb: the model's attention is set to {ATTENTION_NAME!r}, which only runs inside "
+            "ChunkRecurrent.forward_backward (set model.set_attn_implementation('sdpa') for other uses)")
+    return run.attend(module, query, key, value, attention_mask, scaling, dropout, kwargs)
+
+
+AttentionInterface.register(ATTENTION_NAME, _oomb_attention)
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
+def _config_dims(config) -> Tuple[int, int, int, int]:
+    layers = config.num_hidden_layers
+    hq = config.num_attention_heads
+    hkv = getattr(config, "num_key_value_heads", None) or hq
+    d = getattr(config, "head_dim", None) or config.hidden_size // hq
+    return layers, hq, hkv, d
+
+
+class ChunkRecurrent:
+    """Trains ``model`` (a transformers causal LM whose attention goes through AttentionInterface)
+    chunk-recurrently over oomb's pages.
+
+    chunk       tokens per chunk (activation memory is O(chunk)); a multiple of ``page``
+    page        tokens per page: a power of two >= 16 dividing ``chunk`` (default: 128, or ``chunk``
+                if smaller)
+    max_tokens  the plan: the longest sequence a call may bring. K/V and gradient pages for it are
+                allocated here, up front, from oomb's host resource; nothing grows later
+    sparse      a SparseConfig for page-sparse attention, or None (dense: exact)
+    offload     not available in this build (the CPU path keeps every page in host memory, which is
+                also where offload would keep it); anything but None/False is refused
+    """
+
+    def __init__(self, model, *, chunk: int, max_tokens: int, page: Optional[int] = None,
+                 sparse: Optional[SparseConfig] = None, offload=None):
+        if offload not in (None, False):
+            raise RefusedError(
+                "oomb: offload is not available in the PyTorch package yet: on the CPU every page already "
+                "lives in host memory (the far tier), and the GPU path that streams pages through a fixed "
+                "near tier is not built (docs/pytorch.md)")
+        if page is None:
+            page = min(128, chunk)
+        if page < 16 or page & (page - 1):
+            raise RefusedError(f"oomb: page {page} must be a power of two >= 16")
+        if chunk <= 0 or chunk % page:
+            raise RefusedError(f"oomb: chunk {chunk} must be a positive multiple of the page size {page}")
+        if max_tokens <= 0:
+            raise RefusedError(f"oomb: max_tokens must be positive, got {max_tokens}")
+        if sparse is not None:
+            if sparse.scoring not in ("quest", "mean"):
+                raise RefusedError(f"oomb: sparse scoring {sparse.scoring!r} is not 'quest' or 'mean'")
+            if min(sparse.budget, sparse.sink, sparse.local) < 0 or sparse.tile <= 0:
+                raise RefusedError(f"oomb: bad sparse config {sparse}")
+        self.model = model
+        self.chunk, self.page, self.max_tokens, self.sparse = chunk, page, max_tokens, sparse
+        self._check_model()
+        layers, hq, hkv, d = _config_dims(model.config)
+        self.layers, self.hq, self.hkv, self.head_dim = layers, hq, hkv, d
+        self.dtype = self._param_dtype()
+        pages = layers * -(-max_tokens // page)
+        self.store = PagedStore(layers=layers, page_size=page, kv_heads=hkv, head_dim=d, chunk_size=chunk,
+                                max_pages=pages, max_grad_pages=pages, dtype=self.dtype,
+                                summaries=sparse is not None)
+        self.seq = self.store.add_sequence()
+        #: After a call: per (layer, chunk) the sparse selection stage 1 made, (indptr, pages) with
+        #: logical past-page indices per tile; empty when dense.
+        self.selections: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # -- checks that need no allocation --------------------------------------------------------
+    def _param_dtype(self) -> torch.dtype:
+        dtypes = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
+        if len(dtypes) != 1:
+            raise RefusedError(f"oomb: the model's parameters have several dtypes {sorted(map(str, dtypes))}; "
+                               "the CPU path computes in one of float32 or float64")
+        (dt,) = dtypes
+        if dt not in (torch.float32, torch.float64):
+            raise RefusedError(f"oomb: the model is {dt}; the CPU path computes in float32 or float64 (bf16 "
+                               "is the GPU path's, not built yet)")
+        return dt
+
+    def _check_model(self):
+        m = self.model
+        devices = {p.device.type for p in m.parameters()}
+        if devices != {"cpu"}:
+            raise RefusedError(f"oomb: the model is on {sorted(devices)}; this build of the package runs on the "
+                               "CPU only (the GPU path is not built yet: docs/pytorch.md)")
+        if getattr(m, "is_gradient_checkpointing", False):
+            raise RefusedError("oomb: gradient checkpointing is enabled (gradient_checkpointing_enable()); it "
+                               "conflicts with the driver's own recomputation: call "
+                               "model.gradient_checkpointing_disable()")
+        cfg = m.config
+        if not getattr(cfg, "is_causal", True) or getattr(cfg, "is_encoder_decoder", False):
+            raise RefusedError("oomb: only decoder-only causal models are supported")
+        if getattr(cfg, "alibi", False) or getattr(cfg, "position_embedding_type", None) == "alibi":
+            raise RefusedError("oomb: ALiBi position biases are not supported")
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if getattr(cfg, name, None):
+                raise RefusedError(f"oomb: soft-capping ({name}={getattr(cfg, name)}) is not supported")
+        if m.training:
+            if getattr(cfg, "attention_dropout", 0.0):
+                raise RefusedError(f"oomb: attention_dropout={cfg.attention_dropout} in train mode: stage 2's "
+                                   "recomputation would not reproduce stage 1 (set it to 0 or call model.eval())")
+            for name, mod in m.named_modules():
+                if isinstance(mod, torch.nn.Dropout) and mod.p > 0:
+                    raise RefusedError(f"oomb: {name} is a dropout with p={mod.p} in train mode: stage 2's "
+                                       "recomputation would not reproduce stage 1 (set p=0 or call model.eval())")
+
+    # -- the step ------------------------------------------------------------------------------
+    def forward_backward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
+                         loss_mask: Optional[torch.Tensor] = None,
+                         attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Runs both stages; adds full-sequence backprop's gradient of the loss to every parameter's
+        ``.grad`` (as ``loss.backward()`` would) and returns the loss (detached).
+
+        The loss is HF's causal-LM loss: next-token cross-entropy summed over the targets and divided
+        by their number; ``labels`` (default ``input_ids``) use -100 for tokens that are no target,
+        ``loss_mask`` (same shape, bool) keeps only the labels where it is true. A batch of several
+        rows is accumulated row by row (one row's pages at a time), with the batch's loss.
+        """
+        global _active
+        ids = input_ids
+        if ids.dim() == 1:
+            ids = ids[None]
+        if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
+            raise RefusedError(f"oomb: input_ids must be integer [batch, tokens], got {ids.dtype} {tuple(ids.shape)}")
+        if ids.device.type != "cpu":
+            raise RefusedError(f"oomb: input_ids are on {ids.device}; the model runs on the CPU")
+        batch, n = ids.shape
+        if n > self.max_tokens:
+            raise RefusedError(f"oomb: a sequence of {n} tokens is beyond the plan of max_tokens={self.max_tokens} "
+                               "(make a ChunkRecurrent with a larger max_tokens)")
+        if n < 2:
+            raise RefusedError(f"oomb: a sequence of {n} token(s) has no next-token target")
+        if attention_mask is not None:
+            if attention_mask.shape != ids.shape:
+                raise RefusedError(f"oomb: attention_mask {tuple(attention_mask.shape)} does not match input_ids "
+                                   f"{tuple(ids.shape)}")
+            if not bool(attention_mask.bool().all()):
+                raise RefusedError("oomb: attention_mask has zeros (padding); oomb attends every token of the "
+                                   "sequence, and transformers drops masks for attention it does not know, so a "
+                                   "padded batch would be trained silently wrong: pass unpadded rows")
+        if labels is None:
+            labels = ids
+        labels = labels[None] if labels.dim() == 1 else labels
+        if labels.shape != ids.shape:
+            raise RefusedError(f"oomb: labels {tuple(labels.shape)} do not match input_ids {tuple(ids.shape)}")
+        labels = labels.to(torch.int64)
+        if loss_mask is not None:
+            loss_mask = loss_mask[None] if loss_mask.dim() == 1 else loss_mask
+            if loss_mask.shape != ids.shape:
+                raise RefusedError(f"oomb: loss_mask {tuple(loss_mask.shape)} does not match input_ids "
+                                   f"{tuple(ids.shape)}")
+            labels = torch.where(loss_mask.bool(), labels, torch.full_like(labels, -100))
+        # HF's shift: token i predicts label i + 1; the last token predicts nothing.
+        targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+        count = int((targets != -100).sum())
+        if count == 0:
+            raise RefusedError("oomb: no token has a target (every label is -100 or masked)")
+        self._check_model()
+        if self._param_dtype() != self.dtype:
+            raise RefusedError(f"oomb: the model is now {self._param_dtype()}, the pages were planned for {self.dtype}")
+        if _active is not None:
+            raise RuntimeError("oomb: forward_backward is already running (one at a time per process)")
+
+        model = self.model
+        previous = model.config._attn_implementation
+        self.selections = {}
+        total = torch.zeros((), dtype=torch.float64)
+        model.set_attn_implementation(ATTENTION_NAME)
+        try:
+            for b in range(batch):
+                run = _Run(self, n)
+                _active = run
+                try:
+                    total += run.step(ids[b], targets[b], count)
+                finally:
+                    _active = None
+                    while self.store.seq_len(self.seq) > 0:  # after an error: give every page back
+                        self.store.pop_chunk(self.seq)
+        finally:
+            model.set_attn_implementation(previous)
+        return total.to(self.dtype)
+
+    def memory(self) -> dict:
+        """oomb's pools (host memory from the library's host resource): pages in use and their peaks,
+        bytes reserved. Everything is reserved at construction for ``max_tokens``."""
+        return self.store.stats()
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class _Run:
+    """One sequence's two stages; what the registered attention function consults."""
+
+    def __init__(self, driver: ChunkRecurrent, n: int):
+        self.d = driver
+        self.n = n
+        self.stage = 0
+        self.chunk_index = 0
+        self.q_start = 0
+        self.captured: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # -- attention, called by every layer --------------------------------------------------------
+    def attend(self, module, query, key, value, attention_mask, scaling, dropout, kwargs):
+        d = self.d
+        layer = getattr(module, "layer_idx", None)
+        if layer is None or not 0 <= layer < d.layers:
+            raise RefusedError(f"oomb: the attention module {type(module).__name__} has layer_idx {layer}, not one "
+                               f"of the model's {d.layers} layers")
+        if attention_mask is not None:
+            raise RefusedError(f"oomb: layer {layer} called attention with a mask; oomb's attention is causal over "
+                               "the whole sequence and applies no other mask")
+        if dropout:
+            raise RefusedError(f"oomb: layer {layer} called attention with dropout={dropout} (train mode): stage 2's "
+                               "recomputation would not reproduce stage 1")
+        window = kwargs.get("sliding_window")
+        if window is not None and window < self.n:
+            raise RefusedError(f"oomb: layer {layer} attends a sliding window of {window} tokens, shorter than the "
+                               f"sequence's {self.n}; oomb's attention is full causal (a window at least as long "
+                               "as the sequence is the same thing and is accepted)")
+        for name in _REFUSED_KWARGS:
+            if kwargs.get(name) is not None:
+                raise RefusedError(f"oomb: layer {layer} called attention with {name}; not supported")
+        if kwargs.get("is_causal") is False or getattr(module, "is_causal", True) is False:
+            raise RefusedError(f"oomb: layer {layer} is not causal (cross- or bidirectional attention)")
+        b, hq, sq, hd = query.shape
+        if key.shape[2] != sq:
+            raise RefusedError(f"oomb: layer {layer} attends {key.shape[2]} keys for {sq} queries (cross-attention "
+                               "or a KV cache); the driver passes exactly the chunk")
+        if b != 1:
+            raise RefusedError(f"oomb: attention called with batch {b}; the driver runs one row at a time")
+        if (key.shape[1], key.shape[3], hq) != (d.hkv, d.head_dim, d.hq):
+            raise RefusedError(f"oomb: layer {layer} has {hq} query / {key.shape[1]} KV heads of dim {key.shape[3]}, "
+                               f"the plan {d.hq} / {d.hkv} of dim {d.head_dim}")
+        if query.dtype != d.dtype or query.device.type != "cpu":
+            raise RefusedError(f"oomb: layer {layer} attends in {query.dtype} on {query.device}; the pages hold "
+                               f"{d.dtype} on the CPU")
+        scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(hd)
+        q = query[0].transpose(0, 1)
+        k = key[0].transpose(0, 1)
+        v = value[0].transpose(0, 1)
+        store, page, seq = d.store, d.page, d.seq
+        first = self.q_start // page
+        past_ids = store.page_ids(seq, layer, 0, first)
+        sp = d.sparse
+        key_ = (layer, self.chunk_index)
+        if self.stage == 1:
+            own_ids = store.page_ids(seq, layer, first, first + -(-sq // page))
+            ops.write_pages(store.kv_pool, k, v, own_ids)
+            if sp is not None:
+                if first > 0:
+                    d.selections[key_] = store.select(seq, layer, q, self.q_start, tile=sp.tile, budget=sp.budget,
+                                                      sink=sp.sink, local=sp.local, scoring=sp.scoring)
+                store.summarize(seq, layer, first, first + own_ids.numel())
+            indptr, pages = d.selections.get(key_, (None, None))
+            o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, None, None, self.q_start, scale, indptr, pages,
+                                    sp.tile if sp else 128)
+        else:
+            self.captured[layer] = (key, value)
+            indptr, pages = d.selections.get(key_, (None, None))
+            o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, store.grad_pool, store.grad_ids, self.q_start,
+                                    scale, indptr, pages, sp.tile if sp else 128)
+        return o.unsqueeze(0), None
+
+    # -- the two stages ----------------------------------------------------------------------------
+    def step(self, ids: torch.Tensor, targets: torch.Tensor, count: int) -> torch.Tensor:
+        d = self.d
+        model, store, seq, chunk, page = d.model, d.store, d.seq, d.chunk, d.page
+        base = model.base_model
+        n = self.n
+        bounds = [(s, min(n, s + chunk)) for s in range(0, n, chunk)]
+        loss_dtype = d.dtype if d.dtype == torch.float64 else torch.float32
+
+        # Stage 1: forwards, no autograd; every layer's K/V goes into its pages.
+        self.stage = 1
+        with torch.no_grad():
+            for c, (s0, s1) in enumerate(bounds):
+                store.append(seq, s1 - s0)
+                self.chunk_index, self.q_start = c, s0
+                base(input_ids=ids[None, s0:s1], position_ids=torch.arange(s0, s1)[None], use_cache=False)
+
+        # Stage 2: backwards over the chunks, recomputing each under autograd.
+        self.stage = 2
+        total = torch.zeros((), dtype=torch.float64)
+        with torch.enable_grad():
+            for c in reversed(range(len(bounds))):
+                s0, s1 = bounds[c]
+                self.chunk_index, self.q_start = c, s0
+                first = s0 // page
+                for layer in range(d.layers):  # gradient pages for the past this chunk attends
+                    past = store.page_ids(seq, layer, 0, first)
+                    sel = d.selections.get((layer, c))
+                    if sel is not None:
+                        past = past[torch.unique(sel[1].long())] if sel[1].numel() else past[:0]
+                    if past.numel():
+                        store.touch_grads(past)
+                self.captured = {}
+                out = model(input_ids=ids[None, s0:s1], position_ids=torch.arange(s0, s1)[None], use_cache=False)
+                logits = out.logits[0]
+                loss = F.cross_entropy(logits.to(loss_dtype), targets[s0:s1], ignore_index=-100,
+                                       reduction="sum") / count
+                roots, grads = [loss], [torch.ones_like(loss)]
+                for layer, (key, value) in self.captured.items():
+                    own = store.page_ids(seq, layer, first, first + -(-(s1 - s0) // page))
+                    gids = store.grad_ids[own.long()]
+                    if bool((gids >= 0).any()):  # what later chunks left for this chunk's own K/V
+                        gk, gv = ops.gather_pages(store.grad_pool, gids, s1 - s0)
+                        roots += [key, value]
+                        grads += [gk.transpose(0, 1).unsqueeze(0).to(key.dtype),
+                                  gv.transpose(0, 1).unsqueeze(0).to(value.dtype)]
+                torch.autograd.backward(roots, grads)
+                total += loss.detach().to(torch.float64)
+                self.captured = {}
+                store.pop_chunk(seq)
+        return total
