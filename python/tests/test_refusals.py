@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the driver refuses, with a message, before the first chunk runs."""
+import pytest
+import torch
+
+from conftest import make_model
+from oomb.torch import ChunkRecurrent, RefusedError, _oomb_attention, _Run
+
+
+class Counter:
+    """Counts the model's decoder-layer calls: a refusal must come before any."""
+
+    def __init__(self, model):
+        self.calls = 0
+        for layer in model.model.layers:
+            layer.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.calls += 1
+
+
+def refused(cr, ids, match, **kw):
+    counter = Counter(cr.model)
+    with pytest.raises(RefusedError, match=match):
+        cr.forward_backward(ids, **kw)
+    assert counter.calls == 0, "refused only after running the model"
+    assert cr.memory()["kv_in_use"] == 0 and cr.memory()["grad_in_use"] == 0
+    assert cr.model.config._attn_implementation == "sdpa"
+
+
+def test_attention_mask_with_zeros(ids_of):
+    cr = ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64)
+    ids = ids_of(64)
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    refused(cr, ids, "attention_mask has zeros", attention_mask=mask)
+
+
+def test_sequence_beyond_the_plan(ids_of):
+    cr = ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64)
+    refused(cr, ids_of(65), "beyond the plan of max_tokens=64")
+
+
+def test_no_target(ids_of):
+    cr = ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64)
+    ids = ids_of(40)
+    refused(cr, ids, "no token has a target", labels=torch.full_like(ids, -100))
+
+
+def test_sliding_window_shorter_than_the_sequence(ids_of):
+    # A Mistral whose window (16) is shorter than the sequence: the call-time check refuses it
+    # (layer 0 is the first to attend, so nothing was trained).
+    model = make_model("mistral", sliding_window=16)
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
+    with pytest.raises(RefusedError, match="sliding window of 16 tokens"):
+        cr.forward_backward(ids_of(40))
+    assert cr.memory()["kv_in_use"] == 0
+    assert model.config._attn_implementation == "sdpa"
+    assert all(p.grad is None for p in model.parameters())
+    # Qwen2 with use_sliding_window true makes its layers sliding ones: refused the same way.
+    model = make_model("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
+    with pytest.raises(RefusedError, match="sliding window of 16 tokens"):
+        cr.forward_backward(ids_of(40))
+
+
+def test_sliding_window_as_long_as_the_sequence_is_full_attention(ids_of):
+    model = make_model("mistral", sliding_window=40)
+    ChunkRecurrent(model, chunk=32, page=16, max_tokens=64).forward_backward(ids_of(40))
+
+
+def test_dropout_in_train_mode(ids_of):
+    model = make_model("qwen2", attention_dropout=0.1)
+    model.train()
+    with pytest.raises(RefusedError, match="attention_dropout=0.1 in train mode"):
+        ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
+    model.eval()  # eval mode: dropout is off, allowed
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
+    model.train()
+    refused(cr, ids_of(40), "attention_dropout=0.1 in train mode")
+    # A layer whose own dropout is set although the config's is not: refused where it attends.
+    model = make_model("qwen2")
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
+    model.train()
+    model.model.layers[1].self_attn.attention_dropout = 0.2
+    with pytest.raises(RefusedError, match="layer 1 called attention with dropout=0.2"):
+        cr.forward_backward(ids_of(40))
+    assert cr.memory()["kv_in_use"] == 0
+
+
+def test_any_dropout_module_in_train_mode():
+    model = make_model("llama")
+    model.model.layers[0].mlp.down_proj = torch.nn.Sequential(model.model.layers[0].mlp.down_proj,
+                                                              torch.nn.Dropout(0.1))
+    model.train()
+    with pytest.raises(RefusedError, match=r"model.layers.0.mlp.down_proj.1 is a dropout with p=0.1"):
+        ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
+
+
+def test_wrong_dtype_and_device():
+    with pytest.raises(RefusedError, match="the model is torch.bfloat16"):
+        ChunkRecurrent(make_model("qwen2", dtype=torch.bfloat16), chunk=32, page=16, max_tokens=64)
+    with pytest.raises(RefusedError, match=r"the model is on \['meta'\]"):
+        ChunkRecurrent(make_model("qwen2").to("meta"), chunk=32, page=16, max_tokens=64)
+
+
+def test_input_dtype_and_device(ids_of):
+    cr = ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64)
+    refused(cr, ids_of(40).double(), "input_ids must be integer")
+    refused(cr, ids_of(40).to("meta"), "input_ids are on meta")
+
+
+def test_chunk_and_page():
+    model = make_model("qwen2")
+    with pytest.raises(RefusedError, match="chunk 40 must be a positive multiple of the page size 16"):
+        ChunkRecurrent(model, chunk=40, page=16, max_tokens=64)
+    with pytest.raises(RefusedError, match="page 24 must be a power of two >= 16"):
+        ChunkRecurrent(model, chunk=48, page=24, max_tokens=64)
+
+
+def test_gradient_checkpointing(ids_of):
+    model = make_model("qwen3")
+    model.gradient_checkpointing_enable()
+    with pytest.raises(RefusedError, match="gradient checkpointing is enabled"):
+        ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
+    model.gradient_checkpointing_disable()
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
+    model.gradient_checkpointing_enable()
+    refused(cr, ids_of(40), "gradient checkpointing is enabled")
+
+
+def test_offload_is_not_built():
+    with pytest.raises(RefusedError, match="offload is not available"):
+        ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=True)
+
+
+def test_attention_outside_the_driver(ids_of):
+    model = make_model("qwen2")
+    ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
+    model.set_attn_implementation("oomb")
+    with pytest.raises(RuntimeError, match="only runs inside ChunkRecurrent.forward_backward"):
+        model(input_ids=ids_of(8))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(softcap=30.0), "with softcap"),
+    (dict(s_aux=torch.zeros(4)), "with s_aux"),
+    (dict(is_causal=False), "not causal"),
+    (dict(cu_seq_lens_q=torch.zeros(2)), "with cu_seq_lens_q"),
+])
+def test_attention_variants_not_supported(kwargs, match):
+    model = make_model("qwen2")
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
+    run = _Run(cr, 16)
+    run.stage = 1
+    q = torch.zeros(1, 4, 16, 8, dtype=torch.float64)
+    kv = torch.zeros(1, 2, 16, 8, dtype=torch.float64)
+    import oomb.torch as ot
+    ot._active = run
+    try:
+        with pytest.raises(RefusedError, match=match):
+            _oomb_attention(model.model.layers[0].self_attn, q, kv, kv, None, scaling=0.3, **kwargs)
+        with pytest.raises(RefusedError, match="attends 8 keys for 16 queries"):
+            _oomb_attention(model.model.layers[0].self_attn, q, kv[:, :, :8], kv[:, :, :8], None)
+        with pytest.raises(RefusedError, match="called attention with a mask"):
+            _oomb_attention(model.model.layers[0].self_attn, q, kv, kv, torch.zeros(1, 1, 16, 16))
+    finally:
+        ot._active = None
