@@ -8,7 +8,9 @@
 #   3 sanitize  CPU-only AddressSanitizer + UndefinedBehaviorSanitizer build of the tests and
 #               examples, running the CPU tests; the first report fails the run
 #   4 consumer  install + find_package, pkg-config, add_subdirectory and FetchContent consumers
-# Usage: bash tools/test.sh [PHASE...]   (default: all four; e.g. `bash tools/test.sh cpu`)
+#   5 python    the PyTorch package: pip install ./python into the venv tools/setup.sh made
+#               (OOMB_VENV, default .venv), then its pytest suite (python/tests, CPU, no downloads)
+# Usage: bash tools/test.sh [PHASE...]   (default: all five; e.g. `bash tools/test.sh cpu`)
 # Environment: OOMB_TEST_DIR (build folders, default build-test), OOMB_JOBS (default 2).
 set -euo pipefail
 
@@ -17,9 +19,9 @@ cd "$root"
 out=${OOMB_TEST_DIR:-build-test}
 jobs=${OOMB_JOBS:-2}
 phases=("$@")
-[ ${#phases[@]} -gt 0 ] || phases=(cpu cuda sanitize consumer)
+[ ${#phases[@]} -gt 0 ] || phases=(cpu cuda sanitize consumer python)
 for p in "${phases[@]}"; do
-  case "$p" in cpu|cuda|sanitize|consumer) ;; *) echo "tools/test.sh: unknown phase '$p'" >&2; exit 2;; esac
+  case "$p" in cpu|cuda|sanitize|consumer|python) ;; *) echo "tools/test.sh: unknown phase '$p'" >&2; exit 2;; esac
 done
 command -v ninja >/dev/null || { echo "tools/test.sh: ninja is missing: run 'bash tools/setup.sh'" >&2; exit 1; }
 
@@ -90,6 +92,41 @@ phase_consumer() {
   bash tests/consumer/check.sh "$root"
 }
 
+phase_python() {
+  local venv=${OOMB_VENV:-$root/.venv}
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "tools/test.sh: the python phase needs the virtual environment $venv, which" \
+         "'bash tools/setup.sh' makes" >&2
+    failed=$((failed + 1))
+    return 1
+  fi
+  # The package as this tree has it (an incremental build in python/build), offline.
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-index --no-build-isolation \
+    --no-deps --force-reinstall ./python
+  mkdir -p "$out"
+  local log="$out/pytest.log" rc
+  set +e
+  (cd python && HF_HUB_OFFLINE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests) 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -eq 5 ]; then
+    echo "tools/test.sh: pytest collected no test in python/tests (exit 5): the python phase fails" \
+         "when it runs none" >&2
+    failed=$((failed + 1))
+    return 1
+  fi
+  # pytest's closing line: "3 failed, 45 passed, 1 skipped in 5.1s" (errors count as failures).
+  local line n_pass=0 n_fail=0
+  line=$(grep -E '[0-9]+ (passed|failed|error)' "$log" | tail -1 || true)
+  [[ $line =~ ([0-9]+)\ passed ]] && n_pass=${BASH_REMATCH[1]}
+  [[ $line =~ ([0-9]+)\ failed ]] && n_fail=$((n_fail + BASH_REMATCH[1]))
+  [[ $line =~ ([0-9]+)\ errors? ]] && n_fail=$((n_fail + BASH_REMATCH[1]))
+  if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then n_fail=1; fi  # it failed without a count
+  passed=$((passed + n_pass))
+  failed=$((failed + n_fail))
+  return "$rc"
+}
+
 # CPU seconds (user + system) used by finished child processes: unlike wall time, it does not
 # depend on what else the machine is doing, so phases can be compared across machines. `times`
 # must run in this shell (in a command substitution it would report the subshell's children).
@@ -126,5 +163,6 @@ for p in "${phases[@]}"; do
   cpu_total=$((cpu_total + cpu[$p]))
 done
 echo "all phases: $total s (cpu $cpu_total s on $(nproc) cores)"
-# CI reads this line: the ctest totals of the phases that ran tests (cpu, sanitize).
+# CI reads this line: the totals of the phases that ran tests (ctest's in cpu and sanitize,
+# pytest's in python).
 echo "tests: $passed passed, $failed failed"
