@@ -84,7 +84,7 @@ TEST_CASE("upload_ring: tables uploaded behind a slow stream; the host never wai
   // Nothing runs until the loop is done: every copy is pending while the host overwrites staging,
   // unless the ring keeps each table's pinned region until its copy and reader are done. An
   // upload that waited for the stream would never return (the gate times out after 10 s).
-  // Under compute-sanitizer (OOMB_GPU_TEST_QUICK, as tools/gpu_tests.sh runs it) a launch returns
+  // Under compute-sanitizer (OOMB_GPU_TEST_QUICK, as tools/gpu/tests.sh runs it) a launch returns
   // only once its kernel is done, so nothing can be held in flight: only the values are checked.
   const bool in_flight = !quick();
   host_gate gate;

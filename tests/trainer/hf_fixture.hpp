@@ -1,5 +1,5 @@
-// One HF fixture of tests/trainer/fixtures (tools/make_hf_fixture.py) loaded for a test: config,
-// weights (double), the token sequence, the float64 loss and the gradients file.
+// One HF fixture of tests/trainer/fixtures (tools/fixtures/make_hf_fixture.py) loaded for a test:
+// config, weights (double), the token sequence, the float64 loss and the gradients file.
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 

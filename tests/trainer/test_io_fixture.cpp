@@ -1,6 +1,6 @@
-// The committed HF fixtures (tools/make_hf_fixture.py) are consistent with their configs: every
-// HF Qwen2 parameter is there with the shape the config implies, F32 weights, F64 gradients under
-// the same names, the token file matches reference.json. (The model comparison against them is
+// The committed HF fixtures (tools/fixtures/make_hf_fixture.py) are consistent with their configs:
+// every HF Qwen2 parameter is there with the shape the config implies, F32 weights, F64 gradients
+// under the same names, the token file matches reference.json. (The model comparison against them is
 // the trainer's own test.)
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>

@@ -7,7 +7,7 @@ reason, the instructions with the most samples (their index in the SASS listing,
 leading reasons) and, for each --range FIRST:LAST of instruction indices, that region's share, its
 reasons and its opcodes. Only the standard library.
 
-  python3 tools/ncu_stalls.py ncu-d128-source.csv --top 40 --range 909:1696 --range 1904:2140
+  python3 tools/analysis/ncu_stalls.py ncu-d128-source.csv --top 40 --range 909:1696 --range 1904:2140
 """
 import argparse
 import collections

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Draws the figures in docs/img/ from the raw JSON lines committed beside the benchmarks.
 
-    python3 tools/plot_results.py            # needs matplotlib (pip install matplotlib)
+    python3 tools/analysis/plot_results.py            # needs matplotlib (pip install matplotlib)
 
 attention_h200.png  bench/attention/results/<prefix>-{bench,sdpa}.jsonl: our paged forward and
                     backward against cuDNN (torch SDPA) at each shape and past, medians with the
@@ -12,7 +12,7 @@ lm_head_h200.png    bench/trainer_ops/results/lm_head_*_tiling_curve.jsonl: time
                     PyTorch
 sparse_backward_h200.png  bench/attention/results/<trace>-trace.csv.gz (bench_attention --trace):
                     where the page-sparse backward's SM time goes, per shape and selection, in
-                    hs1's launch order and in the default one (tools/sparse_trace.py splits it)
+                    hs1's launch order and in the default one (tools/analysis/sparse_trace.py splits it)
 """
 import argparse
 import json
@@ -24,7 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
 
 def rows(path):
@@ -90,8 +90,8 @@ def lm_head(out):
 
 
 def sparse_backward(trace, out):
-    sys.path.insert(0, str(ROOT / "tools"))
-    import sparse_trace  # noqa: E402 (tools/sparse_trace.py)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import sparse_trace  # noqa: E402 (tools/analysis/sparse_trace.py)
 
     launches = sparse_trace.read(ROOT / f"bench/attention/results/{trace}-trace.csv.gz")
     names = ["steps", "fixed", "empty", "gaps", "tail"]

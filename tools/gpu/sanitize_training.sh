@@ -3,7 +3,7 @@
 # training step (embedding, norms, RoPE, cuBLASLt projections, paged attention forward and
 # backward, page writes and gradient adds, the fused LM head + loss, grad norm, AdamW, page
 # selection), dense, offload, kept attention outputs and page-sparse, head_dim 64 and 128.
-#   bash tools/gpu_sanitize_training.sh [OOMB_TRAIN]      (default .gpu/sanitize/oomb-train)
+#   bash tools/gpu/sanitize_training.sh [OOMB_TRAIN]      (default .gpu/sanitize/oomb-train)
 # memcheck runs every case; racecheck and synccheck (shared-memory hazards and barrier misuse, where
 # the attention kernels' warp specialisation could go wrong) run the dense and sparse in-place
 # cases of both head sizes. Logs under $OUT/sanitize-training; one summary line per run; rc 1 if
@@ -11,7 +11,7 @@
 # (cudaMemGetInfo, attribute queries) on purpose.
 # SPDX-License-Identifier: Apache-2.0
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 exe=${1:-$root/.gpu/sanitize/oomb-train}
 out=${OUT:-out}/sanitize-training
 mkdir -p "$out"

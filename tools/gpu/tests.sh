@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Every ctest labelled `gpu`, built here and run on the GPU machine in one call.
-#   bash tools/gpu_tests.sh stage BUILD [DIR]   here: copies each gpu test's executable (and the
+#   bash tools/gpu/tests.sh stage BUILD [DIR]   here: copies each gpu test's executable (and the
 #                                               CUDA runtime it links) into DIR (default .gpu/tests)
 #                                               with a manifest of its command line
-#   bash tools/gpu_tests.sh run [DIR] [REGEX]   there, from the repository root: runs them (REGEX
+#   bash tools/gpu/tests.sh run [DIR] [REGEX]   there, from the repository root: runs them (REGEX
 #                                               filters test names), logs to $OUT (or ./out), then
 #                                               one summary line per test; rc 1 if any failed
 # Paths inside the repository are written relative to its root, so the manifest works wherever the
@@ -13,13 +13,13 @@
 # OOMB_GPU_TEST_QUICK=1 (the tests' small sizes); API errors are not counted, since tests provoke
 # them on purpose (out-of-memory and invalid-device cases).
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 cmd=${1:-}
 shift || true
 
 stage() {
-  local build=${1:?usage: gpu_tests.sh stage BUILD [DIR]} dir=${2:-.gpu/tests}
+  local build=${1:?usage: tools/gpu/tests.sh stage BUILD [DIR]} dir=${2:-.gpu/tests}
   build=$(cd "$build" && pwd)
   rm -rf "$dir" && mkdir -p "$dir"
   ctest --test-dir "$build" -L gpu --show-only=json-v1 >"$dir/ctest.json" || return 1
@@ -81,5 +81,5 @@ run() {
 case "$cmd" in
   stage) stage "$@" ;;
   run) run "$@" ;;
-  *) echo "usage: gpu_tests.sh stage BUILD [DIR] | run [DIR] [REGEX]" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu/tests.sh stage BUILD [DIR] | run [DIR] [REGEX]" >&2; exit 2 ;;
 esac
