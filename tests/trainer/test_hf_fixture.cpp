@@ -1,7 +1,7 @@
-// Both training paths against the HF fixtures (tools/make_hf_fixture.py: a random transformers
-// Qwen2ForCausalLM with GQA and perturbed biases/norms, loss and float64 gradients): loss and every
-// gradient tensor, norm-wise <= 1e-9 in double. The fixture computes RoPE as DESIGN says (angles
-// in double, cos/sin rounded to fp32), as rope.hpp does.
+// Both training paths against the HF fixtures (tools/fixtures/make_hf_fixture.py: a random
+// transformers Qwen2ForCausalLM with GQA and perturbed biases/norms, loss and float64 gradients):
+// loss and every gradient tensor, norm-wise <= 1e-9 in double. The fixture computes RoPE as the
+// trainer does (angles in double, cos/sin rounded to fp32), as rope.hpp does.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 

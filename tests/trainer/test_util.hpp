@@ -21,7 +21,7 @@ std::vector<T> random_vector(std::size_t n, std::uint64_t seed, double lo = -1.0
   return v;
 }
 
-/// ||a - b|| / ||b|| (the norm-wise relative error DESIGN asks for); ||a|| when b is zero.
+/// ||a - b|| / ||b|| (the norm-wise relative error the trainer's tests use); ||a|| when b is zero.
 template <class A, class B>
 double rel_err(const A* a, const B* b, std::size_t n) {
   double num = 0, den = 0;

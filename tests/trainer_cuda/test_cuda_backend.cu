@@ -626,10 +626,11 @@ TEST_CASE("cuda selector: equals a host model of its tile-level scoring (GQA, se
   }
 }
 
-// ---- transformers: the HF fixture with head_dim 64 through both CUDA backends ----
+// ---- transformers: the HF fixture with head_dim 64, in place and with pinned offload ----
 // The GPU path against transformers: the HF fixture with head_dim 64 (tests/trainer/fixtures/hf_d64,
-// made by tools/make_hf_fixture.py: a random Qwen2ForCausalLM, GQA 2, untied, loss and float64
-// gradients on 43 tokens) through chunk_recurrent on both CUDA backends.
+// made by tools/fixtures/make_hf_fixture.py: a random Qwen2ForCausalLM, GQA 2, untied, loss and
+// float64 gradients on 43 tokens) through chunk_recurrent on cuda_backend and cuda_offload_backend
+// (the pageable-homes backend differs from the second only in how pages cross the bus).
 //
 // The fixture's reference is float64 from the F32 weights; the GPU rounds the weights to bf16 on
 // upload and computes in bf16 (fp32 accumulation), so the errors are those of

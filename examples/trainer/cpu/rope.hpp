@@ -2,10 +2,11 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // Dimension i < d/2 of a head pairs with dimension i + d/2 and both rotate by the angle
-// pos * theta^(-2i/d). Angles, cos and sin are computed in double and rounded to fp32 (DESIGN), in
-// every build: a double model holds the same fp32 values as doubles, so the float and double
-// models rotate by exactly the same numbers, and the HF fixture (tools/make_hf_fixture.py, which
-// overrides HF's fp32 angle computation to do the same) matches at 1e-9. Both training paths use
+// pos * theta^(-2i/d). Angles, cos and sin are computed in double and rounded to fp32 (the design
+// brief's rule), in every build: a double model holds the same fp32 values as doubles, so the float
+// and double models rotate by exactly the same numbers, and the HF fixture
+// (tools/fixtures/make_hf_fixture.py, which overrides HF's fp32 angle computation to do the same)
+// matches at 1e-9. Both training paths use
 // the same tables, so the chunk-recurrent vs full-sequence checks are unaffected by the rounding.
 #pragma once
 

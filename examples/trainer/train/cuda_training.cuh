@@ -1,12 +1,13 @@
 // oomb trainer — --device cuda: the training state on the GPU (the optimizer's where it fits) and
 // the optimizer step there, for training_run (train/run.hpp) through device_trainer
 // (train/device_trainer.hpp). training_run takes it from cuda_device_trainer()
-// (train/cuda_device.hpp), which train/cuda_device.cu compiles once for both CUDA backends.
+// (train/cuda_device.hpp), which train/cuda_device.cu compiles once for each of the three CUDA
+// backends (pages in place, pinned homes, pageable homes).
 // SPDX-License-Identifier: Apache-2.0
 //
 // On the device: bf16 compute weights and fp32 gradients (6 bytes per parameter), one
-// chunk_recurrent over the CUDA backend (pages in place, or homes in pinned host memory streamed
-// through device slots with --offload), and AdamW's state (fp32 masters and moments, 12 bytes per
+// chunk_recurrent over the CUDA backend (pages in place, or homes in pinned or pageable host memory
+// streamed through device slots with --offload), and AdamW's state (fp32 masters and moments, 12 bytes per
 // parameter) of the first trainer_setup::optimizer_gpu_tensors tensors; the rest of that state in
 // pinned host memory, streamed through a device ring by the update (backend/adamw_state.cuh; the
 // memory plan decides the split). A step zeroes the gradients, adds each sequence's

@@ -1,7 +1,7 @@
 // oomb — the residency scheduler: pages live in the far tier and stream through near-tier slots.
 // SPDX-License-Identifier: Apache-2.0
 //
-// The residency model (docs/offload.md, DESIGN "Residency model"): every page's home is a block of
+// The residency model (docs/offload.md, "The residency scheduler"): every page's home is a block of
 // the far pool (pinned host memory on the GPU, a host pool in CPU builds). The near tier is a fixed
 // set of slots, one contiguous block_pool owned by the scheduler (device memory on the GPU), so
 // kernels address slot s as near_pool().base() + s * page_bytes(). The near tier is a cache, never a
