@@ -2,9 +2,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // The loss of a sequence of N tokens is the sum of the cross-entropies of its counted targets
-// divided by their number (docs/trainer.md, "The model"): position p (< N - 1) predicts token p + 1, and counts unless a
-// mask says otherwise. mask[j] (j in [1, N)) says whether predicting token j counts; mask[0] is
-// ignored; an empty mask counts all N - 1 targets.
+// divided by their number (docs/trainer.md, "The model"): position p (< N - 1) predicts token
+// p + 1, and counts unless a mask says otherwise. mask[j] (j in [1, N)) says whether predicting
+// token j counts; mask[0] is ignored; an empty mask counts all N - 1 targets.
 #pragma once
 
 #include <cstdint>

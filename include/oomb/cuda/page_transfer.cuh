@@ -3,7 +3,7 @@
 //
 // Two ways to move a batch of scattered pages over PCIe, measured on the H200 of the GPU machine
 // (one large cudaMemcpyAsync moves 55 GB/s per direction over PCIe, 101 GB/s both at once;
-// bench/cuda/page_transfer_bench, docs/benchmarks.md "CUDA page transfers"):
+// bench/cuda/page_transfer_bench.cu, docs/benchmarks.md "CUDA page transfers"):
 //  - copy engines, one cudaMemcpyBatchAsync per batch (runs of adjacent pages merged first): no
 //    SM is used, so compute keeps every SM (a concurrent bf16 GEMM lost nothing measurable). In
 //    steady state pages of >= 64 KiB move at 95-100% of the large copy per direction and 93-101
@@ -76,7 +76,7 @@ struct cuda_transfer_options {
     int chunks = 4;   ///< chunks per transfer object (pinned: chunks x chunk_bytes); host copies overlap DMA
     /// threads of each transfer's copier, its worker included: on the H200's host one thread moves
     /// ~6 GB/s; 8 moved 31-39 GB/s one way and 40-45 both ways at once, 4 moved 22-28 and 33-37
-    /// (bench/cuda/staged_transfer_bench)
+    /// (bench/cuda/staged_transfer_bench.cu)
     int threads = 8;
   } pageable;
 };

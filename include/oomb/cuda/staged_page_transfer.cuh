@@ -31,7 +31,7 @@
 // objects (the K/V and gradient tiers, both directions) run at once on their own workers.
 // Why a worker and not the copy inside the host function: CUDA runs every host function of a
 // process on one driver thread, so host copies made there serialise across all transfers (measured
-// on the H200: two directions at once moved no more than one; bench/cuda/staged_transfer_bench).
+// on the H200: two directions at once moved no more than one; bench/cuda/staged_transfer_bench.cu).
 // The host functions now only hand over a chunk (no allocation, no blocking). Sustained rate: the
 // copiers' (~6 GB/s per thread of host memcpy on the H200's host) and the link's; pinned homes
 // (cuda_page_transfer) stay the faster choice where their device cost is affordable. Host memory:
