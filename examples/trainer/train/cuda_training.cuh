@@ -7,8 +7,8 @@
 //
 // On the device: bf16 compute weights and fp32 gradients (6 bytes per parameter), one
 // chunk_recurrent over the CUDA backend (pages in place, or homes in pinned or pageable host memory
-// streamed through device slots with --offload), and AdamW's state (fp32 masters and moments, 12 bytes per
-// parameter) of the first trainer_setup::optimizer_gpu_tensors tensors; the rest of that state in
+// streamed through device slots with --offload), and AdamW's state (fp32 masters and moments, 12
+// bytes per parameter) of the first trainer_setup::optimizer_gpu_tensors tensors; the rest in
 // pinned host memory, streamed through a device ring by the update (backend/adamw_state.cuh; the
 // memory plan decides the split). A step zeroes the gradients, adds each sequence's
 // (chunk_recurrent), scales by 1 / batch, takes the global norm and the clipping factor on the
