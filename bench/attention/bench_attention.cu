@@ -20,12 +20,13 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
 
-#include <oomb/attention/attention.cuh>
+#include "launch.cuh"
 
 #include "problem.hpp"
 
@@ -37,6 +38,15 @@ using attn_test::dev;
 using attn_test::device_problem;
 using attn_test::problem;
 namespace gpu = oomb::attention;
+
+/// The public entries' kernel choice: OOMB_ATTENTION_FORWARD / OOMB_ATTENTION_BACKWARD = portable or
+/// automatic (the default). The benchmark's only environment variables: the library reads none.
+gpu::kernel_choice kernels_from_env(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && std::strcmp(e, "portable") == 0 ? gpu::kernel_choice::portable : gpu::kernel_choice::automatic;
+}
+const gpu::kernel_choice forward_kernels = kernels_from_env("OOMB_ATTENTION_FORWARD");
+const gpu::kernel_choice backward_kernels = kernels_from_env("OOMB_ATTENTION_BACKWARD");
 
 /// Median, fastest and slowest of `reps` timed calls (ms), and the calls in the order they ran
 /// (hb6's spread: is the fast call always the first?).
@@ -114,7 +124,7 @@ double time_fwd(const device_problem& dp, int split, int reps) {
   const auto a = dp.args();
   dev<oomb::bf16> o(dp.h.q.size());
   dev<float> lse(std::size_t(dp.h.c.sq) * dp.h.c.hq);
-  return median_ms(1, reps, [&] { gpu::detail::launch_forward<Cfg>(a, o.p, lse.p, nullptr, split); });
+  return median_ms(1, reps, [&] { attn_test::launch_forward<Cfg>(a, o.p, lse.p, nullptr, split); });
 }
 
 /// What a timed backward reads and writes: the forward's output and LSE, delta, and the
@@ -149,10 +159,10 @@ double time_bwd(const device_problem& dp, int split, int reps, int order = 0) {
   auto& o = buf.o;
   auto &lse = buf.lse, &delta = buf.delta, &dq = buf.dq, &dk = buf.dk, &dv = buf.dv;
   const auto& grads = buf.grads;
-  gpu::attention_forward(a, o.p, lse.p, nullptr);
+  attn_test::forward(a, o.p, lse.p, nullptr);
   return median_ms(1, reps, [&] {
-    gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-    gpu::detail::launch_backward<Cfg>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, split, order);
+    gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+    attn_test::launch_backward<Cfg>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, split, order);
   });
 }
 
@@ -162,7 +172,7 @@ double time_fwd_sm90(const device_problem& dp, int split, int reps) {
   const auto a = dp.args();
   dev<oomb::bf16> o(dp.h.q.size());
   dev<float> lse(std::size_t(dp.h.c.sq) * dp.h.c.hq);
-  return median_ms(1, reps, [&] { gpu::detail::launch_forward_sm90<Cfg>(a, o.p, lse.p, nullptr, split); });
+  return median_ms(1, reps, [&] { attn_test::launch_forward_sm90<Cfg>(a, o.p, lse.p, nullptr, split); });
 }
 
 /// lean: the public forward and backward only (the forced kernels' fields stay 0).
@@ -175,11 +185,10 @@ result time_one(const problem& p, int reps, bool lean = false) {
   auto &lse = buf.lse, &delta = buf.delta, &dq = buf.dq, &dk = buf.dk, &dv = buf.dv, &g = buf.g;
   const auto& grads = buf.grads;
   result r{};
-  const gpu::forward_kernels chosen = gpu::get_forward_kernels();
-  gpu::set_forward_kernels(gpu::forward_kernels::portable);
-  if (!lean) r.fwd_portable_ms = median_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
-  gpu::set_forward_kernels(chosen);
-  r.fwd = time_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
+  if (!lean)
+    r.fwd_portable_ms =
+        median_ms(1, reps, [&] { attn_test::forward(a, o.p, lse.p, nullptr, gpu::kernel_choice::portable); });
+  r.fwd = time_ms(1, reps, [&] { attn_test::forward(a, o.p, lse.p, nullptr, forward_kernels); });
   // sanity: a forward output must be finite
   const auto l = lse.download();
   for (float x : l)
@@ -188,45 +197,45 @@ result time_one(const problem& p, int reps, bool lean = false) {
       std::exit(1);
     }
   r.bwd = time_ms(1, reps, [&] {
-    gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-    gpu::attention_backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+    gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+    attn_test::backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, {}, backward_kernels);
   });
   if (gpu::detail::current_device_is_sm90() && !lean) {
     auto hopper = [&] {
       if (c.d == 128)
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
                                                                                  dv.p, grads, nullptr);
       else
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
                                                                                 dv.p, grads, nullptr);
     };
     auto other = [&] {
       if (c.d == 128)
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::unaligned>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<128>::unaligned>(a, lse.p, delta.p, dp.d_o.p, dq.p,
                                                                                       dk.p, dv.p, grads, nullptr);
       else
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::unaligned>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<64>::unaligned>(a, lse.p, delta.p, dp.d_o.p, dq.p,
                                                                                      dk.p, dv.p, grads, nullptr);
     };
     r.bwd_sm90 = time_ms(1, reps, [&] {
-      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       hopper();
     });
     r.bwd_other = time_ms(1, reps, [&] {
-      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       other();
     });
     const bool d128 = c.d == 128;
     auto wide = [&] {
       if (d128)
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<128>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
                                                                                        dk.p, dv.p, grads, nullptr);
       else
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<64>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
                                                                                       dk.p, dv.p, grads, nullptr);
     };
     r.bwd_wide = time_ms(1, reps, [&] {
-      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       wide();
     });
     if (c.q_start <= 16384) {  // the same gradients as the portable kernel at benchmark scale
@@ -235,16 +244,16 @@ result time_one(const problem& p, int reps, bool lean = false) {
         dk.fill_bytes(0);
         dv.fill_bytes(0);
         g.fill_bytes(0);
-        gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+        gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
         bwd();
         return std::vector<std::vector<float>>{dq.download(), dk.download(), dv.download(), g.download()};
       };
       const auto ref = run([&] {
         if (c.d == 128)
-          gpu::detail::launch_backward<gpu::backward_config<128>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
+          attn_test::launch_backward<gpu::backward_config<128>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
                                                                         grads, nullptr);
         else
-          gpu::detail::launch_backward<gpu::backward_config<64>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
+          attn_test::launch_backward<gpu::backward_config<64>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p,
                                                                        grads, nullptr);
       });
       const auto hop = run(hopper);
@@ -328,25 +337,24 @@ void trace_sparse(const problem& p, int order, const std::string& label, std::FI
   const auto a = dp.args();
   const auto& c = p.c;
   backward_buffers buf(dp);
-  gpu::attention_forward(a, buf.o.p, buf.lse.p, nullptr);
-  gpu::attention_backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
+  attn_test::forward(a, buf.o.p, buf.lse.p, nullptr);
+  gpu::backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
   using record = gpu::detail::backward_trace_record;
   dev<std::uint64_t> tr(std::size_t(record::WORDS) << 20);  // up to 2^20 CTAs
   tr.fill_bytes(0);
-  dev<std::int32_t> ws(static_cast<std::size_t>(gpu::attention_backward_workspace_ints(a)));
+  dev<std::int32_t> ws(static_cast<std::size_t>(attn_test::workspace_ints(a)));
   const gpu::sparse_backward_workspace w{ws.p, static_cast<std::int64_t>(ws.n)};
-  auto run = [&](std::uint64_t* t) {
+  auto run = [&](auto traced, std::uint64_t* t) {
+    constexpr bool Trace = decltype(traced)::value;
     if (c.d == 128)
-      gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p,
-                                                                               buf.dk.p, buf.dv.p, buf.grads, nullptr, 0,
-                                                                               order, w, t);
+      attn_test::launch_backward_sm90<gpu::backward_sm90_config<128>::type, Trace>(
+          a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, nullptr, 0, order, w, t);
     else
-      gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p,
-                                                                              buf.dk.p, buf.dv.p, buf.grads, nullptr, 0,
-                                                                              order, w, t);
+      attn_test::launch_backward_sm90<gpu::backward_sm90_config<64>::type, Trace>(
+          a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, nullptr, 0, order, w, t);
   };
-  run(nullptr);  // warm
-  run(tr.p);
+  run(std::false_type{}, nullptr);  // warm
+  run(std::true_type{}, tr.p);
   cuda_check(cudaDeviceSynchronize(), "trace");
   const auto h = tr.download();
   std::uint64_t t0 = ~0ull;
@@ -372,36 +380,36 @@ sparse_timing time_sparse(const problem& p, int reps) {
   auto &lse = buf.lse, &delta = buf.delta, &dq = buf.dq, &dk = buf.dk, &dv = buf.dv;
   const auto& grads = buf.grads;
   sparse_timing t;
-  t.fwd = time_ms(1, reps, [&] { gpu::attention_forward(a, o.p, lse.p, nullptr); });
-  dev<std::int32_t> ws(static_cast<std::size_t>(gpu::attention_backward_workspace_ints(a)));
+  t.fwd = time_ms(1, reps, [&] { attn_test::forward(a, o.p, lse.p, nullptr); });
+  dev<std::int32_t> ws(static_cast<std::size_t>(attn_test::workspace_ints(a)));
   t.bwd = time_ms(1, reps, [&] {
-    gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-    gpu::attention_backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr,
+    gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+    attn_test::backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr,
                             {ws.p, static_cast<std::int64_t>(ws.n)});
   });
   t.bwd_no_ws = time_ms(1, reps, [&] {
-    gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-    gpu::attention_backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+    gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+    attn_test::backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, {}, backward_kernels);
   });
   if (gpu::detail::current_device_is_sm90()) {
     t.bwd_hs1 = time_ms(1, reps, [&] {
-      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       if (c.d == 128)
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
                                                                                  dv.p, grads, nullptr, 0, 3);
       else
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p,
                                                                                 dv.p, grads, nullptr, 0, 3);
     });
     // An isolated 128-query tile at group 7 is 896 rows: 7 packed steps of 128 at d64, 8 whole-query steps of 126.
     t.bwd_packed = time_ms(1, reps, [&] {
-      gpu::attention_backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       const gpu::sparse_backward_workspace w{ws.p, static_cast<std::int64_t>(ws.n)};
       if (c.d == 128)
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<128>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
                                                                                        dk.p, dv.p, grads, nullptr, 0, 0, w);
       else
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<64>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
                                                                                       dk.p, dv.p, grads, nullptr, 0, 0, w);
     });
   }
@@ -445,9 +453,9 @@ int main(int argc, char** argv) {
   const shape shapes[] = {{"28/4 d128", 28, 4, 128}, {"14/2 d64", 14, 2, 64}};
   const std::int32_t sq = 4096;
   std::printf("forward kernels: %s (fwd columns: the public entry; 'mma.sync' = portable kernel forced)\n",
-              gpu::get_forward_kernels() == gpu::forward_kernels::portable ? "portable" : "automatic");
+              forward_kernels == gpu::kernel_choice::portable ? "portable" : "automatic");
   std::printf("backward kernels: %s (bwd columns: the public entry; 'sm90 bwd' = Hopper backward forced)\n",
-              gpu::get_backward_kernels() == gpu::backward_kernels::portable ? "portable" : "automatic");
+              backward_kernels == gpu::kernel_choice::portable ? "portable" : "automatic");
   std::printf("%-10s %7s | %9s %9s %6s %9s | %9s %9s %6s | %9s %9s %9s %9s %8s | %8s %8s\n", "heads", "past",
               "fwd paged", "fwd contig", "ratio", "mma.sync", "bwd paged", "bwd contig", "ratio", "sm90 bwd", "sm90 ctg",
               "hb2", "hb2 ctg", "vs port", "fwd ms", "bwd ms");
@@ -616,7 +624,7 @@ int main(int argc, char** argv) {
                      tri(flops_bwd, paged.bwd_wide).c_str(), tri(flops_bwd, contig.bwd_wide).c_str(),
                      in_order(paged.bwd_sm90).c_str(), in_order(contig.bwd_sm90).c_str(),
                      std::max(paged.bwd_sm90_err, contig.bwd_sm90_err),
-                     gpu::get_backward_kernels() == gpu::backward_kernels::portable ? "portable" : "automatic");
+                     backward_kernels == gpu::kernel_choice::portable ? "portable" : "automatic");
         std::fflush(jf);
       }
       std::fflush(stdout);

@@ -2,10 +2,9 @@
 # One call on the GPU machine does everything for the attention kernels: gpu tests, compute-sanitizer
 # (memcheck, racecheck) on the tiny shapes, the benchmark, and the PyTorch SDPA baseline; logs go to
 # $OUT (the benchmark's and the baseline's raw results also as bench.jsonl / sdpa.jsonl). Run from the repository root with the binaries built here copied to $BIN (.gpu/attn):
-#   bash bench/attention/run_gpu.sh [all|tests|tests-portable|bench|sdpa|sanitize|memcheck|ncu]...
-# tests-portable reruns the gpu tests with OOMB_ATTENTION_FORWARD=portable and
-# OOMB_ATTENTION_BACKWARD=portable (the mma.sync kernels behind the public entries; the Hopper
-# kernels are still tested through their own launchers); TEST_TC filters the test cases (doctest -tc);
+#   bash bench/attention/run_gpu.sh [all|tests|bench|sdpa|sanitize|memcheck|ncu]...
+# TEST_TC filters the test cases (doctest -tc); BENCH_ENV (e.g. OOMB_ATTENTION_BACKWARD=portable)
+# sets the benchmark's kernel choice for the public entries;
 # memcheck is sanitize without racecheck; ncu (not part of all) profiles one launch of the dense Hopper
 # backward per head size at NCU_PAST (65536) with Nsight Compute's full set and source-level warp-stall
 # sampling, then prints the details page and the per-SASS-line source page as text (ncu 2025.3 on the
@@ -28,12 +27,8 @@ if has tests; then
   timeout "${TEST_TIMEOUT:-300}" "$BIN/test_attention" ${TEST_TC:+-tc="$TEST_TC"} 2>&1 | tee "$OUT/tests.log"
   summary+=("tests rc=$?")
 fi
-if has tests-portable; then
-  OOMB_ATTENTION_FORWARD=portable OOMB_ATTENTION_BACKWARD=portable timeout "${TEST_TIMEOUT:-300}" "$BIN/test_attention" 2>&1 | tee "$OUT/tests-portable.log"
-  summary+=("tests-portable rc=$?")
-fi
 if has bench; then
-  timeout "${BENCH_TIMEOUT:-240}" "$BIN/bench_attention" --json "$OUT/bench.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+  env ${BENCH_ENV:-} timeout "${BENCH_TIMEOUT:-240}" "$BIN/bench_attention" --json "$OUT/bench.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
   summary+=("bench rc=$?")
 fi
 if has sdpa; then
@@ -66,7 +61,7 @@ fi
 
 echo "==== summary"
 for s in "${summary[@]}"; do echo "$s"; done
-for t in tests tests-portable; do
+for t in tests; do
   [[ -f "$OUT/$t.log" ]] && { echo "-- $t"; grep -E "^\[doctest\] (test cases|assertions)|ERROR|FAILED" "$OUT/$t.log" | head -20; }
 done
 [[ -f "$OUT/bench.log" ]] && grep -vE "^\s*$" "$OUT/bench.log" | tail -12

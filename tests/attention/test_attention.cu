@@ -19,7 +19,7 @@
 #include <oomb/core/error.hpp>
 
 #include <oomb/attention/reference.hpp>
-#include <oomb/attention/attention.cuh>
+#include "launch.cuh"
 
 #include "problem.hpp"
 #include "reference_gpu.cuh"
@@ -126,12 +126,12 @@ gpu_result run_gpu(const problem& p, const cpu_result& ref, bool merged, bool bf
     if (bf16_out) {
       dev<bf16> o(qn);
       o.fill_bytes(0xff);
-      gpu::attention_forward(dp.args(), o.p, lse.p, nullptr);
+      attn_test::forward(dp.args(), o.p, lse.p, nullptr);
       r.o = to_double(o.download());
     } else {
       dev<float> o(qn);
       o.fill_bytes(0xff);
-      gpu::attention_forward(dp.args(), o.p, lse.p, nullptr);
+      attn_test::forward(dp.args(), o.p, lse.p, nullptr);
       r.o = to_double(o.download());
     }
   } else {
@@ -141,8 +141,8 @@ gpu_result run_gpu(const problem& p, const cpu_result& ref, bool merged, bool bf
     for (int w = 0; w < int(p.windows.size()); ++w) {
       o_w.fill_bytes(0xff);
       lse_w.fill_bytes(0xff);
-      gpu::attention_forward(dp.args(w), o_w.p, lse_w.p, nullptr);
-      gpu::attention_merge(c.sq, c.hq, c.d, o_acc.p, lse.p, o_w.p, lse_w.p, nullptr);
+      attn_test::forward(dp.args(w), o_w.p, lse_w.p, nullptr);
+      gpu::merge(c.sq, c.hq, c.d, o_acc.p, lse.p, o_w.p, lse_w.p, nullptr);
     }
     r.o = to_double(o_acc.download());
   }
@@ -156,7 +156,7 @@ gpu_result run_gpu(const problem& p, const cpu_result& ref, bool merged, bool bf
   dev<bf16> o_dev(o_in);
   dev<float> lse_dev(lse_in), delta(ln);
   delta.fill_bytes(0xff);
-  gpu::attention_backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
+  gpu::backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
   const std::size_t kn = static_cast<std::size_t>(c.sq) * c.hkv * c.d;
   const std::size_t gn = static_cast<std::size_t>(std::int64_t(p.n_grad) * p.shape.pair_elements());
   const auto dq0 = random_floats(qn, c.seed + 11), dk0 = random_floats(kn, c.seed + 12),
@@ -164,10 +164,10 @@ gpu_result run_gpu(const problem& p, const cpu_result& ref, bool merged, bool bf
   dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);
   const auto grads = dp.grads(gp.p);
   if (!merged) {
-    gpu::attention_backward(dp.args(), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+    attn_test::backward(dp.args(), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
   } else {
     for (int w = 0; w < int(p.windows.size()); ++w)
-      gpu::attention_backward(dp.args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+      attn_test::backward(dp.args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
   }
   sync();
   r.dq = minus(dq.download(), dq0);
@@ -253,16 +253,51 @@ void run_all(const std::vector<config>& cfgs) {
     const gpu_result g = run_gpu(p, ref, merged, !merged);
     check_errors(p.c.name + (merged ? " [" + std::to_string(p.windows.size()) + " windows]" : ""), compare(g, ref),
                  g.untouched_ok);
-    if (hopper_device() && p.c.page >= 128) {  // the kernel the public entry did not pick
-      if (gpu::get_backward_kernels() == gpu::backward_kernels::automatic)
-        check_backward_portable(p, ref);
-      else
-        check_backward_sm90(p, ref);
-    }
+    if (hopper_device() && p.c.page >= 128) check_backward_portable(p, ref);  // the kernel the public entry did not pick
   }
 }
 
 }  // namespace
+
+TEST_CASE("attention: the docs' example, plan then launch, matches the CPU reference") {
+  // docs/attention.md quotes the region between the snippet markers.
+  const problem p(sparse(make("docs example g4 d128", 256, 1024, 8, 2, 128, 128), 64));
+  const cpu_result ref = run_cpu(p);
+  device_problem dp(p);
+  const auto& c = p.c;
+  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
+  dev<bf16> o_buf(qn);
+  dev<float> lse_buf(ln), delta_buf(ln), dq_buf(std::vector<float>(qn, 0.0f)), dk_buf(std::vector<float>(kn, 0.0f)),
+      dv_buf(std::vector<float>(kn, 0.0f)),
+      pages(std::vector<float>(std::size_t(std::int64_t(p.n_grad) * p.shape.pair_elements()), 0.0f));
+  const oomb::attention::attention_args args = dp.args();  // q, the window's pages, the sparse lists
+  const oomb::bf16* d_o = dp.d_o.p;
+  const oomb::grad_mirror_view<float> dpast = dp.grads(pages.p);
+  bf16* o = o_buf.p;
+  float *lse = lse_buf.p, *delta = delta_buf.p, *dq = dq_buf.p, *dk = dk_buf.p, *dv = dv_buf.p;
+  cudaStream_t stream = nullptr;
+  // snippet-begin: plan-launch
+  namespace att = oomb::attention;
+  const att::device_facts& facts = att::current_device_facts();  // queried once per device
+  // The forward of one window: plan (host arithmetic), then launch (no allocation).
+  const att::forward_plan fp = att::plan_forward(att::call_shape::of(args), facts);
+  att::forward(fp, args, o, lse, stream);
+  // The backward: delta = rowsum(dO * O) once, then each window adds into dq, dk/dv and dpast.
+  att::backward_delta(args.sq, args.hq, args.d, o, d_o, delta, stream);
+  const att::backward_plan bp = att::plan_backward(att::call_shape::of(args, dq), facts);
+  dev<std::int32_t> workspace(std::size_t(bp.workspace_ints));  // device scratch: sparse calls' launch order
+  att::backward(bp, args, lse, delta, d_o, dq, dk, dv, dpast, {workspace.p, bp.workspace_ints}, stream);
+  // snippet-end: plan-launch
+  sync();
+  // The GPU's o and lse feed its backward here, the reference's own its: compare o and lse tightly
+  // and the gradients at the bf16 rounding of o.
+  CHECK(rel_err(to_double(o_buf.download()), ref.o) <= tolerance);
+  CHECK(rel_err(lse_buf.download(), ref.lse) <= tolerance);
+  CHECK(rel_err(dq_buf.download(), ref.dq) <= 2 * tolerance);
+  CHECK(rel_err(dk_buf.download(), ref.dk_own) <= 2 * tolerance);
+  CHECK(rel_err(dv_buf.download(), ref.dv_own) <= 2 * tolerance);
+  CHECK(rel_err(pages.download(), ref.dgrad) <= 2 * tolerance);
+}
 
 TEST_CASE("attention: reference fp32 GPU kernels match the CPU reference") {
   std::printf("fp32 GPU reference vs CPU reference (norm-wise relative error)\n");
@@ -355,9 +390,9 @@ TEST_CASE("attention: forward split across a thread-block cluster (1..4 CTAs per
       o.fill_bytes(0xff);
       lse.fill_bytes(0xff);
       if (c.d == 128)
-        gpu::detail::launch_forward<gpu::forward_config<128>::type>(dp.args(), o.p, lse.p, nullptr, split);
+        attn_test::launch_forward<gpu::forward_config<128>::type>(dp.args(), o.p, lse.p, nullptr, split);
       else
-        gpu::detail::launch_forward<gpu::forward_config<64>::type>(dp.args(), o.p, lse.p, nullptr, split);
+        attn_test::launch_forward<gpu::forward_config<64>::type>(dp.args(), o.p, lse.p, nullptr, split);
       sync();
       const double eo = rel_err(to_double(o.download()), ref.o), el = rel_err(lse.download(), ref.lse);
       std::printf("  %-34s split %d: o %.2e  lse %.2e\n", c.name.c_str(), split, eo, el);
@@ -381,7 +416,7 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
   for (std::size_t i = 0; i < qn; ++i) o_in[i] = bf16(float(ref.o_in[i]));
   dev<bf16> o_dev(o_in);
   dev<float> lse_dev(std::vector<float>(ref.lse_in.begin(), ref.lse_in.end())), delta(ln);
-  gpu::attention_backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
+  gpu::backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
   const auto dq0 = random_floats(qn, c.seed + 21), dk0 = random_floats(kn, c.seed + 22),
              dv0 = random_floats(kn, c.seed + 23), g0 = random_floats(gn, c.seed + 24);
   dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);
@@ -414,12 +449,12 @@ void check_backward_sm90(const problem& p, const cpu_result& ref, int split, int
         const int order = variant == 3 ? 2 : variant == 4 ? 3 : 0;
         auto run = [&](auto cfg) {
           if (variant != 5) {
-            gpu::detail::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split, order);
+            attn_test::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split, order);
             return;
           }
-          dev<std::int32_t> ws(static_cast<std::size_t>(gpu::attention_backward_workspace_ints(a)));
+          dev<std::int32_t> ws(static_cast<std::size_t>(attn_test::workspace_ints(a)));
           ws.fill_bytes(0xff);  // the order kernel must write every word it reads
-          gpu::detail::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split, order,
+          attn_test::launch_backward_sm90<decltype(cfg)>(a, rest..., nullptr, split, order,
                                                            {ws.p, static_cast<std::int64_t>(ws.n)});
           sync();  // ws is freed at the end of this scope
         };
@@ -456,9 +491,9 @@ void check_backward_portable(const problem& p, const cpu_result& ref) {
       p, ref,
       [&](const gpu::attention_args& a, auto... rest) {
         if (p.c.d == 128)
-          gpu::detail::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr);
+          attn_test::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr);
         else
-          gpu::detail::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr);
+          attn_test::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr);
       },
       p.c.windows > 1);
   check_errors(p.c.name + (p.c.windows > 1 ? " [portable backward, windows]" : " [portable backward]"), compare(g, ref),
@@ -481,9 +516,9 @@ TEST_CASE("attention: backward query split (1..3 blocks per key block) matches")
       for (int split = 1; split <= 3; ++split) {
         const gpu_result g = run_backward(p, ref, [&](const gpu::attention_args& a, auto... rest) {
           if (c.d == 128)
-            gpu::detail::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr, split, order);
+            attn_test::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr, split, order);
           else
-            gpu::detail::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr, split, order);
+            attn_test::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr, split, order);
         });
         check_errors(c.name + (order == 1 ? " lockstep" : " stagger") + " qsplit " + std::to_string(split),
                      compare(g, ref), g.untouched_ok);
@@ -558,7 +593,7 @@ TEST_CASE("attention: the Hopper backward's query walk covers the selected tiles
 }
 
 TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block once, a cut one in pieces") {
-  // make_sparse_backward_plan and sparse_backward_plan (window.cuh), on the host, over windows of 1..300
+  // make_sparse_backward_plan and sparse_backward_plan (plan.hpp), on the host, over windows of 1..300
   // blocks of 128 keys (pages of 128 and 256 keys) with none to all of them the chunk's own, 1..80 query
   // tiles: the launch positions of a KV head take every block of the window; an own block and the first
   // `ends` past blocks of the alternation (the window's first ceil(ends / 2) and last floor(ends / 2)
@@ -579,7 +614,7 @@ TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block
     a.tile = 128;
     a.sq = 1 + static_cast<int>(rng() % (80 * 128));
     const int key_blocks = window_pages * ps / 128;
-    const auto plan = gpu::detail::make_sparse_backward_plan(a, key_blocks, 128, trial % 11 != 0);
+    const auto plan = gpu::detail::make_sparse_backward_plan(gpu::call_shape::of(a), key_blocks, 128, trial % 11 != 0);
     const int tiles = (a.sq + a.tile - 1) / a.tile, npast = key_blocks - plan.own;
     INFO("trial ", trial, ": page ", ps, ", blocks ", key_blocks, ", own ", plan.own, ", tiles ", tiles, ", pieces ",
          plan.pieces, " of ", plan.piece_tiles, " tiles, ends ", plan.ends);
@@ -639,28 +674,35 @@ TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block
 }
 
 TEST_CASE("attention: a sparse backward's workspace smaller than it needs is refused") {
-  // attention_backward_workspace_ints: a count and an order slot per past 128-key block of the
-  // window, one more, and per page a word of tile bits per 32 query tiles; a smaller workspace throws
-  // before anything is enqueued, a dense call and a call without workspace need none.
-  gpu::attention_args a{};
-  a.kv.pool.page_size = 256;
-  a.window_pages = 37;
-  a.sq = 2500;
-  a.tile = 64;  // 40 tiles: two words per page
-  const std::int32_t indptr[2] = {0, 0};
-  std::int32_t ws[300] = {};
-  a.tile_indptr = indptr;
-  const std::int64_t need = gpu::attention_backward_workspace_ints(a);
+  // backward_plan::workspace_ints: a count and an order slot per past 128-key block of the window,
+  // one more, and per page a word of tile bits per 32 query tiles; a smaller workspace throws before
+  // anything is enqueued, a call without workspace needs none.
+  gpu::device_facts f;  // a Hopper device (the plan, not this machine's)
+  f.sm_count = 132;
+  for (int& n : f.blocks_per_sm) n = 1;
+  gpu::call_shape s;
+  s.hq = 2;
+  s.hkv = 1;
+  s.d = 128;
+  s.page_size = 256;
+  s.window_pages = 37;
+  s.q_start = 37 * 256;  // the whole window is past
+  s.sq = 2500;
+  s.sparse = true;
+  s.tile = 64;  // 40 tiles: two words per page
+  const auto plan = gpu::plan_backward(s, f);
+  REQUIRE(gpu::shape_of(plan.config).hopper);
+  const std::int64_t need = plan.workspace_ints;
   CHECK(need == 2 * 37 * 2 + 1 + 37 * 2);
-  CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(a, {ws, need}));
-  CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(a, {nullptr, 0}));
-  CHECK_THROWS_AS(gpu::detail::check_sparse_backward_workspace(a, {ws, need - 1}), oomb::invalid_argument);
-  a.tile = 0;  // a bad tile is refused, not divided by
-  CHECK_THROWS_AS(gpu::attention_backward_workspace_ints(a), oomb::invalid_argument);
-  CHECK_THROWS_AS(gpu::detail::check_sparse_backward_workspace(a, {ws, need}), oomb::invalid_argument);
-  a.tile_indptr = nullptr;
-  CHECK(gpu::attention_backward_workspace_ints(a) == 0);
-  CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(a, {ws, 1}));
+  std::int32_t ws[300] = {};
+  CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(plan, {ws, need}));
+  CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(plan, {nullptr, 0}));
+  CHECK_THROWS_AS(gpu::detail::check_sparse_backward_workspace(plan, {ws, need - 1}), oomb::invalid_argument);
+  s.tile = 0;  // a bad tile is refused, not divided by
+  CHECK_THROWS_AS(gpu::plan_backward(s, f), oomb::invalid_argument);
+  s.sparse = false;
+  s.tile = 0;
+  CHECK(gpu::plan_backward(s, f).workspace_ints == 0);
 }
 
 TEST_CASE("attention: sparse selecting every past page equals dense, bit for bit") {
@@ -681,10 +723,10 @@ TEST_CASE("attention: sparse selecting every past page equals dense, bit for bit
     dev<bf16> o1(qn), o2(qn);
     dev<float> l1(ln), l2(ln);
     auto a = dp.args();
-    gpu::attention_forward(a, o1.p, l1.p, nullptr);
+    attn_test::forward(a, o1.p, l1.p, nullptr);
     a.tile_indptr = nullptr;
     a.tile_pages = nullptr;
-    gpu::attention_forward(a, o2.p, l2.p, nullptr);
+    attn_test::forward(a, o2.p, l2.p, nullptr);
     sync();
     const auto x1 = o1.download(), x2 = o2.download();
     const auto y1 = l1.download(), y2 = l2.download();
@@ -703,7 +745,7 @@ TEST_CASE("attention: launchers reject bad arguments with oomb exceptions") {
   auto bad = [&](auto mutate) {
     auto a = dp.args();
     mutate(a);
-    CHECK_THROWS_AS(gpu::attention_forward(a, o.p, lse.p, nullptr), oomb::invalid_argument);
+    CHECK_THROWS_AS(attn_test::forward(a, o.p, lse.p, nullptr), oomb::invalid_argument);
   };
   bad([](gpu::attention_args& a) { a.d = 96; });
   bad([](gpu::attention_args& a) { a.hkv = 3; });
@@ -716,8 +758,8 @@ TEST_CASE("attention: launchers reject bad arguments with oomb exceptions") {
     a.tile_pages = dp.tile_pages.p;
     a.tile = 16;
   });
-  CHECK_THROWS_AS(gpu::attention_forward(dp.args(), o.p, static_cast<float*>(nullptr), nullptr), oomb::invalid_argument);
-  CHECK_THROWS_AS(gpu::attention_merge(0, 1, 1, o.p, lse.p, o.p, lse.p, nullptr), oomb::invalid_argument);
+  CHECK_THROWS_AS(attn_test::forward(dp.args(), o.p, static_cast<float*>(nullptr), nullptr), oomb::invalid_argument);
+  CHECK_THROWS_AS(gpu::merge(0, 1, 1, o.p, lse.p, o.p, lse.p, nullptr), oomb::invalid_argument);
 }
 
 TEST_CASE("attention: sanitize (tiny shapes, for compute-sanitizer)") {
@@ -743,7 +785,7 @@ void large_vs_reference(config c) {
   dev<float> l(ln);
   o.fill_bytes(0xff);
   l.fill_bytes(0xff);
-  gpu::attention_forward(a, o.p, l.p, nullptr);
+  attn_test::forward(a, o.p, l.p, nullptr);
   sync();
   // Backward from the reference's fp32 o and lse.
   dev<float> rdq(std::vector<float>(qn, 0.0f)), rdk(std::vector<float>(kn, 0.0f)), rdv(std::vector<float>(kn, 0.0f)),
@@ -751,8 +793,8 @@ void large_vs_reference(config c) {
   attn_test::ref::backward(a, len, ro.p, rl.p, dp.d_o.p, rdq.p, rdk.p, rdv.p, dp.grads(rg.p));
   dev<float> delta(ln), dq(std::vector<float>(qn, 0.0f)), dk(std::vector<float>(kn, 0.0f)),
       dv(std::vector<float>(kn, 0.0f)), g(std::vector<float>(gn, 0.0f));
-  gpu::attention_backward_delta(c.sq, c.hq, c.d, ro.p, dp.d_o.p, delta.p, nullptr);
-  gpu::attention_backward(a, rl.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(g.p), nullptr);
+  gpu::backward_delta(c.sq, c.hq, c.d, ro.p, dp.d_o.p, delta.p, nullptr);
+  attn_test::backward(a, rl.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(g.p), nullptr);
   sync();
   const errors e{rel_err(to_double(o.download()), to_double(ro.download())),
                  rel_err(l.download(), rl.download()),
@@ -797,9 +839,9 @@ std::pair<std::vector<double>, std::vector<float>> forward_sm90(const problem& p
   o.fill_bytes(0xff);
   lse.fill_bytes(0xff);
   if (c.d == 128)
-    gpu::detail::launch_forward_sm90<gpu::forward_sm90_config<128>::type>(dp.args(w), o.p, lse.p, nullptr, split);
+    attn_test::launch_forward_sm90<gpu::forward_sm90_config<128>::type>(dp.args(w), o.p, lse.p, nullptr, split);
   else
-    gpu::detail::launch_forward_sm90<gpu::forward_sm90_config<64>::type>(dp.args(w), o.p, lse.p, nullptr, split);
+    attn_test::launch_forward_sm90<gpu::forward_sm90_config<64>::type>(dp.args(w), o.p, lse.p, nullptr, split);
   sync();
   return {to_double(o.download()), lse.download()};
 }
@@ -869,7 +911,7 @@ TEST_CASE("attention: Hopper forward (TMA + wgmma) matches the CPU reference") {
         const auto r = forward_sm90<float>(p, dp, w);
         o_w.upload(std::vector<float>(r.first.begin(), r.first.end()));
         l_w.upload(r.second);
-        gpu::attention_merge(c.sq, c.hq, c.d, o_acc.p, lse.p, o_w.p, l_w.p, nullptr);
+        gpu::merge(c.sq, c.hq, c.d, o_acc.p, lse.p, o_w.p, l_w.p, nullptr);
       }
       sync();
       check_forward(c.name + " [" + std::to_string(p.windows.size()) + " windows]", to_double(o_acc.download()),
@@ -957,94 +999,47 @@ TEST_CASE("attention: Hopper sparse forward selecting every past page equals its
   }
 }
 
-TEST_CASE("attention: the public forward picks the Hopper kernel only where it applies; portable can be forced") {
+TEST_CASE("attention: the device facts and the plans the public entries take on this device") {
   config c = make("pick", 100, 300, 14, 2, 128, 128);
   problem p(c);
   device_problem dp(p);
   const auto a = dp.args();
-  using H = gpu::forward_sm90_config<128>::type;
-  const gpu::forward_kernels before = gpu::get_forward_kernels();
-  gpu::set_forward_kernels(gpu::forward_kernels::automatic);
-  CHECK(gpu::detail::use_sm90_forward<H, bf16>(a) == hopper_device());
+  const gpu::device_facts& f = attn_test::facts();
+  int sms = 0;
+  attn_test::cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "sms");
+  CHECK(f.sm_count == sms);
+  using K = gpu::kernel_config;
+  for (int i = 0; i < gpu::kernel_config_count; ++i) {
+    const auto k = static_cast<K>(i);
+    INFO("configuration ", i);
+    if (!gpu::shape_of(k).hopper) CHECK(f.runs(k));  // the portable kernels run everywhere
+    if (gpu::shape_of(k).hopper) CHECK(f.runs(k) == hopper_device());  // one CTA per SM (sm_90a builds)
+    if (gpu::shape_of(k).hopper && f.runs(k)) CHECK(f.blocks_per_sm[i] == 1);
+  }
+  CHECK(&gpu::current_device_facts() == &f);  // cached
+  const auto shape = gpu::call_shape::of(a);
+  CHECK(gpu::plan_forward(shape, f).config == (hopper_device() ? K::forward_hopper_d128 : K::forward_portable_d128));
+  CHECK(gpu::plan_forward(shape, f, {gpu::kernel_choice::portable}).config == K::forward_portable_d128);
+  CHECK(gpu::plan_backward(shape, f).config == (hopper_device() ? K::backward_hopper_d128 : K::backward_portable_d128));
   auto small = a;
   small.kv.pool.page_size = 64;
   small.kv.table.page_size = 64;
-  CHECK_FALSE(gpu::detail::use_sm90_forward<H, bf16>(small));
-  gpu::set_forward_kernels(gpu::forward_kernels::portable);
-  CHECK_FALSE(gpu::detail::use_sm90_forward<H, bf16>(a));
-  gpu::set_forward_kernels(before);
-  using HB = gpu::backward_sm90_config<128>::type;
-  const gpu::backward_kernels bbefore = gpu::get_backward_kernels();
-  gpu::set_backward_kernels(gpu::backward_kernels::automatic);
-  CHECK(gpu::detail::use_sm90_backward<HB>(a) == hopper_device());
-  CHECK_FALSE(gpu::detail::use_sm90_backward<HB>(small));
-  gpu::set_backward_kernels(gpu::backward_kernels::portable);
-  CHECK_FALSE(gpu::detail::use_sm90_backward<HB>(a));
-  gpu::set_backward_kernels(bbefore);
-  {
-    dev<float> buf(std::size_t(c.sq) * c.hq * c.d);
-    auto gs = dp.grads(buf.p);  // only checked, never written: the launcher throws first
-    gs.pool.page_size = 64;
-    CHECK_THROWS_AS(gpu::detail::launch_backward_sm90<HB>(small, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, gs, nullptr),
-                    oomb::invalid_argument);
-    // A sparse call (for the chooser only: never launched)
-    dev<std::int32_t> tiles(std::size_t(c.sq) + 1);
-    tiles.fill_bytes(0);
-    auto sp = a;
-    sp.tile_indptr = tiles.p;
-    sp.tile_pages = tiles.p;
-    sp.tile = 128;
-    // The public entry's choice, the same for dense and sparse calls (hs1): Q/dO by TMA where the group
-    // fits a step (<= 80 rows at d128, 128 at d64), cp.async for a wider group, red.add for an unaligned dq
-    using call = gpu::detail::backward_sm90_call;
-    float* const dq8 = buf.p + 2;  // cudaMalloc is 256-byte aligned: this is 8 mod 16
-    auto grouped = [&](int group) {  // a with hkv 1 and `group` query heads (for the chooser only)
-      auto g = a;
-      g.hq = group;
-      g.hkv = 1;
-      return g;
-    };
-    CHECK(gpu::detail::choose_backward_sm90<128>(a, buf.p) == call::dense);
-    CHECK(gpu::detail::choose_backward_sm90<128>(grouped(80), buf.p) == call::dense);
-    CHECK(gpu::detail::choose_backward_sm90<128>(grouped(81), buf.p) == call::wide_group);
-    CHECK(gpu::detail::choose_backward_sm90<64>(grouped(128), buf.p) == call::dense);
-    CHECK(gpu::detail::choose_backward_sm90<64>(grouped(129), buf.p) == call::wide_group);
-    CHECK(gpu::detail::choose_backward_sm90<128>(sp, buf.p) == call::dense);
-    CHECK(gpu::detail::choose_backward_sm90<64>(sp, buf.p) == call::dense);
-    auto sp_grouped = [&](int group) {
-      auto g = grouped(group);
-      g.tile_indptr = sp.tile_indptr;
-      g.tile_pages = sp.tile_pages;
-      g.tile = 128;
-      return g;
-    };
-    CHECK(gpu::detail::choose_backward_sm90<128>(sp_grouped(80), buf.p) == call::dense);
-    CHECK(gpu::detail::choose_backward_sm90<128>(sp_grouped(81), buf.p) == call::wide_group);
-    CHECK(gpu::detail::choose_backward_sm90<64>(sp_grouped(129), buf.p) == call::wide_group);
-    CHECK(gpu::detail::choose_backward_sm90<128>(a, dq8) == call::unaligned);
-    CHECK(gpu::detail::choose_backward_sm90<128>(grouped(81), dq8) == call::unaligned);
-    CHECK(gpu::detail::choose_backward_sm90<128>(sp, dq8) == call::unaligned);
-    // ... and the configurations they name (rows per step, how Q/dO arrive, how dQ leaves)
-    auto cfg_of = [](auto dc, call k) {
-      return gpu::detail::with_backward_sm90_config<decltype(dc)::value>(k, [](auto cfg) {
-        using C = decltype(cfg);
-        return std::tuple{C::BM, C::TMA_Q, C::DQ};
-      });
-    };
-    const std::integral_constant<int, 128> d128{};
-    const std::integral_constant<int, 64> d64{};
-    using gpu::detail::backward_dq;
-    CHECK(cfg_of(d128, call::dense) == std::tuple{80, true, backward_dq::writer_warp});
-    CHECK(cfg_of(d128, call::wide_group) == std::tuple{80, false, backward_dq::writer_warp});
-    CHECK(cfg_of(d128, call::unaligned) == std::tuple{64, false, backward_dq::atomics});
-    CHECK(cfg_of(d64, call::dense) == std::tuple{128, true, backward_dq::writer_tensor});
-    CHECK(cfg_of(d64, call::wide_group) == std::tuple{128, false, backward_dq::writer_warp});
-    CHECK(cfg_of(d64, call::unaligned) == std::tuple{64, false, backward_dq::atomics});
-  }
-  // the Hopper launcher refuses pages shorter than its tile
+  CHECK(gpu::plan_forward(gpu::call_shape::of(small), f).config == K::forward_portable_d128);
+  // a launch refuses a plan made for another call, and the Hopper launchers pages shorter than their tile
   dev<bf16> o(p.q.size());
   dev<float> lse(std::size_t(c.sq) * c.hq);
-  CHECK_THROWS_AS(gpu::detail::launch_forward_sm90<H>(small, o.p, lse.p, nullptr), oomb::invalid_argument);
+  const auto plan = gpu::plan_forward(shape, f);
+  auto other = a;
+  other.q_start += 128;
+  CHECK_THROWS_AS(gpu::forward(plan, other, o.p, lse.p, nullptr), oomb::invalid_argument);
+  using H = gpu::forward_sm90_config<128>::type;
+  CHECK_THROWS_AS(attn_test::launch_forward_sm90<H>(small, o.p, lse.p, nullptr), oomb::invalid_argument);
+  dev<float> buf(std::size_t(c.sq) * c.hq * c.d);
+  auto gs = dp.grads(buf.p);  // only checked, never written: the launcher throws first
+  gs.pool.page_size = 64;
+  using HB = gpu::backward_sm90_config<128>::type;
+  CHECK_THROWS_AS(attn_test::launch_backward_sm90<HB>(small, buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, gs, nullptr),
+                  oomb::invalid_argument);
 }
 
 TEST_CASE("attention: sanitize Hopper forward (tiny shapes, for compute-sanitizer)") {
@@ -1076,7 +1071,7 @@ TEST_CASE("attention: the dense Hopper backward (TMA Q/dO) refuses a GQA group w
     device_problem dp(p);
     dev<float> buf(std::size_t(c.sq) * c.hq * c.d);
     auto launch = [&](auto cfg) {
-      gpu::detail::launch_backward_sm90<decltype(cfg)>(dp.args(), buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p,
+      attn_test::launch_backward_sm90<decltype(cfg)>(dp.args(), buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p,
                                                        dp.grads(buf.p), nullptr);
     };
     if (c.d == 128)
@@ -1142,7 +1137,7 @@ TEST_CASE("attention: public backward, dense and sparse, into 16- and 8-byte ali
       const gpu_result g = run_backward(p, ref, [&](const gpu::attention_args& a, const float* lse, const float* delta,
                                                     const bf16* d_o, float* dq, float* dk, float* dv, auto grads) {
         if (aligned) {
-          gpu::attention_backward(a, lse, delta, d_o, dq, dk, dv, grads, nullptr);
+          attn_test::backward(a, lse, delta, d_o, dq, dk, dv, grads, nullptr);
           return;
         }
         const std::size_t kn = std::size_t(c.sq) * c.hkv * c.d;
@@ -1157,7 +1152,7 @@ TEST_CASE("attention: public backward, dense and sparse, into 16- and 8-byte ali
         copy(dq8, dq, qn);
         copy(dk8, dk, kn);
         copy(dv8, dv, kn);
-        gpu::attention_backward(a, lse, delta, d_o, dq8, dk8, dv8, grads, nullptr);
+        attn_test::backward(a, lse, delta, d_o, dq8, dk8, dv8, grads, nullptr);
         copy(dq, dq8, qn);
         copy(dk, dk8, kn);
         copy(dv, dv8, kn);
@@ -1278,8 +1273,8 @@ void check_unselected_pages_unread(const config& c, double keep) {
   for (int w = merged ? 0 : -1; w < (merged ? int(p.windows.size()) : 0); ++w) {
     o_w.fill_bytes(0xff);
     lse_w.fill_bytes(0xff);
-    gpu::attention_forward(args(w), o_w.p, lse_w.p, nullptr);
-    gpu::attention_merge(c.sq, c.hq, c.d, o_acc.p, lse_acc.p, o_w.p, lse_w.p, nullptr);
+    attn_test::forward(args(w), o_w.p, lse_w.p, nullptr);
+    gpu::merge(c.sq, c.hq, c.d, o_acc.p, lse_acc.p, o_w.p, lse_w.p, nullptr);
   }
   sync();
   check_forward(name + ", forward]", to_double(o_acc.download()), lse_acc.download(), ref);
@@ -1289,7 +1284,7 @@ void check_unselected_pages_unread(const config& c, double keep) {
   for (std::size_t i = 0; i < qn; ++i) o_in[i] = bf16(float(ref.o_in[i]));
   dev<bf16> o_dev(o_in);
   dev<float> lse_dev(std::vector<float>(ref.lse_in.begin(), ref.lse_in.end())), delta(ln);
-  gpu::attention_backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
+  gpu::backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
   const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * pair);
   auto backward = [&](const std::string& kernel, auto&& bwd) {
     const auto dq0 = random_floats(qn, c.seed + 31), dk0 = random_floats(kn, c.seed + 32),
@@ -1314,21 +1309,21 @@ void check_unselected_pages_unread(const config& c, double keep) {
   };
   backward("portable", [&](const gpu::attention_args& a, auto... rest) {
     if (c.d == 128)
-      gpu::detail::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr);
+      attn_test::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr);
     else
-      gpu::detail::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr);
+      attn_test::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr);
   });
   if (hopper_device() && c.page >= 128) {
     backward("sm90", [&](const gpu::attention_args& a, auto... rest) {
       if (c.d == 128)
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, rest..., nullptr, 0);
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, rest..., nullptr, 0);
       else
-        gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, rest..., nullptr, 0);
+        attn_test::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, rest..., nullptr, 0);
     });
     // the trainer's call: the public entry with a workspace, past blocks by selection count (hs2)
     backward("public with workspace", [&](const gpu::attention_args& a, auto... rest) {
-      dev<std::int32_t> ws(static_cast<std::size_t>(gpu::attention_backward_workspace_ints(a)));
-      gpu::attention_backward(a, rest..., nullptr, {ws.p, static_cast<std::int64_t>(ws.n)});
+      dev<std::int32_t> ws(static_cast<std::size_t>(attn_test::workspace_ints(a)));
+      attn_test::backward(a, rest..., nullptr, {ws.p, static_cast<std::int64_t>(ws.n)});
       sync();
     });
   }

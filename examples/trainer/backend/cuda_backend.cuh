@@ -361,6 +361,8 @@ class basic_cuda_backend {
 
   // ---- GPU time per kind of op (trainer_backend.hpp's optional op clock) ----
   void time_ops(bool on) { time_ops_ = on; }
+  /// The kernels the attention calls plan with (chunk_options::attention_kernels).
+  void attention_kernels(oomb::attention::kernel_choice k) noexcept { attention_kernels_ = k; }
   /// The compute stream's time in each kind of op since the last take (zeros unless time_ops(true));
   /// waits for the stream.
   op_seconds take_op_seconds() {
@@ -424,16 +426,17 @@ class basic_cuda_backend {
     const std::int64_t od = std::int64_t(c.sq) * c.hq * c.d;
     o_w_.resize(static_cast<std::size_t>(od));
     lse_w_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
-    oomb::attention::attention_forward(a, o_w_.data(), lse_w_.data(), compute_.get());
+    const auto plan = oomb::attention::plan_forward(oomb::attention::call_shape::of(a), facts_, {attention_kernels_});
+    oomb::attention::forward(plan, a, o_w_.data(), lse_w_.data(), compute_.get());
     ring_.release(t, compute());
     float* o32 = widen(f32_[0], od, o_acc);
-    oomb::attention::attention_merge(c.sq, c.hq, c.d, o32, lse_acc, o_w_.data(), lse_w_.data(), compute_.get());
+    oomb::attention::merge(c.sq, c.hq, c.d, o32, lse_acc, o_w_.data(), lse_w_.data(), compute_.get());
     gpu::ops::convert(od, static_cast<const float*>(o32), o_acc, compute());
   }
   void attention_backward_begin(const attention_chunk<bf16>& c, const bf16* o, const bf16* d_o) {
     const op_scope scope(*this, op_kind::attention_backward, "attention/backward_delta");
     delta_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
-    oomb::attention::attention_backward_delta(c.sq, c.hq, c.d, o, d_o, delta_.data(), compute_.get());
+    oomb::attention::backward_delta(c.sq, c.hq, c.d, o, d_o, delta_.data(), compute_.get());
   }
   void attention_backward(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
                           const window_table& w, const oomb::page_pool_view<float>& grads, const bf16*, const float* lse,
@@ -450,9 +453,11 @@ class basic_cuda_backend {
     float* dq32 = widen(f32_[0], qd, dq);
     float* dk32 = widen(f32_[1], kvd, dk);
     float* dv32 = widen(f32_[2], kvd, dv);
-    order_ws_.resize(static_cast<std::size_t>(oomb::attention::attention_backward_workspace_ints(a)));
-    oomb::attention::attention_backward(a, lse, delta_.data(), d_o, dq32, dk32, dv32, dpast, compute_.get(),
-                            {order_ws_.data(), static_cast<std::int64_t>(order_ws_.size())});
+    const auto plan =
+        oomb::attention::plan_backward(oomb::attention::call_shape::of(a, dq32), facts_, {attention_kernels_});
+    order_ws_.resize(static_cast<std::size_t>(plan.workspace_ints));
+    oomb::attention::backward(plan, a, lse, delta_.data(), d_o, dq32, dk32, dv32, dpast,
+                              {order_ws_.data(), static_cast<std::int64_t>(order_ws_.size())}, compute_.get());
     ring_.release(t, compute());
     gpu::ops::convert(qd, static_cast<const float*>(dq32), dq, compute());
     gpu::ops::convert(kvd, static_cast<const float*>(dk32), dk, compute());
@@ -625,6 +630,8 @@ class basic_cuda_backend {
   // per-row loss/lse, and the ops' workspace.
   gpu::device_buffer<float> f32_[3], o_w_, lse_w_, delta_, rstd_, rows_;
   gpu::device_buffer<std::int32_t> order_ws_;  // the sparse backward's launch order (sparse_backward_workspace)
+  const oomb::attention::device_facts& facts_ = oomb::attention::current_device_facts();
+  oomb::attention::kernel_choice attention_kernels_ = oomb::attention::kernel_choice::automatic;
   gpu::device_buffer<bf16> xf_;
   gpu::device_buffer<unsigned char> work_;
 };

@@ -22,7 +22,7 @@
 // and stores dS (stmatrix .trans) into shared memory; dQ = dS K is then computed with wgmma. The
 // configurations (variants.cuh) hand dQ to a writer warp through shared tiles (backward_dq::
 // writer_warp: bulk reductions into dq, off the consumers' chain; FlashAttention-3's step order,
-// measured +16-27% at d64, docs/attention-notes.md hb3); the alternative adds it from every
+// measured +16-27% at d64, docs/history/attention.md hb3); the alternative adds it from every
 // consumer thread with red.global.add.v2 (hb2); writer_tensor lays the shared tile out as dq's TMA
 // boxes and adds it with tensor reductions. d128: consumer c takes columns 64c..64c+63 over all 128
 // keys, after a named barrier between the two consumers (dS double-buffered, so one barrier per step
@@ -305,7 +305,7 @@ struct backward_sm90_tile {
   /// With 80 rows, dK += dS^T Q (A from registers) is waited for at the end of each step: keeping it
   /// in flight into the next step needs registers the consumers lack (ptxas serialises the
   /// products, C7512). Reading dS^T from shared memory instead frees them but measured 6-9% slower
-  /// on the H200 (docs/attention-notes.md hb5).
+  /// on the H200 (docs/history/attention.md hb5).
   static constexpr int D = D_, BN = 128, BM = BM_, STAGES = STAGES_;
   /// dQ^T = K^T dS^T, head_dim as wgmma's M: a step that is not a multiple of 64 rows cannot be M.
   static constexpr bool DQ_SWAP = BM % 64 != 0;
@@ -390,7 +390,9 @@ struct backward_rows_maps {
   CUtensorMap dk_own, dv_own, dk_past, dv_past;
 };
 
-template <class Cfg>
+/// Trace (the benchmark's --trace only): each CTA records its timeline (backward_trace_record) in
+/// p.trace; the product kernels are instantiated with Trace = false and hold none of that code.
+template <class Cfg, bool Trace = false>
 OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
     attention_backward_sm90_kernel(const __grid_constant__ kernel_params p, const __grid_constant__ CUtensorMap tmap_k,
                                    const __grid_constant__ CUtensorMap tmap_v, const __grid_constant__ CUtensorMap tmap_q,
@@ -442,7 +444,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   // blocks and the first plan.ends past blocks come in plan.pieces CTAs each, one per run of query
   // tiles, so that no walk is long enough to end late (hs2; sparse_backward_plan).
   // heads_interleaved (bench option) takes the KV heads in turn instead.
-  const std::uint64_t t_begin = p.trace != nullptr && tid == 0 ? globaltimer() : 0;  // bench --trace
+  const std::uint64_t t_begin = Trace && tid == 0 ? globaltimer() : 0;
   const window_extent win(p);  // its loads overlap the launch order's
   int kb = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y);
   int piece = -1;  // sparse: this CTA's range of query tiles (-1: all of them)
@@ -459,7 +461,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   const std::int64_t trace_at =  // this CTA's record (bench --trace)
       backward_trace_record::WORDS *
       (blockIdx.x + std::int64_t(gridDim.x) * (blockIdx.y + std::int64_t(gridDim.y) * blockIdx.z));
-  if (p.trace != nullptr && tid == 0) {
+  if (Trace && tid == 0) {
     p.trace[trace_at + backward_trace_record::BEGIN] = t_begin;
     p.trace[trace_at + backward_trace_record::INFO] = backward_trace_record::info(smid(), kvh, piece, 0, kb);
   }
@@ -560,7 +562,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
     __syncthreads();
   }
 
-  const std::uint64_t t_selected = p.trace != nullptr ? globaltimer() : 0;
+  const std::uint64_t t_selected = Trace ? globaltimer() : 0;
   const query_walk walk0(sparse ? sSel : nullptr, ntiles, tile_rows, p.tile_rows_div, row_end, RS, row_begin,
                          static_cast<int>(blockIdx.z), qsplit);
   if (walk0.done()) {  // uniform: no step of this block's share sees these keys
@@ -749,7 +751,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   // The gradient page's id, read now: the epilogue would otherwise wait for it.
   const std::int32_t grad_id = kmin < p.q_start ? outp.dpast.grad_id[page_id] : 0;
   mbar_wait(kv_bar, 0);
-  const bool tracing = p.trace != nullptr;
+  constexpr bool tracing = Trace;
   const std::uint64_t t_walk = tracing ? globaltimer() : 0;
   std::uint64_t t_first = t_walk;
 
@@ -1146,7 +1148,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   // q_start or the window's end, or rows not 16-byte aligned) red.add of 8-byte pairs from every
   // thread, which took ~6 us per CTA at d128 (8 rows x 32 bytes per instruction), the largest fixed
   // cost of a short sparse walk; per-row bulk reductions took longer still (~10 us: 256 small bulk
-  // operations per CTA; docs/attention-notes.md hs2). Either way no value comes back, and the pieces
+  // operations per CTA; docs/history/attention.md hs2). Either way no value comes back, and the pieces
   // and query splits of a block add into the same rows.
   const bool own_rows = kmin >= p.q_start;
   const bool tensor_rows = outp.tensor_rows && valid_keys == BN && (own_rows || kmax < p.q_start);  // uniform

@@ -10,12 +10,14 @@
 //   backward, Hopper (backward_sm90.cuh, sm_90a; page_size >= 128)  head_dim 64, 128  x  Q/dO by
 //       TMA, wide groups (cp.async), unaligned dq; each takes dense and page-sparse calls
 // The configurations that lost to these are not compiled; docs/history/attention.md has their numbers.
-// Adding a head size means one line in each table below and one case in dispatch_head_dim.
+// Adding a head size means one line in each table below and its kernel_config entries (plan.hpp).
 #pragma once
 
 #include <type_traits>
 
 #include "oomb/core/error.hpp"
+
+#include "oomb/attention/plan.hpp"
 
 #include "oomb/attention/backward.cuh"
 #include "oomb/attention/forward.cuh"
@@ -34,7 +36,7 @@ template <> struct forward_config<128> { using type = detail::forward_tile<128, 
 /// Hopper forward (TMA + wgmma, warp-specialised): pipeline stages per head size.
 template <int D>
 struct forward_sm90_config;
-// Measured (docs/attention-notes.md, Hopper h2): ping-pong consumers +20% at d64 (softmax-bound),
+// Measured (docs/history/attention.md, Hopper h2): ping-pong consumers +20% at d64 (softmax-bound),
 // within noise at d128.                                                D  stages ping-pong
 template <> struct forward_sm90_config<64> { using type = detail::forward_sm90_tile<64, 3, true>; };
 template <> struct forward_sm90_config<128> { using type = detail::forward_sm90_tile<128, 2, false>; };
@@ -48,7 +50,7 @@ template <> struct backward_config<128> { using type = detail::backward_tile<128
 /// Hopper backward (wgmma, warp-specialised; backward_sm90.cuh): Q/dO pipeline stages, the way dQ
 /// reaches global memory and the query rows per step, per head size and kind of call (the public
 /// entry's choice: choose_backward_sm90 in attention.cuh). Measured on the H200
-/// (docs/attention-notes.md, hb3-hb7): the dQ writer warp +16-27% at d64 and 0-5% at d128 over
+/// (docs/history/attention.md, hb3-hb7): the dQ writer warp +16-27% at d64 and 0-5% at d128 over
 /// red.add; d64 steps of 128 rows another +6-7%; d128 steps of 80 rows +12-18% over 64; Q/dO as
 /// TMA boxes of whole queries (hb6) -6..+18% at d128 and +2..+15% at d64 over cp.async; d64 dQ over
 /// all keys added by TMA tensor reductions (hb7) +13-14% over hb6's own-keys bulk reductions (the
@@ -73,14 +75,79 @@ template <> struct backward_sm90_config<128> {
   using unaligned = detail::backward_sm90_tile<128, 3>;
 };
 
-/// Calls f(std::integral_constant<int, D>{}) for a supported head size; throws otherwise.
-template <class F>
-decltype(auto) dispatch_head_dim(int d, F&& f) {
-  switch (d) {
-    case 64: return f(std::integral_constant<int, 64>{});
-    case 128: return f(std::integral_constant<int, 128>{});
-    default: OOMB_FAIL(oomb::invalid_argument, "attention: head_dim must be 64 or 128, got ", d);
+namespace detail {
+
+/// The tile type of each kernel_config (plan.hpp), and back.
+template <kernel_config C>
+struct config_type;
+template <> struct config_type<kernel_config::forward_portable_d64> { using type = forward_config<64>::type; };
+template <> struct config_type<kernel_config::forward_portable_d128> { using type = forward_config<128>::type; };
+template <> struct config_type<kernel_config::forward_hopper_d64> { using type = forward_sm90_config<64>::type; };
+template <> struct config_type<kernel_config::forward_hopper_d128> { using type = forward_sm90_config<128>::type; };
+template <> struct config_type<kernel_config::backward_portable_d64> { using type = backward_config<64>::type; };
+template <> struct config_type<kernel_config::backward_portable_d128> { using type = backward_config<128>::type; };
+template <> struct config_type<kernel_config::backward_hopper_d64> { using type = backward_sm90_config<64>::type; };
+template <> struct config_type<kernel_config::backward_hopper_d64_wide_group> { using type = backward_sm90_config<64>::wide_group; };
+template <> struct config_type<kernel_config::backward_hopper_d64_unaligned> { using type = backward_sm90_config<64>::unaligned; };
+template <> struct config_type<kernel_config::backward_hopper_d128> { using type = backward_sm90_config<128>::type; };
+template <> struct config_type<kernel_config::backward_hopper_d128_wide_group> { using type = backward_sm90_config<128>::wide_group; };
+template <> struct config_type<kernel_config::backward_hopper_d128_unaligned> { using type = backward_sm90_config<128>::unaligned; };
+
+template <class Cfg, int I = 0>
+constexpr kernel_config config_of() {
+  if constexpr (I == kernel_config_count) {
+    static_assert(I < kernel_config_count, "not a compiled configuration (variants.cuh)");
+    return kernel_config::count;
+  } else if constexpr (std::is_same_v<Cfg, typename config_type<static_cast<kernel_config>(I)>::type>) {
+    return static_cast<kernel_config>(I);
+  } else {
+    return config_of<Cfg, I + 1>();
   }
 }
+
+/// Each tile type has the shape plan.hpp plans with (so the plan cannot drift from the kernels).
+template <int I = 0>
+constexpr bool shapes_agree() {
+  if constexpr (I == kernel_config_count) {
+    return true;
+  } else {
+    constexpr auto c = static_cast<kernel_config>(I);
+    using T = typename config_type<c>::type;
+    constexpr tile_shape t = shape_of(c);
+    constexpr bool whole = [] {
+      if constexpr (!is_forward(c) && shape_of(c).hopper) return T::TMA_Q; else return false;
+    }();
+    static_assert(T::BM == t.bm && T::BN == t.bn && T::D == t.d && whole == t.whole_queries,
+                  "plan.hpp's shape_of disagrees with the tile type");
+    static_assert(config_of<T>() == c, "two configurations share a tile type");
+    return shapes_agree<I + 1>();
+  }
+}
+static_assert(shapes_agree());
+
+/// Calls f(Cfg{}) with the tile type of configuration c; throws for kernel_config::count.
+template <class F>
+void with_config(kernel_config c, F&& f) {
+  switch (c) {
+#define OOMB_ATTENTION_CASE(name) \
+  case kernel_config::name: f(typename config_type<kernel_config::name>::type{}); return;
+    OOMB_ATTENTION_CASE(forward_portable_d64)
+    OOMB_ATTENTION_CASE(forward_portable_d128)
+    OOMB_ATTENTION_CASE(forward_hopper_d64)
+    OOMB_ATTENTION_CASE(forward_hopper_d128)
+    OOMB_ATTENTION_CASE(backward_portable_d64)
+    OOMB_ATTENTION_CASE(backward_portable_d128)
+    OOMB_ATTENTION_CASE(backward_hopper_d64)
+    OOMB_ATTENTION_CASE(backward_hopper_d64_wide_group)
+    OOMB_ATTENTION_CASE(backward_hopper_d64_unaligned)
+    OOMB_ATTENTION_CASE(backward_hopper_d128)
+    OOMB_ATTENTION_CASE(backward_hopper_d128_wide_group)
+    OOMB_ATTENTION_CASE(backward_hopper_d128_unaligned)
+#undef OOMB_ATTENTION_CASE
+    default: OOMB_FAIL(oomb::invalid_argument, "attention: no kernel configuration ", static_cast<int>(c));
+  }
+}
+
+}  // namespace detail
 
 }  // namespace oomb::attention

@@ -13,67 +13,10 @@
 #include "oomb/core/bf16.hpp"
 #include "oomb/paging/views.hpp"
 
+#include "oomb/attention/plan.hpp"
 #include "oomb/attention/ptx.cuh"
 
 namespace oomb::attention::detail {
-
-/// The Hopper backward's launch order on page-sparse calls, computed on the host (hs2). Per KV head,
-/// in launch order: the chunk's own key blocks [own_kb, own_kb + own), then the first `ends` past
-/// blocks of the alternation from the window's two ends (0, own_kb - 1, 1, own_kb - 2, ...: the sink
-/// and local pages, which every tile selects), each of those cut into `pieces` CTAs that take
-/// piece_tiles query tiles each (piece_rows); then the remaining past blocks of the alternation, one
-/// CTA each. A block's pieces add their dK/dV atomically.
-/// With a workspace (sparse_backward_order_kernel) the past blocks come in order of how many tiles
-/// select them instead, most first, the unselected ones not at all: `order` lists them, `*selected` of
-/// them; the first `ends` of that order are the ones cut into pieces. The order kernel also leaves, per
-/// past page, the bits of the tiles that select it (`tiles_of`), so that a CTA reads its walk's tiles
-/// instead of searching the tiles' lists.
-struct sparse_backward_plan {
-  std::int32_t own_kb = 0;       // first key block of the chunk's own pages (from the host's q_start)
-  std::int32_t own = 0;          // own key blocks
-  std::int32_t ends = 0;         // past blocks cut into pieces
-  std::int32_t pieces = 1;       // CTAs per cut block
-  std::int32_t piece_tiles = 0;  // query tiles per piece
-  const std::int32_t* order = nullptr;     // device: past blocks, most selected first (nullptr: the alternation)
-  const std::int32_t* selected = nullptr;  // device: how many blocks `order` lists
-  const std::uint32_t* tiles_of = nullptr;  // device: per past page (window order), ceil(tiles / 32) words of tile bits
-  __host__ __device__ int ctas_per_head(int key_blocks) const { return (own + ends) * pieces + (key_blocks - own - ends); }
-  /// The key block that launch position o (within a KV head) takes, and which piece of it (-1: the
-  /// whole walk); -1: none (an ordered launch's position past the selected blocks).
-  __host__ __device__ int block_at(int o, int& piece) const {
-    const int cut = (own + ends) * pieces;
-    int k;  // own block b: -1 - b; past: the position in the alternation
-    piece = -1;
-    if (o < cut) {
-      const int b = o / pieces;
-      if (pieces > 1) piece = o - b * pieces;
-      k = b < own ? -1 - b : b - own;
-    } else {
-      k = ends + (o - cut);
-    }
-    if (k < 0) return own_kb - 1 - k;
-    if (order != nullptr) {  // both loads at once (k < past blocks: in bounds; unused past *selected)
-      const int b = order[k];
-      return k < *selected ? b : -1;
-    }
-    return (k & 1) ? own_kb - 1 - (k >> 1) : k >> 1;
-  }
-  /// The packed rows [begin, end) of a block's walk that `piece` takes (-1: all): the block's rows are
-  /// [first_row, rows), first_row in query tile first_tile; piece z keeps those of the tiles
-  /// [first_tile + z * piece_tiles, first_tile + (z + 1) * piece_tiles). Counted from the block's own
-  /// first tile, so the pieces of the chunk's own blocks (causal: block j from tile ~j) walk different
-  /// tiles at any moment, as their whole walks did (hs1), and do not add into the same dq rows at once.
-  /// begin >= end: none.
-  __host__ __device__ void piece_rows(int piece, int tile_rows, int first_tile, int first_row, int rows, int& begin,
-                                      int& end) const {
-    begin = first_row;
-    end = rows;
-    if (piece < 0) return;
-    const int a = (first_tile + piece * piece_tiles) * tile_rows, b = a + piece_tiles * tile_rows;
-    if (a > begin) begin = a;
-    if (b < end) end = b;
-  }
-};
 
 /// The kernels' view of one call: the public args plus the numbers derived once on the host.
 struct kernel_params {
@@ -96,7 +39,7 @@ struct kernel_params {
   bool stagger;               // backward: each block starts its query walk at its own tile
   bool heads_interleaved;     // Hopper backward, sparse: launch order takes the KV heads in turn (bench option, hs1)
   sparse_backward_plan plan;  // Hopper backward, sparse: which CTA takes which block and tiles (hs2)
-  /// Hopper backward: where each CTA records its timeline (backward_trace_record; bench --trace), nullptr: not.
+  /// Hopper backward, traced instance only (the benchmark's --trace): where each CTA records its timeline.
   std::uint64_t* trace;
 };
 

@@ -1,0 +1,158 @@
+// oomb tests — the attention plan (oomb/attention/plan.hpp) on the CPU: which kernel configuration a
+// call gets on a device of given facts, the splits that fill the GPU's last wave, the sparse
+// launch order and workspace, and the refusals. No GPU needed: the facts are written by hand.
+// SPDX-License-Identifier: Apache-2.0
+#include <doctest/doctest.h>
+
+#include <oomb/attention/plan.hpp>
+
+namespace {
+
+namespace att = oomb::attention;
+using K = att::kernel_config;
+
+/// An H200 as device_facts_of reports it: 132 SMs, the portable kernels 2 (forward) or 1 (backward)
+/// CTAs per SM, every Hopper kernel 1 (or none: hopper = false, another GPU or a build without sm_90a).
+att::device_facts h200(bool hopper = true) {
+  att::device_facts f;
+  f.sm_count = 132;
+  for (int i = 0; i < att::kernel_config_count; ++i) {
+    const auto k = static_cast<K>(i);
+    f.blocks_per_sm[i] = att::shape_of(k).hopper ? (hopper ? 1 : 0) : (att::is_forward(k) ? 2 : 1);
+  }
+  return f;
+}
+
+/// A chunk of sq queries at q_start against a window of `pages` pages from page 0.
+att::call_shape call(int sq, std::int64_t q_start, int pages, int hq = 28, int hkv = 4, int d = 128, int page = 128) {
+  att::call_shape s;
+  s.sq = sq;
+  s.q_start = q_start;
+  s.hq = hq;
+  s.hkv = hkv;
+  s.d = d;
+  s.page_size = page;
+  s.window_pages = pages;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("attention plan: the kernel configuration follows the call and the device") {
+  const auto f = h200();
+  const auto dense = call(4096, 65536, (65536 + 4096) / 128);
+  CHECK(att::plan_forward(dense, f).config == K::forward_hopper_d128);
+  CHECK(att::plan_backward(dense, f).config == K::backward_hopper_d128);
+  CHECK(att::plan_forward(dense, f, {att::kernel_choice::portable}).config == K::forward_portable_d128);
+  CHECK(att::plan_backward(dense, f, {att::kernel_choice::portable}).config == K::backward_portable_d128);
+  CHECK(att::plan_forward(dense, h200(false)).config == K::forward_portable_d128);
+  CHECK(att::plan_backward(dense, h200(false)).config == K::backward_portable_d128);
+  auto d64 = call(4096, 65536, 544, 14, 2, 64);
+  CHECK(att::plan_forward(d64, f).config == K::forward_hopper_d64);
+  CHECK(att::plan_backward(d64, f).config == K::backward_hopper_d64);
+  // pages shorter than the Hopper tiles' 128 keys: portable
+  CHECK(att::plan_forward(call(512, 1024, 24, 28, 4, 128, 64), f).config == K::forward_portable_d128);
+  CHECK(att::plan_backward(call(512, 1024, 24, 28, 4, 128, 64), f).config == K::backward_portable_d128);
+  // the Hopper backward's three configurations: whole-query steps where the group fits (80 rows at
+  // d128, 128 at d64), cp.async Q/dO for wider groups, red.add dQ for a dq that is not 16-byte aligned
+  CHECK(att::plan_backward(call(256, 1024, 10, 80, 1), f).config == K::backward_hopper_d128);
+  CHECK(att::plan_backward(call(256, 1024, 10, 81, 1), f).config == K::backward_hopper_d128_wide_group);
+  CHECK(att::plan_backward(call(256, 1024, 10, 128, 1, 64), f).config == K::backward_hopper_d64);
+  CHECK(att::plan_backward(call(256, 1024, 10, 129, 1, 64), f).config == K::backward_hopper_d64_wide_group);
+  auto unaligned = dense;
+  unaligned.dq_aligned16 = false;
+  CHECK(att::plan_backward(unaligned, f).config == K::backward_hopper_d128_unaligned);
+  // whole-query steps: floor(80 / 7) * 7 = 77 rows at group 7
+  CHECK(att::plan_backward(dense, f).step_rows == 77);
+  CHECK(att::plan_backward(unaligned, f).step_rows == 64);
+}
+
+TEST_CASE("attention plan: splits fill the last wave; forced splits are taken") {
+  const auto f = h200();
+  // Hopper forward, 28/4 heads at d128: 4096 * 7 / 128 = 224 row blocks per KV head, 896 CTAs on 132
+  // SMs fill 97.0% of the last wave and 1792 no more: split 1.
+  const auto dense = call(4096, 65536, 544);
+  const auto fp = att::plan_forward(dense, f);
+  CHECK(fp.row_blocks == 224);
+  CHECK(fp.split == 1);
+  // a short chunk: 7 row blocks x 4 heads = 28 CTAs on 132 SMs (21%) -> 56 (42%): split 2
+  CHECK(att::plan_forward(call(128, 65536, 520), f).split == 2);
+  // ... unless the window has under 16 key tiles
+  CHECK(att::plan_forward(call(128, 1024, 9), f).split == 1);
+  // portable forward (264 slots): long windows split 2, small grids 4, short windows 1
+  const att::plan_options portable{att::kernel_choice::portable};
+  CHECK(att::plan_forward(dense, f, portable).split == 2);
+  CHECK(att::plan_forward(call(128, 65536, 520), f, portable).split == 4);
+  CHECK(att::plan_forward(call(128, 256, 3), f, portable).split == 1);
+  att::plan_options forced;
+  forced.split = 3;
+  CHECK(att::plan_forward(dense, f, forced).split == 3);
+  CHECK(att::plan_backward(dense, f, forced).query_split == 3);
+  // backward: 544 key blocks x 4 heads = 2176 CTAs on 132 SMs (99% of the last wave): no split
+  const auto bp = att::plan_backward(dense, f);
+  CHECK(bp.key_blocks == 544);
+  CHECK(bp.ctas_per_head == 544);
+  CHECK(bp.query_split == 1);
+  CHECK(bp.workspace_ints == 0);  // dense: nothing to order
+  // 40 key blocks x 4 = 160 CTAs (61%) -> 320 (81%) -> 480 (91%) -> 640 (97%): split 4
+  CHECK(att::plan_backward(call(4096, 1024, 40), f).query_split == 4);
+  // an empty window: nothing to launch
+  CHECK(att::plan_backward(call(128, 0, 0), f).key_blocks == 0);
+}
+
+TEST_CASE("attention plan: sparse backward launch order and workspace") {
+  const auto f = h200();
+  auto s = call(4096, 262144, (262144 + 4096) / 128);
+  s.sparse = true;
+  s.tile = 128;
+  const auto p = att::plan_backward(s, f);
+  CHECK(p.config == K::backward_hopper_d128);
+  CHECK(p.sparse.own_kb == 2048);  // the past blocks
+  CHECK(p.sparse.own == 32);
+  CHECK(p.sparse.pieces == 4);  // 32 tiles in pieces of 8
+  CHECK(p.sparse.piece_tiles == 8);
+  CHECK(p.sparse.ends == 16);  // the window's first and last 8 pages of 128 keys
+  CHECK(p.ctas_per_head == (32 + 16) * 4 + (2080 - 32 - 16));
+  // a count and an order slot per block, the number selected, one word of tile bits per page
+  CHECK(p.workspace_ints == 2 * 2080 + 1 + 2080 * 1);
+  att::plan_options hs1;
+  hs1.order = 3;  // hs1's order: no pieces, no workspace
+  const auto q = att::plan_backward(s, f, hs1);
+  CHECK(q.sparse.pieces == 1);
+  CHECK(q.ctas_per_head == 2080);
+  CHECK(q.workspace_ints == 0);
+  // portable kernels take sparse calls without a launch order
+  const auto r = att::plan_backward(s, f, {att::kernel_choice::portable});
+  CHECK(r.ctas_per_head == r.key_blocks);
+  CHECK(r.workspace_ints == 0);
+}
+
+TEST_CASE("attention plan: bad shapes and forced options are refused") {
+  const auto f = h200();
+  auto s = call(4096, 65536, 544);
+  auto bad = s;
+  bad.d = 96;
+  CHECK_THROWS_AS(att::plan_forward(bad, f), oomb::invalid_argument);
+  bad = s;
+  bad.hq = 30;  // not a multiple of hkv = 4
+  CHECK_THROWS_AS(att::plan_backward(bad, f), oomb::invalid_argument);
+  bad = s;
+  bad.page_size = 96;
+  CHECK_THROWS_AS(att::plan_forward(bad, f), oomb::invalid_argument);
+  bad = s;
+  bad.sparse = true;
+  bad.tile = 0;
+  CHECK_THROWS_AS(att::plan_backward(bad, f), oomb::invalid_argument);
+  bad.tile = 16;  // 16 queries x group 7 = 112 rows: not a multiple of 128
+  CHECK_THROWS_AS(att::plan_backward(bad, f), oomb::invalid_argument);
+  att::plan_options o;
+  o.split = 5;
+  CHECK_THROWS_AS(att::plan_forward(s, f, o), oomb::invalid_argument);
+  o = {};
+  o.config = K::backward_hopper_d128;  // a backward configuration for a forward plan
+  CHECK_THROWS_AS(att::plan_forward(s, f, o), oomb::invalid_argument);
+  o.config = K::backward_hopper_d64;  // head_dim 64 for a d128 call
+  CHECK_THROWS_AS(att::plan_backward(s, f, o), oomb::invalid_argument);
+  o.config = K::backward_hopper_d128;  // whole-query steps for a group of 81
+  CHECK_THROWS_AS(att::plan_backward(call(256, 1024, 10, 81, 1), f, o), oomb::invalid_argument);
+}
