@@ -74,6 +74,7 @@ const char* usage =
     "  --near-pages K       device slots per tier with --offload (0: default_near_pages, as oomb-train)  [0]\n"
     "  --grad-homes F       gradient homes with --offload: fp32, bf16 or bf16-stochastic (half the pinned bytes,\n"
     "                       converted on the GPU)                                                [fp32]\n"
+    "  --attention-kernels K  automatic (the Hopper kernels where they apply) or portable\n"
     "  --home-memory M      where the homes live with --offload: pinned, or pageable (through pinned staging:\n"
     "                       no GPU memory for the driver's mapping of pinned pages)             [pinned]\n"
     "  --keep-attention-outputs  keep stage 1's attention outputs for stage 2 (no attention recompute)\n"
@@ -133,6 +134,7 @@ struct bench_options {
   bool offload = false;
   oomb_trainer::page_home_format grad_homes = oomb_trainer::page_home_format::same;  ///< --grad-homes
   oomb_trainer::home_memory homes = oomb_trainer::home_memory::pinned;               ///< --home-memory
+  oomb::attention::kernel_choice kernels = oomb::attention::kernel_choice::automatic;  ///< --attention-kernels
   bool keep = false;  ///< keep_attention_outputs
   bool split = false;  ///< chunk_options::time_ops: the row's split_s
   bool sparse = false;  ///< --sparse-budget given
@@ -153,6 +155,7 @@ struct bench_options {
     o.offload = offload;
     o.grad_homes = grad_homes;
     o.homes = homes;
+    o.attention_kernels = kernels;
     o.keep_attention_outputs = keep;
     o.time_ops = split;
     o.sparse = sparse;
@@ -202,6 +205,12 @@ bench_options parse(int argc, char** argv) {
     } else if (flag == "--home-memory") {
       try {
         o.homes = oomb_trainer::parse_home_memory(flag, value());
+      } catch (const oomb::invalid_argument& e) {
+        usage_error(e.what());
+      }
+    } else if (flag == "--attention-kernels") {
+      try {
+        o.kernels = oomb_trainer::parse_attention_kernels(flag, value());
       } catch (const oomb::invalid_argument& e) {
         usage_error(e.what());
       }
@@ -590,6 +599,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
                       (opt.sparse ? plan.on_host(oomb_trainer::plan_part::sparse_summaries) : std::uint64_t(0));
   row["pageable_host_bytes"] = pageable ? homes : 0;
   row["home_memory"] = oomb_trainer::home_memory_name(opt.homes);
+  row["attention_kernels"] = oomb_trainer::attention_kernels_name(opt.attention_kernels);
   if (pageable) row["home_copy_threads"] = oomb::cuda_transfer_options{}.pageable.threads;  // per staged transfer
   row["h2d_bytes"] = h2d;
   row["d2h_bytes"] = d2h;

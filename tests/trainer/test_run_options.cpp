@@ -99,6 +99,19 @@ TEST_CASE("run options: --keep-attention-outputs, --plan, --host-memory, --gpu-m
                        doctest::Contains("--keep-attention-outputs is chunk-recurrent's"), oomb::invalid_argument);
 }
 
+TEST_CASE("run options: --attention-kernels automatic|portable reaches the chunk options and options.json") {
+  using oomb::attention::kernel_choice;
+  CHECK(parse_train_options(run_args("o")).attention_kernels == kernel_choice::automatic);
+  const auto o = parse_train_options(run_args("o", {"--device", "cuda", "--attention-kernels", "portable"}));
+  CHECK(o.attention_kernels == kernel_choice::portable);
+  CHECK(oomb_trainer::chunk_options_of(o).attention_kernels == kernel_choice::portable);
+  CHECK(oomb_trainer::options_json(o)["attention_kernels"] == "portable");
+  CHECK(oomb_trainer::options_json(parse_train_options(run_args("o")))["attention_kernels"] == "automatic");
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--attention-kernels", "fast"})),
+                       doctest::Contains("--attention-kernels: unknown kernels 'fast' (known: automatic, portable)"),
+                       oomb::invalid_argument);
+}
+
 TEST_CASE("run options: --home-memory pinned|pageable needs --offload and --device cuda; options.json and the plan say it") {
   CHECK(parse_train_options(run_args("o")).homes == oomb_trainer::home_memory::pinned);
   const auto o = parse_train_options(run_args("o", {"--device", "cuda", "--offload", "--home-memory", "pageable"}));

@@ -81,6 +81,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <oomb/attention/plan.hpp>
 #include <oomb/core/id_span.hpp>
 #include <oomb/offload/residency_backend.hpp>
 #include <oomb/paging/views.hpp>
@@ -187,5 +188,17 @@ struct has_op_clock<B, std::void_t<decltype(std::declval<B&>().time_ops(true)),
 /// True when B can time its ops by op_kind (see the file comment).
 template <class B>
 inline constexpr bool has_op_clock_v = detail::has_op_clock<B>::value;
+
+namespace detail {
+template <class B, class = void>
+struct has_attention_kernels : std::false_type {};
+template <class B>
+struct has_attention_kernels<B, std::void_t<decltype(std::declval<B&>().attention_kernels(
+                                    oomb::attention::kernel_choice::automatic))>> : std::true_type {};
+}  // namespace detail
+
+/// True when B has a choice of attention kernels (chunk_options::attention_kernels).
+template <class B>
+inline constexpr bool has_attention_kernels_v = detail::has_attention_kernels<B>::value;
 
 }  // namespace oomb_trainer

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include <oomb/attention/plan.hpp>
 #include <oomb/core/error.hpp>
 #include <oomb/paging/page_shape.hpp>
 #include <oomb/sparse/scoring.hpp>
@@ -61,6 +62,9 @@ struct chunk_options {
   /// Time the backend's ops by kind (backends with an op clock, trainer_backend.hpp): each op costs
   /// two tiny timer launches, so it is for measuring (bench_trainer --split), off by default.
   bool time_ops = false;
+  /// Which attention kernels the CUDA backend plans with (--attention-kernels): the Hopper ones where
+  /// they apply, or always the portable ones. The CPU backend has one (the reference).
+  oomb::attention::kernel_choice attention_kernels = oomb::attention::kernel_choice::automatic;
 
   void validate() const {
     oomb::page_shape{page, 1, 2, layout}.validate();

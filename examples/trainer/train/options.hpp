@@ -33,6 +33,7 @@ struct train_options {
   std::int32_t window_pages = 0;  ///< 0: near_pages / 2 with offload, one window without
   page_home_format grad_homes = page_home_format::same;  ///< --grad-homes: the gradient pages' homes (offload)
   home_memory homes = home_memory::pinned;  ///< --home-memory: where the homes live (offload, cuda)
+  oomb::attention::kernel_choice attention_kernels = oomb::attention::kernel_choice::automatic;  ///< --attention-kernels
   std::int64_t steps = 0;
   double lr = 1e-3, min_lr = -1.0;  ///< min_lr < 0: lr / 10
   std::int64_t warmup = 0;
@@ -109,6 +110,8 @@ sequence and memory
                         pinned 4 KiB, so GPU memory grows with the context) or pageable (moved
                         through a fixed pinned staging ring by host threads: nothing on the GPU grows
                         with the homes; the host copies bound the transfer rate)
+  --attention-kernels K  the attention kernels of --device cuda: automatic (default: the Hopper ones on an
+                        H100/H200 with pages of >= 128 tokens, the portable ones elsewhere) or portable
   --keep-attention-outputs
                         keep every layer's attention output and lse from stage 1 (in compute memory,
                         or pinned homes through 4 device slots with --offload) and read them in
@@ -195,6 +198,18 @@ inline home_memory parse_home_memory(const std::string& flag, const std::string&
 /// The --home-memory name (options.json, the banner).
 inline const char* home_memory_name(home_memory m) noexcept { return m == home_memory::pinned ? "pinned" : "pageable"; }
 
+/// --attention-kernels automatic|portable.
+inline oomb::attention::kernel_choice parse_attention_kernels(const std::string& flag, const std::string& v) {
+  if (v == "automatic") return oomb::attention::kernel_choice::automatic;
+  if (v == "portable") return oomb::attention::kernel_choice::portable;
+  OOMB_FAIL(oomb::invalid_argument, flag, ": unknown kernels '", v, "' (known: automatic, portable)");
+}
+
+/// The --attention-kernels name (options.json).
+inline const char* attention_kernels_name(oomb::attention::kernel_choice k) noexcept {
+  return k == oomb::attention::kernel_choice::portable ? "portable" : "automatic";
+}
+
 /// The chunk-recurrent options the flags ask for (what training_run gives the device trainer).
 inline chunk_options chunk_options_of(const train_options& o) {
   chunk_options co;
@@ -205,6 +220,7 @@ inline chunk_options chunk_options_of(const train_options& o) {
   co.window_pages = o.window_pages;
   co.grad_homes = o.grad_homes;
   co.homes = o.homes;
+  co.attention_kernels = o.attention_kernels;
   co.sparse = o.sparse;
   co.budget = o.budget;
   co.sink = o.sink;
@@ -256,6 +272,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--window-pages") o.window_pages = i32(1);
     else if (f == "--grad-homes") o.grad_homes = parse_grad_homes(f, value());
     else if (f == "--home-memory") o.homes = parse_home_memory(f, value());
+    else if (f == "--attention-kernels") o.attention_kernels = parse_attention_kernels(f, value());
     else if (f == "--steps") o.steps = i64(1);
     else if (f == "--lr") o.lr = detail::parse_double(f, value());
     else if (f == "--min-lr") o.min_lr = detail::parse_double(f, value());
