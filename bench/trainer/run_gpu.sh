@@ -19,8 +19,8 @@
 #   REPS           timed steps per point (0: 3 below 10 s a step, else 1)
 #   WARMUP_TOKENS  our warm-up step's length on each point's trainer (0: the point's length; the
 #                  competitor warms up once, at its smallest length)
-#   PHASE          fwd_bwd (as the competitor) or step (with the optimizer on the GPU; 0.5b: the 7b's
-#                  state does not fit beside it)
+#   PHASE          fwd_bwd (as the competitor) or step (with the optimizer: its state on the GPU,
+#                  split with pinned host memory where it does not fit, as oomb-train plans it)
 #   SYSTEMS        "oomb pytorch" (or one of them; PHASE=step: oomb)
 #   DEADLINE_S     the whole call's budget in seconds (540); OOMB_S: our share of it (55% with both)
 # SPDX-License-Identifier: Apache-2.0
