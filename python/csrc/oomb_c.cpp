@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <type_traits>
 #include <limits>
 #include <memory>
 #include <string>
@@ -21,6 +22,9 @@
 #include "oomb/core/version.hpp"
 #include "oomb/memory/host_resource.hpp"
 #include "oomb/memory/statistics_adaptor.hpp"
+#include "oomb/offload/host_backend.hpp"
+#include "oomb/offload/host_stream.hpp"
+#include "oomb/offload/residency_scheduler.hpp"
 #include "oomb/paging/grad_mirror.hpp"
 #include "oomb/paging/paged_kv_cache.hpp"
 #include "oomb/paging/views.hpp"
@@ -60,16 +64,37 @@ struct store_base {
   virtual ~store_base() = default;
 };
 
+using scheduler_type = oomb::residency_scheduler<oomb::basic_host_backend<far_resource>>;
+
+/// The near tiers of a store with offload: K/V pages and gradient pages stream from their homes
+/// (the store's pools) through fixed sets of slots, on the library's host streams. Declared after
+/// what they reference and before what references them, so destruction waits for their work.
+struct near_tiers {
+  oomb::host_stream compute, copy_in, copy_out;
+  oomb::host_resource memory;
+  std::unique_ptr<scheduler_type> kv, grad;
+};
+
 template <class E>
 struct typed_store final : store_base {
   using cache_type = oomb::paged_kv_cache<E, far_resource>;
   using mirror_type = oomb::grad_mirror<E, far_resource>;
 
-  typed_store(far_resource& r, const oomb::paged_kv_config& kc, const oomb::grad_mirror_config& gc)
-      : cache(r, kc), grads(r, gc) {}
+  typed_store(far_resource& r, const oomb::paged_kv_config& kc, const oomb::grad_mirror_config& gc,
+              std::int32_t kv_slots, std::int32_t grad_slots)
+      : cache(r, kc), grads(r, gc) {
+    if (kv_slots > 0) {
+      tiers = std::make_unique<near_tiers>();
+      tiers->kv = std::make_unique<scheduler_type>(cache.pool(), tiers->memory, kv_slots, tiers->copy_in,
+                                                   tiers->copy_out);
+      tiers->grad = std::make_unique<scheduler_type>(grads.pool(), tiers->memory, grad_slots, tiers->copy_in,
+                                                     tiers->copy_out);
+    }
+  }
 
   cache_type cache;
   mirror_type grads;
+  std::unique_ptr<near_tiers> tiers;  // null: every page is read and written in place
 };
 
 }  // namespace
@@ -126,138 +151,309 @@ oomb::page_shape shape_of(const oomb_store_config& c) {
 
 // ---- attention over the past pages of a pool plus the chunk's own K/V ----
 
-/// The two windows of one call: the past (pages of the pool, logical pages 0..np-1) and the chunk
-/// itself (its K/V tensor seen as pages: page i of K at kv_own + i * page elements, V sq rows on).
+oomb::page_shape token_major(std::int32_t page_size, std::int32_t hkv, std::int32_t d) {
+  oomb::page_shape s;
+  s.page_size = page_size;
+  s.kv_heads = hkv;
+  s.head_dim = d;
+  s.layout = oomb::kv_layout::token_major;
+  return s;
+}
+
+/// Checks what every call needs and returns the number of past pages (q_start / page_size).
+std::int32_t check_call(const oomb_attention_args& a) {
+  OOMB_C_EXPECTS(a.struct_size >= static_cast<std::int32_t>(sizeof(oomb_attention_args)),
+                 "oomb_attention_args of ", a.struct_size, " bytes, this library needs ",
+                 sizeof(oomb_attention_args));
+  OOMB_C_EXPECTS(a.sq > 0 && a.sq <= std::numeric_limits<std::int32_t>::max(), "sq ", a.sq, " out of range");
+  OOMB_C_EXPECTS(a.page_size > 0 && a.q_start >= 0 && a.q_start % a.page_size == 0, "q_start ", a.q_start,
+                 " must be a non-negative multiple of the page size ", a.page_size);
+  OOMB_C_EXPECTS(a.q != nullptr && a.kv_own != nullptr, "null q or kv_own");
+  OOMB_C_EXPECTS(a.hq > 0 && a.hkv > 0 && a.d > 0, "bad heads/head_dim ", a.hq, "/", a.hkv, "/", a.d);
+  OOMB_C_EXPECTS(a.tile_indptr == nullptr || a.tile > 0, "a sparse call needs tile > 0, got ", a.tile);
+  const std::int64_t past_pages = a.q_start / a.page_size;
+  OOMB_C_EXPECTS(past_pages <= std::numeric_limits<std::int32_t>::max(), "too many past pages");
+  return static_cast<std::int32_t>(past_pages);
+}
+
 template <class T>
-struct windows {
-  std::vector<std::int32_t> past_indptr, own_indptr, own_ids, past_last, own_last;
-  ref_args<T> past{}, own{};
-  std::int32_t np = 0, n_own = 0;
+ref_args<T> base_args(const oomb_attention_args& a) {
+  ref_args<T> r{};
+  r.q = static_cast<const T*>(a.q);
+  r.q_start = a.q_start;
+  r.sq = static_cast<std::int32_t>(a.sq);
+  r.hq = a.hq;
+  r.hkv = a.hkv;
+  r.d = a.d;
+  r.scale = static_cast<T>(a.scale);
+  return r;
+}
 
-  explicit windows(const oomb_attention_args& a) {
-    OOMB_C_EXPECTS(a.struct_size >= static_cast<std::int32_t>(sizeof(oomb_attention_args)),
-                   "oomb_attention_args of ", a.struct_size, " bytes, this library needs ",
-                   sizeof(oomb_attention_args));
-    OOMB_C_EXPECTS(a.sq > 0 && a.sq <= std::numeric_limits<std::int32_t>::max(), "sq ", a.sq,
-                   " out of range");
-    OOMB_C_EXPECTS(a.page_size > 0 && a.q_start >= 0 && a.q_start % a.page_size == 0, "q_start ",
-                   a.q_start, " must be a non-negative multiple of the page size ", a.page_size);
-    OOMB_C_EXPECTS(a.q != nullptr && a.kv_own != nullptr, "null q or kv_own");
-    OOMB_C_EXPECTS(a.hq > 0 && a.hkv > 0 && a.d > 0, "bad heads/head_dim ", a.hq, "/", a.hkv, "/", a.d);
-    const std::int64_t past_pages = a.q_start / a.page_size;
-    OOMB_C_EXPECTS(past_pages <= std::numeric_limits<std::int32_t>::max(), "too many past pages");
-    np = static_cast<std::int32_t>(past_pages);
-    OOMB_C_EXPECTS(np == 0 || (a.pool != nullptr && a.past_ids != nullptr), "q_start ", a.q_start,
-                   " needs ", np, " past pages but the pool or its ids are null");
-    for (std::int32_t i = 0; i < np; ++i)
-      OOMB_C_EXPECTS(a.past_ids[i] >= 0 && a.past_ids[i] < a.pool_pages, "past page ", i, " has id ",
-                     a.past_ids[i], ", outside the pool's ", a.pool_pages, " pages");
-    const auto sq = static_cast<std::int32_t>(a.sq);
-    const std::int64_t row = std::int64_t(a.hkv) * a.d;
-    const T scale = static_cast<T>(a.scale);
-
-    past.q = static_cast<const T*>(a.q);
-    past.q_start = a.q_start;
-    past.sq = sq;
-    past.hq = a.hq;
-    past.hkv = a.hkv;
-    past.d = a.d;
-    past.scale = scale;
-    own = past;
-
-    // The past: one sequence listing the past ids, whole pages.
-    past_indptr = {0, np};
-    past_last = {a.page_size};
-    oomb::page_shape ps;
-    ps.page_size = a.page_size;
-    ps.kv_heads = a.hkv;
-    ps.head_dim = a.d;
-    ps.layout = oomb::kv_layout::token_major;
-    past.kv.pool = oomb::page_pool_view<const T>::over(static_cast<const T*>(a.pool), ps);
-    past.kv.table.indptr = past_indptr.data();
-    past.kv.table.indices = a.past_ids;
-    past.kv.table.last_page_len = past_last.data();
-    past.kv.table.num_seqs = 1;
-    past.kv.table.page_size = a.page_size;
-    past.first_page = 0;
+/// A window of past pages: logical pages first, first + 1, ... (n of them), named by `ids` in the
+/// pool at `base` (the far pool, or a near tier's slots). Sparse calls keep the tile selection
+/// (logical indices over the whole past); a page no tile selects may have id -1.
+template <class T>
+struct past_window {
+  std::vector<std::int32_t> indptr, last;
+  ref_args<T> args;
+  past_window(const oomb_attention_args& a, const T* base, const std::int32_t* ids, std::int32_t first,
+              std::int32_t n)
+      : indptr{0, n}, last{a.page_size}, args(base_args<T>(a)) {
+    args.kv.pool = oomb::page_pool_view<const T>::over(base, token_major(a.page_size, a.hkv, a.d));
+    args.kv.table.indptr = indptr.data();
+    args.kv.table.indices = ids;
+    args.kv.table.last_page_len = last.data();
+    args.kv.table.num_seqs = 1;
+    args.kv.table.page_size = a.page_size;
+    args.first_page = first;
     if (a.tile_indptr != nullptr) {
-      OOMB_C_EXPECTS(a.tile > 0, "a sparse call needs tile > 0, got ", a.tile);
-      past.tile_indptr = a.tile_indptr;
-      past.tile_pages = a.tile_pages;
-      past.tile = a.tile;
+      args.tile_indptr = a.tile_indptr;
+      args.tile_pages = a.tile_pages;
+      args.tile = a.tile;
     }
-
-    // The chunk: its [2][sq][hkv][d] tensor as pages of page_size tokens.
-    n_own = static_cast<std::int32_t>((a.sq + a.page_size - 1) / a.page_size);
-    own_indptr = {0, n_own};
-    own_ids.resize(static_cast<std::size_t>(n_own));
-    for (std::int32_t i = 0; i < n_own; ++i) own_ids[static_cast<std::size_t>(i)] = i;
-    own_last = {sq - (n_own - 1) * a.page_size};
-    own.kv.pool.base = static_cast<const T*>(a.kv_own);
-    own.kv.pool.pair_stride = std::int64_t(a.page_size) * row;
-    own.kv.pool.v_offset = std::int64_t(sq) * row;
-    own.kv.pool.stride_token = row;
-    own.kv.pool.stride_head = a.d;
-    own.kv.pool.page_size = a.page_size;
-    own.kv.pool.kv_heads = a.hkv;
-    own.kv.pool.head_dim = a.d;
-    own.kv.table.indptr = own_indptr.data();
-    own.kv.table.indices = own_ids.data();
-    own.kv.table.last_page_len = own_last.data();
-    own.kv.table.num_seqs = 1;
-    own.kv.table.page_size = a.page_size;
-    own.first_page = np;
   }
 };
 
+/// The chunk itself: its [2][sq][hkv][d] K/V tensor seen as pages of page_size tokens (page i of K
+/// at kv_own + i * page elements, V sq rows further), logical pages q_start / page_size on.
 template <class T>
-void forward_impl(const oomb_attention_args& a, T* o, T* lse) {
-  windows<T> w(a);
-  const std::int64_t n_o = a.sq * a.hq * a.d, n_l = a.sq * a.hq;
-  if (w.np == 0) {
-    ref::attention_forward(w.own, o, lse);
+struct own_window {
+  std::vector<std::int32_t> indptr, ids, last;
+  ref_args<T> args;
+  explicit own_window(const oomb_attention_args& a) : args(base_args<T>(a)) {
+    const auto sq = static_cast<std::int32_t>(a.sq);
+    const std::int64_t row = std::int64_t(a.hkv) * a.d;
+    const std::int32_t n = (sq + a.page_size - 1) / a.page_size;
+    indptr = {0, n};
+    ids.resize(static_cast<std::size_t>(n));
+    for (std::int32_t i = 0; i < n; ++i) ids[static_cast<std::size_t>(i)] = i;
+    last = {sq - (n - 1) * a.page_size};
+    auto& p = args.kv.pool;
+    p.base = static_cast<const T*>(a.kv_own);
+    p.pair_stride = std::int64_t(a.page_size) * row;
+    p.v_offset = std::int64_t(sq) * row;
+    p.stride_token = row;
+    p.stride_head = a.d;
+    p.page_size = a.page_size;
+    p.kv_heads = a.hkv;
+    p.head_dim = a.d;
+    args.kv.table.indptr = indptr.data();
+    args.kv.table.indices = ids.data();
+    args.kv.table.last_page_len = last.data();
+    args.kv.table.num_seqs = 1;
+    args.kv.table.page_size = a.page_size;
+    args.first_page = static_cast<std::int32_t>(a.q_start / a.page_size);
+  }
+};
+
+/// Forward of one window into (o, lse): the first window writes them, later ones merge into them.
+template <class T>
+void forward_window(const ref_args<T>& w, const oomb_attention_args& a, bool first, T* o, T* lse) {
+  if (first) {
+    ref::attention_forward(w, o, lse);
     return;
   }
-  ref::attention_forward(w.past, o, lse);
+  const std::int64_t n_o = a.sq * a.hq * a.d, n_l = a.sq * a.hq;
   std::vector<T> o2(static_cast<std::size_t>(n_o)), l2(static_cast<std::size_t>(n_l));
-  ref::attention_forward(w.own, o2.data(), l2.data());
+  ref::attention_forward(w, o2.data(), l2.data());
   ref::merge_partial(static_cast<std::int32_t>(a.sq), a.hq, a.d, o, lse, o2.data(), l2.data());
+}
+
+/// Whether some tile of a sparse call selects a logical page in [first, first + n); `need`, if
+/// given, gets which (always all of them for a dense call).
+bool selects_any(const oomb_attention_args& a, std::int32_t first, std::int32_t n, std::vector<char>* need) {
+  if (need != nullptr) need->assign(static_cast<std::size_t>(n), a.tile_indptr == nullptr ? 1 : 0);
+  if (a.tile_indptr == nullptr) return n > 0;
+  const std::int64_t tiles = (a.sq + a.tile - 1) / a.tile;
+  bool any = false;
+  for (std::int64_t e = 0; e < a.tile_indptr[tiles]; ++e) {
+    const std::int32_t p = a.tile_pages[e] - first;
+    if (p < 0 || p >= n) continue;
+    any = true;
+    if (need != nullptr) (*need)[static_cast<std::size_t>(p)] = 1;
+  }
+  return any;
+}
+
+template <class T>
+void forward_impl(const oomb_attention_args& a, T* o, T* lse) {
+  const std::int32_t np = check_call(a);
+  OOMB_C_EXPECTS(np == 0 || (a.pool != nullptr && a.past_ids != nullptr), "q_start ", a.q_start, " needs ", np,
+                 " past pages but the pool or its ids are null");
+  for (std::int32_t i = 0; i < np; ++i)
+    OOMB_C_EXPECTS(a.past_ids[i] >= 0 && a.past_ids[i] < a.pool_pages, "past page ", i, " has id ", a.past_ids[i],
+                   ", outside the pool's ", a.pool_pages, " pages");
+  if (np > 0) forward_window(past_window<T>(a, static_cast<const T*>(a.pool), a.past_ids, 0, np).args, a, true, o, lse);
+  forward_window(own_window<T>(a).args, a, np == 0, o, lse);
+}
+
+template <class T>
+void zero_grads(const oomb_attention_args& a, T* dq, T* dk, T* dv) {
+  const std::int64_t n_q = a.sq * a.hq * a.d, n_k = a.sq * a.hkv * a.d;
+  std::fill(dq, dq + n_q, T(0));
+  std::fill(dk, dk + n_k, T(0));
+  std::fill(dv, dv + n_k, T(0));
 }
 
 template <class T>
 void backward_impl(const oomb_attention_args& a, const T* o, const T* lse, const T* d_o, T* dq, T* dk, T* dv,
                    T* grad_pool, std::int64_t grad_pool_pages, const std::int32_t* grad_ids,
                    std::int64_t num_kv_ids) {
-  windows<T> w(a);
-  const std::int64_t n_q = a.sq * a.hq * a.d, n_k = a.sq * a.hkv * a.d;
-  std::fill(dq, dq + n_q, T(0));
-  std::fill(dk, dk + n_k, T(0));
-  std::fill(dv, dv + n_k, T(0));
-  if (w.np > 0) {
+  const std::int32_t np = check_call(a);
+  zero_grads(a, dq, dk, dv);
+  if (np > 0) {
+    OOMB_C_EXPECTS(a.pool != nullptr && a.past_ids != nullptr, "q_start ", a.q_start, " needs ", np,
+                   " past pages but the pool or its ids are null");
     OOMB_C_EXPECTS(grad_pool != nullptr && grad_ids != nullptr && num_kv_ids >= a.pool_pages,
-                   "a backward over ", w.np, " past pages needs the gradient pool and an id table of ",
+                   "a backward over ", np, " past pages needs the gradient pool and an id table of ",
                    a.pool_pages, " entries (got ", num_kv_ids, ")");
     OOMB_C_EXPECTS(num_kv_ids <= std::numeric_limits<std::int32_t>::max(), "id table too large");
-    // Every gradient page the past window may add into must exist in the gradient pool.
-    for (std::int32_t i = 0; i < w.np; ++i) {
+    for (std::int32_t i = 0; i < np; ++i) {
+      OOMB_C_EXPECTS(a.past_ids[i] >= 0 && a.past_ids[i] < a.pool_pages, "past page ", i, " has id ",
+                     a.past_ids[i], ", outside the pool's ", a.pool_pages, " pages");
       const std::int32_t g = grad_ids[a.past_ids[i]];
-      OOMB_C_EXPECTS(g < grad_pool_pages, "past page ", i, " (id ", a.past_ids[i], ") has gradient page ",
-                     g, ", outside the gradient pool's ", grad_pool_pages, " pages");
+      OOMB_C_EXPECTS(g < grad_pool_pages, "past page ", i, " (id ", a.past_ids[i], ") has gradient page ", g,
+                     ", outside the gradient pool's ", grad_pool_pages, " pages");
     }
     oomb::grad_mirror_view<T> m;
-    m.pool = oomb::page_pool_view<T>::over(grad_pool, [&] {
-      oomb::page_shape s;
-      s.page_size = a.page_size;
-      s.kv_heads = a.hkv;
-      s.head_dim = a.d;
-      s.layout = oomb::kv_layout::token_major;
-      return s;
-    }());
+    m.pool = oomb::page_pool_view<T>::over(grad_pool, token_major(a.page_size, a.hkv, a.d));
     m.grad_id = grad_ids;
     m.num_kv_ids = static_cast<std::int32_t>(num_kv_ids);
-    ref::attention_backward(w.past, o, lse, d_o, dq, dk, dv, m);
+    ref::attention_backward(past_window<T>(a, static_cast<const T*>(a.pool), a.past_ids, 0, np).args, o, lse, d_o,
+                            dq, dk, dv, m);
   }
-  ref::attention_backward(w.own, o, lse, d_o, dq, dk, dv, oomb::grad_mirror_view<T>{});
+  ref::attention_backward(own_window<T>(a).args, o, lse, d_o, dq, dk, dv, oomb::grad_mirror_view<T>{});
+}
+
+// ---- the same over a store's own pages: in place, or streamed through its near tiers ----
+
+void check_store_call(const oomb_store& s, const oomb_attention_args& a, std::int32_t seq, std::int32_t layer,
+                      std::int32_t np) {
+  const auto& c = s.config;
+  OOMB_C_EXPECTS(a.dtype == c.dtype && a.page_size == c.page_size && a.hkv == c.kv_heads && a.d == c.head_dim,
+                 "the call (dtype ", a.dtype, ", page ", a.page_size, ", ", a.hkv, " KV heads of dim ", a.d,
+                 ") does not match the store (dtype ", c.dtype, ", page ", c.page_size, ", ", c.kv_heads,
+                 " of dim ", c.head_dim, ")");
+  OOMB_C_EXPECTS(layer >= 0 && layer < c.layers, "layer ", layer, " out of range [0, ", c.layers, ")");
+  (void)seq;
+  (void)np;
+}
+
+template <class E>
+std::vector<std::int32_t> past_ids_of(const typed_store<E>& t, std::int32_t seq, std::int32_t layer, std::int32_t np) {
+  OOMB_C_EXPECTS(np <= t.cache.num_pages(seq), "q_start needs ", np, " past pages, sequence ", seq, " has ",
+                 t.cache.num_pages(seq));
+  const oomb::id_span all = t.cache.page_ids(seq, layer);
+  return std::vector<std::int32_t>(all.begin(), all.begin() + np);
+}
+
+template <class E>
+void store_forward(oomb_store& s, typed_store<E>& t, std::int32_t seq, std::int32_t layer, const oomb_attention_args& a,
+                   E* o, E* lse) {
+  const std::int32_t np = check_call(a);
+  check_store_call(s, a, seq, layer, np);
+  const std::vector<std::int32_t> ids = past_ids_of(t, seq, layer, np);
+  bool first = true;
+  if (np > 0 && !t.tiers) {
+    forward_window(past_window<E>(a, reinterpret_cast<const E*>(t.cache.pool().base()), ids.data(), 0, np).args, a, true,
+                   o, lse);
+    first = false;
+  } else if (np > 0) {
+    auto& tiers = *t.tiers;
+    const std::int32_t W = s.config.window_pages;
+    std::vector<char> need;
+    std::vector<std::int32_t> want, slots, table;
+    for (std::int32_t w0 = 0; w0 < np; w0 += W) {
+      const std::int32_t n = std::min(W, np - w0);
+      if (!selects_any(a, w0, n, &need)) continue;  // a sparse window no tile reads: not even brought near
+      want.clear();
+      for (std::int32_t i = 0; i < n; ++i)
+        if (need[static_cast<std::size_t>(i)]) want.push_back(ids[static_cast<std::size_t>(w0 + i)]);
+      slots = tiers.kv->acquire(tiers.compute, want, oomb::access::read);
+      tiers.compute.synchronize();  // the copies have landed: the host computes next
+      table.assign(static_cast<std::size_t>(n), -1);
+      for (std::int32_t i = 0, j = 0; i < n; ++i)
+        if (need[static_cast<std::size_t>(i)]) table[static_cast<std::size_t>(i)] = slots[static_cast<std::size_t>(j++)];
+      try {
+        forward_window(past_window<E>(a, reinterpret_cast<const E*>(tiers.kv->near_pool().base()), table.data(), w0, n)
+                           .args,
+                       a, first, o, lse);
+      } catch (...) {
+        tiers.kv->release(tiers.compute, want);
+        throw;
+      }
+      tiers.kv->release(tiers.compute, want);
+      first = false;
+    }
+  }
+  forward_window(own_window<E>(a).args, a, first, o, lse);
+}
+
+template <class E>
+void store_backward(oomb_store& s, typed_store<E>& t, std::int32_t seq, std::int32_t layer,
+                    const oomb_attention_args& a, const E* o, const E* lse, const E* d_o, E* dq, E* dk, E* dv) {
+  const std::int32_t np = check_call(a);
+  check_store_call(s, a, seq, layer, np);
+  const std::vector<std::int32_t> ids = past_ids_of(t, seq, layer, np);
+  zero_grads(a, dq, dk, dv);
+  if (np > 0 && !t.tiers) {
+    ref::attention_backward(past_window<E>(a, reinterpret_cast<const E*>(t.cache.pool().base()), ids.data(), 0, np).args, o,
+                            lse, d_o, dq, dk, dv, t.grads.view());
+  } else if (np > 0) {
+    auto& tiers = *t.tiers;
+    const std::int32_t W = s.config.window_pages;
+    std::vector<char> need;
+    std::vector<std::int32_t> want, grad_want, slots, grad_slots, table;
+    // The reference addresses a page's gradient by the id its table names (here a K/V slot).
+    std::vector<std::int32_t> near_grad_id(static_cast<std::size_t>(tiers.kv->capacity()), -1);
+    for (std::int32_t w0 = 0; w0 < np; w0 += W) {
+      const std::int32_t n = std::min(W, np - w0);
+      if (!selects_any(a, w0, n, &need)) continue;
+      want.clear();
+      grad_want.clear();
+      for (std::int32_t i = 0; i < n; ++i) {
+        if (!need[static_cast<std::size_t>(i)]) continue;
+        const std::int32_t id = ids[static_cast<std::size_t>(w0 + i)];
+        const std::int32_t g = t.grads.grad_id(id);
+        OOMB_C_EXPECTS(g >= 0, "backward: past page ", w0 + i, " (id ", id, ") has no gradient page (touch it first)");
+        want.push_back(id);
+        grad_want.push_back(g);
+      }
+      slots = tiers.kv->acquire(tiers.compute, want, oomb::access::read);
+      try {
+        grad_slots = tiers.grad->acquire(tiers.compute, grad_want, oomb::access::write);
+      } catch (...) {
+        tiers.kv->release(tiers.compute, want);
+        throw;
+      }
+      tiers.compute.synchronize();
+      table.assign(static_cast<std::size_t>(n), -1);
+      for (std::int32_t i = 0, j = 0; i < n; ++i) {
+        if (!need[static_cast<std::size_t>(i)]) continue;
+        table[static_cast<std::size_t>(i)] = slots[static_cast<std::size_t>(j)];
+        near_grad_id[static_cast<std::size_t>(slots[static_cast<std::size_t>(j)])] = grad_slots[static_cast<std::size_t>(j)];
+        ++j;
+      }
+      oomb::grad_mirror_view<E> m;
+      m.pool = oomb::page_pool_view<E>::over(reinterpret_cast<E*>(tiers.grad->near_pool().base()),
+                                             token_major(a.page_size, a.hkv, a.d));
+      m.grad_id = near_grad_id.data();
+      m.num_kv_ids = static_cast<std::int32_t>(near_grad_id.size());
+      std::exception_ptr failed;
+      try {
+        ref::attention_backward(
+            past_window<E>(a, reinterpret_cast<const E*>(tiers.kv->near_pool().base()), table.data(), w0, n).args, o,
+            lse, d_o, dq, dk, dv, m);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      for (std::int32_t sl : slots) near_grad_id[static_cast<std::size_t>(sl)] = -1;
+      tiers.kv->release(tiers.compute, want);
+      tiers.grad->release(tiers.compute, grad_want);
+      if (failed) std::rethrow_exception(failed);
+    }
+  }
+  ref::attention_backward(own_window<E>(a).args, o, lse, d_o, dq, dk, dv, oomb::grad_mirror_view<E>{});
 }
 
 }  // namespace
@@ -289,10 +485,18 @@ int oomb_store_create(const oomb_store_config* config, oomb_store** out) {
     gc.kv_ids = c.max_pages;
     gc.pool.max_pages = c.max_grad_pages;
     gc.validate();
+    OOMB_C_EXPECTS(c.near_kv_slots >= 0 && (c.near_kv_slots == 0) == (c.near_grad_slots == 0) &&
+                       c.near_grad_slots >= 0,
+                   "near_kv_slots (", c.near_kv_slots, ") and near_grad_slots (", c.near_grad_slots,
+                   ") are both positive (offload) or both 0");
+    OOMB_C_EXPECTS(c.near_kv_slots == 0 || (c.window_pages > 0 && c.window_pages <= c.near_kv_slots &&
+                                            c.window_pages <= c.near_grad_slots),
+                   "window_pages ", c.window_pages, " must be positive and fit both near tiers (",
+                   c.near_kv_slots, " K/V slots, ", c.near_grad_slots, " gradient slots)");
     if (c.dtype == OOMB_DTYPE_F64)
-      s->impl = std::make_unique<typed_store<double>>(s->counted, kc, gc);
+      s->impl = std::make_unique<typed_store<double>>(s->counted, kc, gc, c.near_kv_slots, c.near_grad_slots);
     else
-      s->impl = std::make_unique<typed_store<float>>(s->counted, kc, gc);
+      s->impl = std::make_unique<typed_store<float>>(s->counted, kc, gc, c.near_kv_slots, c.near_grad_slots);
     if (c.summaries != 0) s->summaries = std::make_unique<oomb::page_summaries>(c.kv_heads, c.head_dim, c.max_pages);
     *out = s.release();
   });
@@ -461,6 +665,79 @@ int oomb_store_select(oomb_store* store, int32_t seq, int32_t layer, const void*
                      " selected pages, room for ", pages_capacity);
       std::copy(out.indptr().begin(), out.indptr().end(), indptr);
       std::copy(out.indices().begin(), out.indices().end(), pages);
+    });
+  });
+}
+
+int oomb_store_kv_written(oomb_store* store, int32_t seq, int32_t layer, int32_t first, int32_t last) {
+  return guarded([&] {
+    check_store(store);
+    store->visit([&](auto& t) {
+      const std::int32_t n = t.cache.num_pages(seq);
+      OOMB_C_EXPECTS(layer >= 0 && layer < t.cache.num_layers() && first >= 0 && first <= last && last <= n,
+                     "kv_written: pages [", first, ", ", last, ") of layer ", layer, " of a sequence of ", n);
+      if (!t.tiers) return;
+      const oomb::id_span all = t.cache.page_ids(seq, layer);
+      t.tiers->kv->mark_written(oomb::id_span(all.data() + first, static_cast<std::size_t>(last - first)));
+    });
+  });
+}
+
+int oomb_store_flush_grads(oomb_store* store) {
+  return guarded([&] {
+    check_store(store);
+    store->visit([&](auto& t) {
+      if (!t.tiers) return;
+      t.tiers->grad->flush();
+      t.tiers->grad->drain();
+    });
+  });
+}
+
+int oomb_store_residency_stats_get(const oomb_store* store, int32_t which, oomb_residency_stats* out) {
+  return guarded([&] {
+    check_store(store);
+    OOMB_C_EXPECTS(which == 0 || which == 1, "which ", which, " is not 0 (K/V) or 1 (gradients)");
+    *out = oomb_residency_stats{};
+    store->visit([&](const auto& t) {
+      if (!t.tiers) return;
+      const auto r = (which == 0 ? t.tiers->kv : t.tiers->grad)->stats();
+      out->bytes_to_near = static_cast<int64_t>(r.bytes_to_near);
+      out->bytes_to_far = static_cast<int64_t>(r.bytes_to_far);
+      out->hits = static_cast<int64_t>(r.hits);
+      out->misses = static_cast<int64_t>(r.misses);
+      out->evictions = static_cast<int64_t>(r.evictions);
+      out->write_backs = static_cast<int64_t>(r.write_backs);
+      out->zero_fills = static_cast<int64_t>(r.zero_fills);
+      out->slots = r.capacity;
+      out->slot_bytes = static_cast<int64_t>((which == 0 ? t.tiers->kv : t.tiers->grad)->page_bytes());
+    });
+  });
+}
+
+int oomb_store_attention_forward(oomb_store* store, int32_t seq, int32_t layer, const oomb_attention_args* args,
+                                 void* o, void* lse) {
+  return guarded([&] {
+    check_store(store);
+    OOMB_C_EXPECTS(args != nullptr && o != nullptr && lse != nullptr, "null argument");
+    store->visit([&](auto& t) {
+      using E = typename std::decay_t<decltype(t.cache)>::element_type;
+      store_forward(*store, t, seq, layer, *args, static_cast<E*>(o), static_cast<E*>(lse));
+    });
+  });
+}
+
+int oomb_store_attention_backward(oomb_store* store, int32_t seq, int32_t layer, const oomb_attention_args* args,
+                                  const void* o, const void* lse, const void* d_o, void* dq, void* dk, void* dv) {
+  return guarded([&] {
+    check_store(store);
+    OOMB_C_EXPECTS(args != nullptr && o != nullptr && lse != nullptr && d_o != nullptr && dq != nullptr &&
+                       dk != nullptr && dv != nullptr,
+                   "null argument");
+    store->visit([&](auto& t) {
+      using E = typename std::decay_t<decltype(t.cache)>::element_type;
+      store_backward(*store, t, seq, layer, *args, static_cast<const E*>(o), static_cast<const E*>(lse),
+                     static_cast<const E*>(d_o), static_cast<E*>(dq), static_cast<E*>(dk), static_cast<E*>(dv));
     });
   });
 }

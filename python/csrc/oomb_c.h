@@ -57,7 +57,20 @@ typedef struct {
   int32_t max_pages;  /* K/V page pairs, all layers together */
   int32_t max_grad_pages;
   int32_t summaries; /* nonzero: keep page summaries (sparse selection) */
+  /* Offload: both 0, every page is read and written in place (its home). Both positive: the
+   * store's attention streams the past through near tiers of that many K/V and gradient slots
+   * (the library's residency schedulers on its host streams), window_pages pages at a time. */
+  int32_t near_kv_slots;
+  int32_t near_grad_slots;
+  int32_t window_pages;
 } oomb_store_config;
+
+typedef struct {
+  int64_t bytes_to_near, bytes_to_far;
+  int64_t hits, misses, evictions, write_backs, zero_fills;
+  int32_t slots;
+  int64_t slot_bytes;
+} oomb_residency_stats;
 
 typedef struct {
   int32_t kv_in_use, kv_high_water, kv_capacity;
@@ -99,6 +112,14 @@ OOMB_C_API int oomb_store_select(oomb_store* store, int32_t seq, int32_t layer, 
                       int64_t q_start, int32_t tile, int32_t budget, int32_t sink, int32_t local,
                       int32_t scoring, int32_t* indptr, int32_t* pages, int64_t pages_capacity);
 
+/* Offload bookkeeping (no-ops for a store without near tiers): K/V of logical pages [first, last)
+ * of (seq, layer) were written into their homes by the caller; write every gradient page that a
+ * near slot changed back home and wait, before the caller reads gradient homes. */
+OOMB_C_API int oomb_store_kv_written(oomb_store* store, int32_t seq, int32_t layer, int32_t first, int32_t last);
+OOMB_C_API int oomb_store_flush_grads(oomb_store* store);
+/* which: 0 the K/V near tier, 1 the gradient one (zeros without offload). */
+OOMB_C_API int oomb_store_residency_stats_get(const oomb_store* store, int32_t which, oomb_residency_stats* out);
+
 /* ---- Attention of one chunk's queries over the past pages of a pool plus the chunk's own K/V,
  * causal, GQA, optionally page-sparse over the past; the CPU reference
  * (oomb/attention/reference.hpp), one window for the past and one for the chunk, folded by
@@ -132,6 +153,17 @@ OOMB_C_API int oomb_attention_forward(const oomb_attention_args* args, void* o, 
 OOMB_C_API int oomb_attention_backward(const oomb_attention_args* args, const void* o, const void* lse, const void* d_o,
                             void* dq, void* dk, void* dv, void* grad_pool, int64_t grad_pool_pages,
                             const int32_t* grad_ids, int64_t num_kv_ids);
+
+/* The same two calls over the past pages of (seq, layer) of a store (args->pool, pool_pages and
+ * past_ids are ignored): read in place, or through the near tiers window by window (forward
+ * merged by log-sum-exp; backward given the global o and lse, adding into gradient slots that are
+ * written home by oomb_store_flush_grads or eviction). A sparse call brings near only the pages
+ * some tile selects. Every past page it attends must have a gradient page (touch_grads). */
+OOMB_C_API int oomb_store_attention_forward(oomb_store* store, int32_t seq, int32_t layer,
+                                            const oomb_attention_args* args, void* o, void* lse);
+OOMB_C_API int oomb_store_attention_backward(oomb_store* store, int32_t seq, int32_t layer,
+                                             const oomb_attention_args* args, const void* o, const void* lse,
+                                             const void* d_o, void* dq, void* dk, void* dv);
 
 #ifdef __cplusplus
 }

@@ -4,21 +4,28 @@ import pytest
 import torch
 
 from conftest import FAMILIES, make_model, reference_grads, shift, worst_error
-from oomb.torch import ChunkRecurrent
+from oomb.torch import ChunkRecurrent, Offload
 
 TOL64 = 1e-10
 
 
+@pytest.mark.parametrize("offload", [None, Offload(kv_slots=3)], ids=["in-place", "offload"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_dense_float64_equals_full_backprop(family, ids_of):
-    # 150 tokens in chunks of 32: four full chunks and a partial one; pages of 16.
+def test_dense_float64_equals_full_backprop(family, offload, ids_of):
+    # 150 tokens in chunks of 32: four full chunks and a partial one; pages of 16 (10 per layer).
+    # Offload: the past streams through near tiers of 3 K/V and 3 gradient slots, 3 pages a window.
     model = make_model(family)
     ids = ids_of(150)
     ref_loss, ref = reference_grads(model, ids, shift(ids))
-    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=160)
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=160, offload=offload)
     loss = cr.forward_backward(ids)
     worst, where = worst_error(model, ref)
-    print(f"{family}: worst per-tensor gradient error {worst:.2e} ({where}); loss {float(loss):.15f}")
+    print(f"{family} {'offload' if offload else 'in place'}: worst per-tensor gradient error {worst:.2e} ({where}); "
+          f"loss {float(loss):.15f}")
+    if offload is not None:
+        near = cr.memory()["near"]
+        assert near["kv"]["slots"] == 3 and near["grad"]["slots"] == 3
+        assert near["kv"]["evictions"] > 0 and near["grad"]["write_backs"] > 0  # it really streamed
     assert abs(float(loss) - float(ref_loss)) <= 1e-12 * abs(float(ref_loss))
     assert worst <= TOL64, f"{family}: {where} off by {worst:.3e}"
     # Every page went back; the model's own attention is restored.
@@ -88,3 +95,19 @@ def test_a_single_chunk_and_a_model_trained_with_an_optimizer(ids_of):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     assert losses[-1] < losses[0]
+
+
+def test_offload_keeps_the_near_tier_fixed_as_the_sequence_grows(ids_of):
+    moved = []
+    for n in (64, 192):
+        model = make_model("qwen2")
+        ids = ids_of(n)
+        _, ref = reference_grads(model, ids, shift(ids))
+        cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=192, offload=Offload(kv_slots=4, grad_slots=2))
+        cr.forward_backward(ids)
+        worst, where = worst_error(model, ref)
+        assert worst <= TOL64, f"{n} tokens: {where} off by {worst:.3e}"
+        near = cr.memory()["near"]
+        assert (near["kv"]["slots"], near["grad"]["slots"]) == (4, 2)
+        moved.append(near["kv"]["bytes_to_near"])
+    assert moved[1] > moved[0]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import make_model
-from oomb.torch import ChunkRecurrent, RefusedError, _oomb_attention, _Run
+from oomb.torch import ChunkRecurrent, Offload, RefusedError, _oomb_attention, _Run
 
 
 class Counter:
@@ -129,9 +129,11 @@ def test_gradient_checkpointing(ids_of):
     refused(cr, ids_of(40), "gradient checkpointing is enabled")
 
 
-def test_offload_is_not_built():
-    with pytest.raises(RefusedError, match="offload is not available"):
+def test_offload_config():
+    with pytest.raises(RefusedError, match="offload must be an oomb.torch.Offload"):
         ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=True)
+    with pytest.raises(RefusedError, match=r"the window \(5 pages\) fit both near tiers \(4 K/V, 4 gradient"):
+        ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=Offload(kv_slots=4, window=5))
 
 
 def test_attention_outside_the_driver(ids_of):

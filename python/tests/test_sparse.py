@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from conftest import make_model, reference_grads, shift, worst_error
-from oomb.torch import ChunkRecurrent, SparseConfig
+from oomb.torch import ChunkRecurrent, Offload, SparseConfig
 
 _masks = {}
 
@@ -46,13 +46,14 @@ def selection_masks(selections, layers, n, chunk, page, tile):
     return masks
 
 
-@pytest.mark.parametrize("family,scoring,tile", [("qwen2", "quest", 16), ("qwen3", "mean", 32)])
-def test_sparse_equals_masked_full_sequence(family, scoring, tile, ids_of):
+@pytest.mark.parametrize("family,scoring,tile,offload", [("qwen2", "quest", 16, None), ("qwen3", "mean", 32, None),
+                                                         ("llama", "quest", 16, Offload(kv_slots=2))])
+def test_sparse_equals_masked_full_sequence(family, scoring, tile, offload, ids_of):
     n, chunk, page = 160, 32, 16  # up to 8 past pages; budget 1 + sink 1 + local 1 keeps 3
     model = make_model(family)
     ids = ids_of(n)
     sparse = SparseConfig(budget=1, sink=1, local=1, tile=tile, scoring=scoring)
-    cr = ChunkRecurrent(model, chunk=chunk, page=page, max_tokens=n, sparse=sparse)
+    cr = ChunkRecurrent(model, chunk=chunk, page=page, max_tokens=n, sparse=sparse, offload=offload)
     loss = cr.forward_backward(ids)
     got = {name: p.grad.clone() for name, p in model.named_parameters()}
     # The selection really leaves pages out, differently per layer and tile.
@@ -68,7 +69,7 @@ def test_sparse_equals_masked_full_sequence(family, scoring, tile, ids_of):
     for name, p in model.named_parameters():
         p.grad = got[name]
     worst, where = worst_error(model, ref)
-    print(f"sparse {family}/{scoring}: worst per-tensor gradient error {worst:.2e} ({where}), {dropped} page-tiles left out")
+    print(f"sparse {family}/{scoring}{' offload' if offload else ''}: worst per-tensor gradient error {worst:.2e} ({where}), {dropped} page-tiles left out")
     assert abs(float(loss) - float(ref_loss)) <= 1e-12 * abs(float(ref_loss))
     assert worst <= 1e-10, f"{where} off by {worst:.3e}"
     # And it differs from dense: the mask mattered.

@@ -31,6 +31,23 @@ class StoreConfig(ctypes.Structure):
         ("max_pages", c_i32),
         ("max_grad_pages", c_i32),
         ("summaries", c_i32),
+        ("near_kv_slots", c_i32),
+        ("near_grad_slots", c_i32),
+        ("window_pages", c_i32),
+    ]
+
+
+class ResidencyStats(ctypes.Structure):
+    _fields_ = [
+        ("bytes_to_near", c_i64),
+        ("bytes_to_far", c_i64),
+        ("hits", c_i64),
+        ("misses", c_i64),
+        ("evictions", c_i64),
+        ("write_backs", c_i64),
+        ("zero_fills", c_i64),
+        ("slots", c_i32),
+        ("slot_bytes", c_i64),
     ]
 
 
@@ -117,6 +134,14 @@ _signatures = {
     "oomb_store_summarize": ([c_p, c_i32, c_i32, c_i32, c_i32], ctypes.c_int),
     "oomb_store_select": (
         [c_p, c_i32, c_i32, c_p, c_i64, c_i32, c_i64, c_i32, c_i32, c_i32, c_i32, c_i32, c_p, c_p, c_i64],
+        ctypes.c_int,
+    ),
+    "oomb_store_kv_written": ([c_p, c_i32, c_i32, c_i32, c_i32], ctypes.c_int),
+    "oomb_store_flush_grads": ([c_p], ctypes.c_int),
+    "oomb_store_residency_stats_get": ([c_p, c_i32, ctypes.POINTER(ResidencyStats)], ctypes.c_int),
+    "oomb_store_attention_forward": ([c_p, c_i32, c_i32, ctypes.POINTER(AttentionArgs), c_p, c_p], ctypes.c_int),
+    "oomb_store_attention_backward": (
+        [c_p, c_i32, c_i32, ctypes.POINTER(AttentionArgs), c_p, c_p, c_p, c_p, c_p, c_p],
         ctypes.c_int,
     ),
     "oomb_attention_forward": ([ctypes.POINTER(AttentionArgs), c_p, c_p], ctypes.c_int),

@@ -39,6 +39,17 @@ def _tensor_at(address: int, shape, dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=dtype, count=count).view(*shape)
 
 
+_live_stores = {}  # address -> PagedStore, so an op given an address can check it names a live store
+
+
+def store_at(address: int) -> "PagedStore":
+    """The live store whose handle is `address` (what the store ops take), or a clear error."""
+    store = _live_stores.get(int(address))
+    if store is None:
+        raise ValueError(f"oomb: no live PagedStore at address {address:#x} (closed, or not a store)")
+    return store
+
+
 class PagedStore:
     """K/V pages of every layer in one pool, their gradient pages, optional page summaries.
 
@@ -50,14 +61,17 @@ class PagedStore:
 
     def __init__(self, *, layers: int, page_size: int, kv_heads: int, head_dim: int, chunk_size: int,
                  max_pages: int, max_grad_pages: int, dtype: torch.dtype = torch.float64,
-                 summaries: bool = False):
+                 summaries: bool = False, near_kv_slots: int = 0, near_grad_slots: int = 0,
+                 window_pages: int = 0):
         cfg = _lib.StoreConfig(dtype_code(dtype), layers, page_size, kv_heads, head_dim, chunk_size,
-                               max_pages, max_grad_pages, 1 if summaries else 0)
+                               max_pages, max_grad_pages, 1 if summaries else 0, near_kv_slots, near_grad_slots,
+                               window_pages)
         handle = ctypes.c_void_p()
         check(lib.oomb_store_create(ctypes.byref(cfg), ctypes.byref(handle)))
         self._h = handle
         self.layers, self.page_size, self.kv_heads, self.head_dim = layers, page_size, kv_heads, head_dim
         self.chunk_size, self.dtype, self.has_summaries = chunk_size, dtype, summaries
+        self.offload = near_kv_slots > 0
         pair = (2, page_size, kv_heads, head_dim)
         base, cap = ctypes.c_void_p(), ctypes.c_int64()
         check(lib.oomb_store_kv_pool(self._h, ctypes.byref(base), ctypes.byref(cap)))
@@ -67,12 +81,14 @@ class PagedStore:
                                        ctypes.byref(nids)))
         self.grad_pool = _tensor_at(gbase.value, (gcap.value, *pair), dtype)
         self.grad_ids = _tensor_at(ctypes.cast(ids, ctypes.c_void_p).value, (nids.value,), torch.int32)
+        _live_stores[self._h.value] = self
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
         """Frees the pools now (the tensors above must not be used after)."""
         if getattr(self, "_h", None):
             self.kv_pool = self.grad_pool = self.grad_ids = None
+            _live_stores.pop(self._h.value, None)
             lib.oomb_store_destroy(self._h)
             self._h = None
 
@@ -139,6 +155,29 @@ class PagedStore:
         check(lib.oomb_store_select(self._handle(), seq, layer, q.data_ptr(), sq, hq, q_start, tile, budget,
                                     sink, local, code, indptr.data_ptr(), pages.data_ptr(), cap))
         return indptr, pages[: int(indptr[-1])].clone()
+
+    # -- offload ------------------------------------------------------------------------------
+    def kv_written(self, seq: int, layer: int, first: int, last: int) -> None:
+        """The homes of logical pages [first, last) of (seq, layer) were written (by write_pages)."""
+        check(lib.oomb_store_kv_written(self._handle(), seq, layer, first, last))
+
+    def flush_grads(self) -> None:
+        """Writes the gradient pages near slots changed back home and waits (before reading homes)."""
+        check(lib.oomb_store_flush_grads(self._handle()))
+
+    def residency_stats(self) -> dict:
+        """Per near tier ('kv', 'grad'): bytes moved each way, hits, misses, evictions, write-backs."""
+        out = {}
+        for which, name in ((0, "kv"), (1, "grad")):
+            r = _lib.ResidencyStats()
+            check(lib.oomb_store_residency_stats_get(self._handle(), which, ctypes.byref(r)))
+            out[name] = {f: getattr(r, f) for f, _ in _lib.ResidencyStats._fields_}
+        return out
+
+    @property
+    def address(self) -> int:
+        """The store's handle as an integer (what oomb::store_attention takes)."""
+        return self._handle().value
 
     # -- accounting -------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -25,7 +25,7 @@ from transformers import AttentionInterface
 from . import ops
 from .pages import PagedStore
 
-__all__ = ["ChunkRecurrent", "SparseConfig", "ATTENTION_NAME", "RefusedError"]
+__all__ = ["ChunkRecurrent", "SparseConfig", "Offload", "ATTENTION_NAME", "RefusedError"]
 
 #: The name oomb's attention is registered under in transformers' AttentionInterface.
 ATTENTION_NAME = "oomb"
@@ -47,6 +47,19 @@ class SparseConfig:
     local: int = 1
     tile: int = 128
     scoring: str = "quest"
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Stream the past through near tiers of fixed size, as the GPU path will (here on the CPU, with
+    the library's residency schedulers on its host streams; the homes are the store's pools):
+    ``kv_slots`` K/V page slots and ``grad_slots`` gradient page slots (default: as many), the
+    attention reading the past ``window`` pages at a time (default: all the slots), forward windows
+    merged by log-sum-exp. What is near is fixed whatever the sequence's length."""
+
+    kv_slots: int
+    grad_slots: Optional[int] = None
+    window: Optional[int] = None
 
 
 # ---- the registered attention function --------------------------------------------------------
@@ -90,17 +103,21 @@ class ChunkRecurrent:
     max_tokens  the plan: the longest sequence a call may bring. K/V and gradient pages for it are
                 allocated here, up front, from oomb's host resource; nothing grows later
     sparse      a SparseConfig for page-sparse attention, or None (dense: exact)
-    offload     not available in this build (the CPU path keeps every page in host memory, which is
-                also where offload would keep it); anything but None/False is refused
+    offload     an Offload (near tiers of fixed size the past streams through), or None: every page
+                is read where it lives
     """
 
     def __init__(self, model, *, chunk: int, max_tokens: int, page: Optional[int] = None,
-                 sparse: Optional[SparseConfig] = None, offload=None):
-        if offload not in (None, False):
-            raise RefusedError(
-                "oomb: offload is not available in the PyTorch package yet: on the CPU every page already "
-                "lives in host memory (the far tier), and the GPU path that streams pages through a fixed "
-                "near tier is not built (docs/pytorch.md)")
+                 sparse: Optional[SparseConfig] = None, offload: Optional[Offload] = None):
+        if offload is not None and not isinstance(offload, Offload):
+            raise RefusedError(f"oomb: offload must be an oomb.torch.Offload or None, got {offload!r}")
+        if offload is not None:
+            grad_slots = offload.grad_slots or offload.kv_slots
+            window = offload.window or min(offload.kv_slots, grad_slots)
+            if min(offload.kv_slots, grad_slots, window) <= 0 or window > min(offload.kv_slots, grad_slots):
+                raise RefusedError(f"oomb: {offload}: slots must be positive and the window ({window} pages) fit "
+                                   f"both near tiers ({offload.kv_slots} K/V, {grad_slots} gradient slots)")
+            offload = Offload(offload.kv_slots, grad_slots, window)
         if page is None:
             page = min(128, chunk)
         if page < 16 or page & (page - 1):
@@ -115,7 +132,7 @@ class ChunkRecurrent:
             if min(sparse.budget, sparse.sink, sparse.local) < 0 or sparse.tile <= 0:
                 raise RefusedError(f"oomb: bad sparse config {sparse}")
         self.model = model
-        self.chunk, self.page, self.max_tokens, self.sparse = chunk, page, max_tokens, sparse
+        self.chunk, self.page, self.max_tokens, self.sparse, self.offload = chunk, page, max_tokens, sparse, offload
         self._check_model()
         layers, hq, hkv, d = _config_dims(model.config)
         self.layers, self.hq, self.hkv, self.head_dim = layers, hq, hkv, d
@@ -123,7 +140,10 @@ class ChunkRecurrent:
         pages = layers * -(-max_tokens // page)
         self.store = PagedStore(layers=layers, page_size=page, kv_heads=hkv, head_dim=d, chunk_size=chunk,
                                 max_pages=pages, max_grad_pages=pages, dtype=self.dtype,
-                                summaries=sparse is not None)
+                                summaries=sparse is not None,
+                                near_kv_slots=offload.kv_slots if offload else 0,
+                                near_grad_slots=offload.grad_slots if offload else 0,
+                                window_pages=offload.window if offload else 0)
         self.seq = self.store.add_sequence()
         #: After a call: per (layer, chunk) the sparse selection stage 1 made, (indptr, pages) with
         #: logical past-page indices per tile; empty when dense.
@@ -246,8 +266,12 @@ class ChunkRecurrent:
 
     def memory(self) -> dict:
         """oomb's pools (host memory from the library's host resource): pages in use and their peaks,
-        bytes reserved. Everything is reserved at construction for ``max_tokens``."""
-        return self.store.stats()
+        bytes reserved. Everything is reserved at construction for ``max_tokens``. With offload, also
+        ``near``: per near tier its slots and what moved through it (cumulative)."""
+        out = self.store.stats()
+        if self.offload is not None:
+            out["near"] = self.store.residency_stats()
+        return out
 
     def close(self) -> None:
         self.store.close()
@@ -308,22 +332,29 @@ class _Run:
         past_ids = store.page_ids(seq, layer, 0, first)
         sp = d.sparse
         key_ = (layer, self.chunk_index)
+        tile = sp.tile if sp else 128
         if self.stage == 1:
             own_ids = store.page_ids(seq, layer, first, first + -(-sq // page))
             ops.write_pages(store.kv_pool, k, v, own_ids)
+            if d.offload is not None:
+                store.kv_written(seq, layer, first, first + own_ids.numel())
             if sp is not None:
                 if first > 0:
                     d.selections[key_] = store.select(seq, layer, q, self.q_start, tile=sp.tile, budget=sp.budget,
                                                       sink=sp.sink, local=sp.local, scoring=sp.scoring)
                 store.summarize(seq, layer, first, first + own_ids.numel())
-            indptr, pages = d.selections.get(key_, (None, None))
-            o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, None, None, self.q_start, scale, indptr, pages,
-                                    sp.tile if sp else 128)
         else:
             self.captured[layer] = (key, value)
-            indptr, pages = d.selections.get(key_, (None, None))
+        indptr, pages = d.selections.get(key_, (None, None))
+        if d.offload is not None:  # the past streams through the store's near tiers
+            o, _lse = ops.store_attention(q, k, v, store.kv_pool, store.grad_pool, store.address, seq, layer,
+                                          self.q_start, scale, indptr, pages, tile)
+        elif self.stage == 1:
+            o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, None, None, self.q_start, scale, indptr, pages,
+                                    tile)
+        else:
             o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, store.grad_pool, store.grad_ids, self.q_start,
-                                    scale, indptr, pages, sp.tile if sp else 128)
+                                    scale, indptr, pages, tile)
         return o.unsqueeze(0), None
 
     # -- the two stages ----------------------------------------------------------------------------
@@ -364,6 +395,7 @@ class _Run:
                 loss = F.cross_entropy(logits.to(loss_dtype), targets[s0:s1], ignore_index=-100,
                                        reduction="sum") / count
                 roots, grads = [loss], [torch.ones_like(loss)]
+                store.flush_grads()  # offload: what later chunks added in near slots, home now
                 for layer, (key, value) in self.captured.items():
                     own = store.page_ids(seq, layer, first, first + -(-(s1 - s0) // page))
                     gids = store.grad_ids[own.long()]
