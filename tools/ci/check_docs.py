@@ -17,8 +17,9 @@ cites results by commit); and the code under include/, examples/, tests/, bench/
 
 What counts as a repository path: a run of path characters (letters, digits, `_ . - / * + ~`,
 and `{a,b}` groups) that starts with a top-level folder and a slash (include/, examples/,
-tests/, bench/, tools/, docs/, cmake/, configs/, python/, .ci/), with `oomb/...` read as
-include/oomb/... and `trainer/...` as examples/trainer/.... A run that follows `$`, `/`, `.`, a
+tests/, bench/, tools/, docs/, cmake/, configs/, python/, .ci/), or with `oomb/` (read as
+include/oomb/ or python/src/oomb/) or `trainer/` (examples/trainer/); a path may also be relative
+to the folder of the file that names it. A run that follows `$`, `/`, `.`, a
 letter or a digit is part of something else (`$OUT/tests/...`, `build/bench/...`,
 `393e411:bench/...`) and is not checked. The path ends at `#` or `:` (an anchor or a line number)
 and at `...`; trailing dots are dropped; `{a,b}` expands to both; `*` must match something. A
@@ -118,7 +119,7 @@ def candidate_paths(text):
         alias = next((real for name, real in ALIASES if path.startswith(name)), None)
         if alias:
             rest = path[path.index("/") + 1:]
-            yield m.start(), raw, tuple(base + rest for base in alias)
+            yield m.start(), raw, tuple(base + rest for base in alias) + (path,)
         elif path.startswith(TOP) and "/" in path:
             yield m.start(), raw, (path,)
 
@@ -265,9 +266,12 @@ def main():
             if not any(t == wanted or t.startswith(wanted) for t in titles_of[target]):
                 problems.append(f"{where}: {target} has no heading \"{title}\"")
 
-    def check_path(where, raw, readings):
-        """readings: the paths the name may stand for (an alias has several); one must exist."""
+    def check_path(where, raw, readings, base):
+        """readings: the paths the name may stand for (an alias has several, and each may also be
+        relative to the naming file's folder `base`); one must exist."""
         counts["paths"] += 1
+        if str(base) not in ("", "."):
+            readings = tuple(readings) + tuple(os.path.normpath(str(base / r)) for r in readings)
         for alternatives in zip(*(expand_braces(r) for r in readings)):
             if not any(repo.exists(p) or (p.endswith(("-", "_")) and repo.prefix_exists(p))
                        for p in alternatives):
@@ -298,7 +302,7 @@ def main():
                     if fragment not in anchors_of[resolved]:
                         problems.append(f"{where}: link to a heading {resolved} does not have: {target}")
             for _, raw, path in candidate_paths(LINK.sub(" ", line)):
-                check_path(where, raw, path)
+                check_path(where, raw, path, base)
             check_title(where, line, base)
 
     for rel in sorted(repo.files):
@@ -315,7 +319,7 @@ def main():
         counts["code"] += 1
         for number, comment in code_comments(kind, src):
             for _, raw, p in candidate_paths(comment):
-                check_path(f"{rel}:{number}", raw, p)
+                check_path(f"{rel}:{number}", raw, p, kind.parent)
             check_title(f"{rel}:{number}", comment)
 
     # A path git ignores is a build output (build*/, .venv, runs/): named, never committed.
