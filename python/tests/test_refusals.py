@@ -168,3 +168,25 @@ def test_attention_variants_not_supported(kwargs, match):
             _oomb_attention(model.model.layers[0].self_attn, q, kv, kv, torch.zeros(1, 1, 16, 16))
     finally:
         ot._active = None
+
+
+def test_a_layer_whose_attention_bypasses_the_registry(ids_of):
+    # Layer 1 replaced by one that attends on its own (plain sdpa over the chunk): it would never
+    # see the past, so the driver refuses after the first chunk's forward, before any gradient.
+    model = make_model("qwen2")
+    attn = model.model.layers[1].self_attn
+
+    def own_attention(hidden_states, position_embeddings, attention_mask, **kwargs):
+        b, s, _ = hidden_states.shape
+        q = attn.q_proj(hidden_states).view(b, s, -1, attn.head_dim).transpose(1, 2)
+        k = attn.k_proj(hidden_states).view(b, s, -1, attn.head_dim).transpose(1, 2)
+        v = attn.v_proj(hidden_states).view(b, s, -1, attn.head_dim).transpose(1, 2)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return attn.o_proj(o.transpose(1, 2).reshape(b, s, -1)), None
+
+    attn.forward = own_attention
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
+    with pytest.raises(RefusedError, match=r"layers \[1\] did not call attention through"):
+        cr.forward_backward(ids_of(64))
+    assert all(p.grad is None for p in model.parameters())
+    assert cr.memory()["kv_in_use"] == 0

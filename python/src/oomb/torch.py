@@ -251,6 +251,11 @@ class ChunkRecurrent:
         total = torch.zeros((), dtype=torch.float64)
         model.set_attn_implementation(ATTENTION_NAME)
         try:
+            if model.config._attn_implementation != ATTENTION_NAME:
+                raise RefusedError(
+                    f"oomb: {type(model).__name__} did not take the attention implementation {ATTENTION_NAME!r} "
+                    f"(it stays {model.config._attn_implementation!r}): its attention does not go through "
+                    "transformers' AttentionInterface")
             for b in range(batch):
                 run = _Run(self, n)
                 _active = run
@@ -287,6 +292,7 @@ class _Run:
         self.chunk_index = 0
         self.q_start = 0
         self.captured: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self.called = set()  # layers whose attention came through oomb in this chunk
 
     # -- attention, called by every layer --------------------------------------------------------
     def attend(self, module, query, key, value, attention_mask, scaling, dropout, kwargs):
@@ -311,6 +317,7 @@ class _Run:
                 raise RefusedError(f"oomb: layer {layer} called attention with {name}; not supported")
         if kwargs.get("is_causal") is False or getattr(module, "is_causal", True) is False:
             raise RefusedError(f"oomb: layer {layer} is not causal (cross- or bidirectional attention)")
+        self.called.add(layer)
         b, hq, sq, hd = query.shape
         if key.shape[2] != sq:
             raise RefusedError(f"oomb: layer {layer} attends {key.shape[2]} keys for {sq} queries (cross-attention "
@@ -372,7 +379,12 @@ class _Run:
             for c, (s0, s1) in enumerate(bounds):
                 store.append(seq, s1 - s0)
                 self.chunk_index, self.q_start = c, s0
+                self.called = set()
                 base(input_ids=ids[None, s0:s1], position_ids=torch.arange(s0, s1)[None], use_cache=False)
+                if len(self.called) != d.layers:  # a layer attended on its own: it would miss the past
+                    missing = sorted(set(range(d.layers)) - self.called)
+                    raise RefusedError(f"oomb: layers {missing} did not call attention through transformers' "
+                                       "AttentionInterface, so they would not see the past chunks")
 
         # Stage 2: backwards over the chunks, recomputing each under autograd.
         self.stage = 2
