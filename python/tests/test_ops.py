@@ -216,3 +216,15 @@ def test_store_attention_equals_attention_and_passes_opcheck(offload):
     with pytest.raises(ValueError, match="no live PagedStore"):
         ops.store_attention(q, k[32:], v[32:], st.kv_pool, st.grad_pool, 12345, seq, 1, 32, 0.3, None, None, 128)
     st.close()
+
+
+def test_a_dropped_store_frees_its_pools():
+    import gc
+    import weakref
+    st = PagedStore(layers=1, page_size=P, kv_heads=HKV, head_dim=D, chunk_size=32, max_pages=4, max_grad_pages=4)
+    address, ref = st.address, weakref.ref(st)
+    del st
+    gc.collect()
+    assert ref() is None
+    with pytest.raises(ValueError, match="no live PagedStore"):
+        oomb.pages.store_at(address)

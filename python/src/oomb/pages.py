@@ -10,6 +10,7 @@ Pools are token-major page pairs: ``kv_pool[id, 0]`` is the K page of id ``id``,
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 
@@ -39,7 +40,9 @@ def _tensor_at(address: int, shape, dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=dtype, count=count).view(*shape)
 
 
-_live_stores = {}  # address -> PagedStore, so an op given an address can check it names a live store
+# address -> PagedStore, so an op given an address can check it names a live store (weak: the
+# registry must not keep a store, and its pools, alive).
+_live_stores: "weakref.WeakValueDictionary[int, PagedStore]" = weakref.WeakValueDictionary()
 
 
 def store_at(address: int) -> "PagedStore":
