@@ -1,7 +1,7 @@
 // oomb — the GPU attention entry points: plan-driven launches of the paged attention kernels.
 // SPDX-License-Identifier: Apache-2.0
 //
-//   device_facts_of(device)                         the device's immutable facts, queried once
+//   current_device_facts()                          the device's immutable facts, queried once
 //   plan_forward(shape, facts, options)             (plan.hpp) which kernel, which split
 //   forward(plan, args, o, lse, stream)             o [sq][hq][d] (bf16 or float), lse [hq][sq]
 //   merge(sq, hq, d, o_acc, lse_acc, o, lse, stream)   windows fold by log-sum-exp
@@ -470,7 +470,7 @@ void launch_backward_sm90(const backward_plan& plan, const attention_args& a, co
   check_launch("attention_backward (sm90)");
 }
 
-/// Resident blocks per SM of `kernel` on device `dev` (0: it cannot run there).
+/// Resident blocks per SM of `kernel` on the current device (0: it cannot run there).
 template <class Kernel>
 int blocks_per_sm(Kernel kernel, int threads, int smem) {
   int per_sm = 0;
@@ -481,7 +481,80 @@ int blocks_per_sm(Kernel kernel, int threads, int smem) {
   return per_sm;
 }
 
-/// Queries the facts of the current device (uncached: device_facts_of caches them).
+/// Resident CTAs per SM of configuration Cfg on the current device; 0 where it cannot run (a Hopper
+/// configuration off sm_90, or without its sm_90a code in this binary).
+template <class Cfg>
+int config_blocks_per_sm(bool sm90) {
+  if constexpr (is_forward(config_of<Cfg>())) {
+    if constexpr (shape_of(config_of<Cfg>()).hopper) {
+      if (!sm90 || !sm90_forward_built<Cfg, oomb::bf16>() || !sm90_forward_built<Cfg, float>()) return 0;
+      allow_smem(attention_forward_sm90_kernel<Cfg, oomb::bf16>, Cfg::smem_bytes);
+      return blocks_per_sm(attention_forward_sm90_kernel<Cfg, oomb::bf16>, Cfg::THREADS, Cfg::smem_bytes);
+    } else {
+      allow_smem(attention_forward_kernel<Cfg, oomb::bf16>, Cfg::smem_bytes);
+      return blocks_per_sm(attention_forward_kernel<Cfg, oomb::bf16>, Cfg::THREADS, Cfg::smem_bytes);
+    }
+  } else if constexpr (shape_of(config_of<Cfg>()).hopper) {
+    if (!sm90 || !sm90_backward_built<Cfg>()) return 0;
+    allow_smem(attention_backward_sm90_kernel<Cfg>, Cfg::smem_bytes);
+    return blocks_per_sm(attention_backward_sm90_kernel<Cfg>, Cfg::THREADS, Cfg::smem_bytes);
+  } else {
+    allow_smem(attention_backward_kernel<Cfg>, Cfg::smem_bytes);
+    return blocks_per_sm(attention_backward_kernel<Cfg>, Cfg::THREADS, Cfg::smem_bytes);
+  }
+}
+
+/// Every product kernel's launch, as explicit instantiations after `kw` (`template` or `extern
+/// template`), inside namespace oomb::attention::detail. Header-only users need none of this: each
+/// translation unit that launches attention instantiates what it uses. A build that launches it from
+/// many units compiles the kernels once instead: one unit writes OOMB_ATTENTION_INSTANCES(template)
+/// after including this header, the others are compiled with OOMB_ATTENTION_EXTERN_INSTANCES
+/// defined (oomb's own targets link oomb::attention_kernels, which does both).
+#define OOMB_ATTENTION_DETAIL_CFG(name) config_type<kernel_config::name>::type
+#define OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launcher, O)                                                  \
+  kw void launcher<OOMB_ATTENTION_DETAIL_CFG(name), O>(const forward_plan&, const attention_args&, O*, float*, \
+                                                       cudaStream_t);
+#define OOMB_ATTENTION_DETAIL_PORTABLE_FORWARD(kw, name)                   \
+  OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launch_forward, oomb::bf16)      \
+  OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launch_forward, float)           \
+  kw int config_blocks_per_sm<OOMB_ATTENTION_DETAIL_CFG(name)>(bool);
+#define OOMB_ATTENTION_DETAIL_HOPPER_FORWARD(kw, name)                     \
+  OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launch_forward_sm90, oomb::bf16) \
+  OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launch_forward_sm90, float)      \
+  kw bool sm90_forward_built<OOMB_ATTENTION_DETAIL_CFG(name), oomb::bf16>(); \
+  kw bool sm90_forward_built<OOMB_ATTENTION_DETAIL_CFG(name), float>();      \
+  kw int config_blocks_per_sm<OOMB_ATTENTION_DETAIL_CFG(name)>(bool);
+#define OOMB_ATTENTION_DETAIL_PORTABLE_BACKWARD(kw, name)                                                       \
+  kw void launch_backward<OOMB_ATTENTION_DETAIL_CFG(name)>(const backward_plan&, const attention_args&,          \
+                                                           const float*, const float*, const oomb::bf16*, float*, \
+                                                           float*, float*, oomb::grad_mirror_view<float>,         \
+                                                           cudaStream_t);                                         \
+  kw int config_blocks_per_sm<OOMB_ATTENTION_DETAIL_CFG(name)>(bool);
+#define OOMB_ATTENTION_DETAIL_HOPPER_BACKWARD(kw, name)                                                   \
+  kw void launch_backward_sm90<OOMB_ATTENTION_DETAIL_CFG(name), false>(                                   \
+      const backward_plan&, const attention_args&, const float*, const float*, const oomb::bf16*, float*, \
+      float*, float*, oomb::grad_mirror_view<float>, cudaStream_t, sparse_backward_workspace, std::uint64_t*); \
+  kw bool sm90_backward_built<OOMB_ATTENTION_DETAIL_CFG(name)>();                                         \
+  kw int config_blocks_per_sm<OOMB_ATTENTION_DETAIL_CFG(name)>(bool);
+#define OOMB_ATTENTION_INSTANCES(kw)                                              \
+  OOMB_ATTENTION_DETAIL_PORTABLE_FORWARD(kw, forward_portable_d64)                \
+  OOMB_ATTENTION_DETAIL_PORTABLE_FORWARD(kw, forward_portable_d128)               \
+  OOMB_ATTENTION_DETAIL_HOPPER_FORWARD(kw, forward_hopper_d64)                    \
+  OOMB_ATTENTION_DETAIL_HOPPER_FORWARD(kw, forward_hopper_d128)                   \
+  OOMB_ATTENTION_DETAIL_PORTABLE_BACKWARD(kw, backward_portable_d64)              \
+  OOMB_ATTENTION_DETAIL_PORTABLE_BACKWARD(kw, backward_portable_d128)             \
+  OOMB_ATTENTION_DETAIL_HOPPER_BACKWARD(kw, backward_hopper_d64)                  \
+  OOMB_ATTENTION_DETAIL_HOPPER_BACKWARD(kw, backward_hopper_d64_wide_group)       \
+  OOMB_ATTENTION_DETAIL_HOPPER_BACKWARD(kw, backward_hopper_d64_unaligned)        \
+  OOMB_ATTENTION_DETAIL_HOPPER_BACKWARD(kw, backward_hopper_d128)                 \
+  OOMB_ATTENTION_DETAIL_HOPPER_BACKWARD(kw, backward_hopper_d128_wide_group)      \
+  OOMB_ATTENTION_DETAIL_HOPPER_BACKWARD(kw, backward_hopper_d128_unaligned)
+
+#if defined(OOMB_ATTENTION_EXTERN_INSTANCES)
+OOMB_ATTENTION_INSTANCES(extern template)
+#endif
+
+/// Queries the facts of the current device (uncached: current_device_facts caches them).
 inline device_facts query_device_facts() {
   device_facts f;
   int dev = 0;
@@ -490,33 +563,9 @@ inline device_facts query_device_facts() {
     OOMB_FAIL(oomb::cuda_error, "attention: cannot read the current device's multiprocessor count");
   }
   const bool sm90 = current_device_is_sm90();
-  for (int i = 0; i < kernel_config_count; ++i) {
-    const auto c = static_cast<kernel_config>(i);
-    with_config(c, [&](auto cfg) {
-      using Cfg = decltype(cfg);
-      int n = 0;
-      if constexpr (is_forward(config_of<Cfg>())) {
-        if constexpr (shape_of(config_of<Cfg>()).hopper) {
-          if (sm90 && sm90_forward_built<Cfg, oomb::bf16>() && sm90_forward_built<Cfg, float>()) {
-            allow_smem(attention_forward_sm90_kernel<Cfg, oomb::bf16>, Cfg::smem_bytes);
-            n = blocks_per_sm(attention_forward_sm90_kernel<Cfg, oomb::bf16>, Cfg::THREADS, Cfg::smem_bytes);
-          }
-        } else {
-          allow_smem(attention_forward_kernel<Cfg, oomb::bf16>, Cfg::smem_bytes);
-          n = blocks_per_sm(attention_forward_kernel<Cfg, oomb::bf16>, Cfg::THREADS, Cfg::smem_bytes);
-        }
-      } else if constexpr (shape_of(config_of<Cfg>()).hopper) {
-        if (sm90 && sm90_backward_built<Cfg>()) {
-          allow_smem(attention_backward_sm90_kernel<Cfg>, Cfg::smem_bytes);
-          n = blocks_per_sm(attention_backward_sm90_kernel<Cfg>, Cfg::THREADS, Cfg::smem_bytes);
-        }
-      } else {
-        allow_smem(attention_backward_kernel<Cfg>, Cfg::smem_bytes);
-        n = blocks_per_sm(attention_backward_kernel<Cfg>, Cfg::THREADS, Cfg::smem_bytes);
-      }
-      f.blocks_per_sm[i] = n;
-    });
-  }
+  for (int i = 0; i < kernel_config_count; ++i)
+    with_config(static_cast<kernel_config>(i),
+                [&](auto cfg) { f.blocks_per_sm[i] = config_blocks_per_sm<decltype(cfg)>(sm90); });
   return f;
 }
 

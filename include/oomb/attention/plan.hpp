@@ -72,7 +72,7 @@ constexpr tile_shape shape_of(kernel_config c) {
 constexpr bool is_forward(kernel_config c) { return c <= kernel_config::forward_hopper_d128; }
 
 /// Immutable facts of one device and binary: what a plan depends on besides the call. Queried
-/// once per device by device_facts_of (attention.cuh: SM count, each configuration's resident
+/// once per device by current_device_facts (attention.cuh: SM count, each configuration's resident
 /// blocks per SM from the occupancy calculator, whether the device is Hopper and the binary holds
 /// each Hopper kernel's sm_90a code); tests write them by hand.
 struct device_facts {
