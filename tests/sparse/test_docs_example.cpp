@@ -1,4 +1,5 @@
-// The API example of docs/sparse.md, compiled and checked here so the doc cannot drift.
+// The API example of docs/sparse.md, compiled and run here; readme.snippets checks that the doc
+// quotes the region between the snippet markers verbatim.
 #include <doctest/doctest.h>
 
 #include <random>
@@ -23,7 +24,7 @@ TEST_CASE("docs/sparse.md example") {
   for (auto& x : q) x = u(rng) - 0.55f;
   const auto queries = oomb::tensor_view<const float, 3>::contiguous(q.data(), {chunk, 8, 64});
 
-  // --8<-- [docs/sparse.md]
+  // snippet-begin: example
   // One store per layer, indexed by the pool's page ids: 2 KV heads, head_dim 64.
   oomb::page_summaries summaries(/*kv_heads=*/2, /*head_dim=*/64);
   // As pages fill (after K is written to the pool): tokens [first, first + count) of page id.
@@ -46,7 +47,7 @@ TEST_CASE("docs/sparse.md example") {
       const std::int32_t id = page_ids[std::size_t(logical)];  // the page table gives the pool id
       (void)id;
     }
-  // --8<--
+  // snippet-end: example
 
   CHECK(v.num_tiles == 3);  // 300 queries in tiles of 128
   for (std::int32_t t = 0; t < v.num_tiles; ++t) {
