@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Runs all of oomb's checks that need no GPU, in four phases, and prints each phase's time:
+# Runs all of oomb's checks that need no GPU, in phases, and prints each phase's time:
+#   0 docs      every relative link and repository path named in the current docs and in code
+#               comments exists (tools/ci/check_docs.py; seconds, no build): counted as one test
 #   1 cpu       CPU build (-O0, assertions and bounds checks on) and every CPU test, via ctest
 #   2 cuda      CUDA build (Release, sm_90a) of everything but test_trainer (the cpu phase's):
 #               compiled, nothing labelled gpu is run.
@@ -10,7 +12,7 @@
 #   4 consumer  install + find_package, pkg-config, add_subdirectory and FetchContent consumers
 #   5 python    the PyTorch package: pip install ./python into the venv tools/setup.sh made
 #               (OOMB_VENV, default .venv), then its pytest suite (python/tests, CPU, no downloads)
-# Usage: bash tools/test.sh [PHASE...]   (default: all five; e.g. `bash tools/test.sh cpu`)
+# Usage: bash tools/test.sh [PHASE...]   (default: all six, docs first; e.g. `bash tools/test.sh cpu`)
 # Environment: OOMB_TEST_DIR (build folders, default build-test), OOMB_JOBS (default 2).
 set -euo pipefail
 
@@ -19,9 +21,9 @@ cd "$root"
 out=${OOMB_TEST_DIR:-build-test}
 jobs=${OOMB_JOBS:-2}
 phases=("$@")
-[ ${#phases[@]} -gt 0 ] || phases=(cpu cuda sanitize consumer python)
+[ ${#phases[@]} -gt 0 ] || phases=(docs cpu cuda sanitize consumer python)
 for p in "${phases[@]}"; do
-  case "$p" in cpu|cuda|sanitize|consumer|python) ;; *) echo "tools/test.sh: unknown phase '$p'" >&2; exit 2;; esac
+  case "$p" in docs|cpu|cuda|sanitize|consumer|python) ;; *) echo "tools/test.sh: unknown phase '$p'" >&2; exit 2;; esac
 done
 command -v ninja >/dev/null || { echo "tools/test.sh: ninja is missing: run 'bash tools/setup.sh'" >&2; exit 1; }
 
@@ -45,6 +47,16 @@ run_ctest() {
     failed=$((failed + 1))
   fi
   return "$rc"
+}
+
+phase_docs() {
+  # Standard library only: runs wherever python3 does, before anything is built.
+  if python3 tools/ci/check_docs.py; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    return 1
+  fi
 }
 
 phase_cpu() {
@@ -163,6 +175,6 @@ for p in "${phases[@]}"; do
   cpu_total=$((cpu_total + cpu[$p]))
 done
 echo "all phases: $total s (cpu $cpu_total s on $(nproc) cores)"
-# CI reads this line: the totals of the phases that ran tests (ctest's in cpu and sanitize,
-# pytest's in python).
+# CI reads this line: the totals of the phases that ran tests (the docs check as one, ctest's in
+# cpu and sanitize, pytest's in python).
 echo "tests: $passed passed, $failed failed"
