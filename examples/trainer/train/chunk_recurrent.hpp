@@ -1,5 +1,5 @@
 // oomb trainer — chunk-recurrent training with recomputation on oomb's paged KV cache, gradient
-// mirror, residency scheduler and sparse page selection (DESIGN, "The algorithm").
+// mirror, residency scheduler and sparse page selection (docs/trainer.md, "The algorithm").
 // SPDX-License-Identifier: Apache-2.0
 //
 // stage 1, chunks c = 0 .. n-1, no gradients: every layer computes q, k, v of the chunk, writes k
