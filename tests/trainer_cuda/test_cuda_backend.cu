@@ -61,7 +61,7 @@ model_config config(std::int32_t hq, std::int32_t hkv, bool tied, std::int32_t d
   return c;
 }
 
-/// Random weights whose every parameter matters, rounded to bf16 (the values both backends use).
+/// Random weights whose every parameter matters, rounded to bf16 (the values the CPU and GPU runs share).
 qwen2_params<double> bf16_weights(const model_config& c, std::uint64_t seed) {
   qwen2_params<double> p(c);
   oomb_trainer::init_perturbed(p, seed, /*std_dev=*/0.05);
