@@ -127,6 +127,28 @@ inline void check_plan(const call_shape& planned, const call_shape& call, const 
                ", sparse ", call.sparse, ": plan each call (plans are cheap host arithmetic)");
 }
 
+/// Launches a forward kernel over plan.row_blocks * plan.split CTAs per KV head, the plan.split CTAs of
+/// a row block forming one thread-block cluster (no cluster attribute for a split of 1).
+template <class Cfg, class Kernel, class... Args>
+void launch_in_clusters(const char* what, Kernel kernel, const forward_plan& plan, int hkv, cudaStream_t stream,
+                        Args... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(plan.row_blocks * plan.split), static_cast<unsigned>(hkv));
+  cfg.blockDim = dim3(Cfg::THREADS);
+  cfg.dynamicSmemBytes = Cfg::smem_bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(plan.split);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = plan.split > 1 ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess) OOMB_FAIL(oomb::cuda_error, what, ": launch failed: ", cudaGetErrorString(e));
+  check_launch(what);
+}
+
 /// Launches the portable forward with tile shape Cfg as `plan` says.
 template <class Cfg, class O>
 void launch_forward(const forward_plan& plan, const attention_args& a, O* o, float* lse, cudaStream_t stream) {
@@ -139,23 +161,7 @@ void launch_forward(const forward_plan& plan, const attention_args& a, O* o, flo
   OOMB_EXPECTS((reinterpret_cast<std::uintptr_t>(o) & 7u) == 0, "attention_forward: o must be 8-byte aligned");
   const auto kernel = attention_forward_kernel<Cfg, O>;
   allow_smem(kernel, Cfg::smem_bytes);
-  const int split = plan.split;
-  const int row_blocks = plan.row_blocks;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(row_blocks * split), static_cast<unsigned>(a.hkv));
-  cfg.blockDim = dim3(Cfg::THREADS);
-  cfg.dynamicSmemBytes = Cfg::smem_bytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(split);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = split > 1 ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p, o, lse, split);
-  if (e != cudaSuccess) OOMB_FAIL(oomb::cuda_error, "attention_forward: launch failed: ", cudaGetErrorString(e));
-  check_launch("attention_forward");
+  launch_in_clusters<Cfg>("attention_forward", kernel, plan, a.hkv, stream, p, o, lse, plan.split);
 }
 
 using encode_tiled_fn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -312,22 +318,8 @@ void launch_forward_sm90(const forward_plan& plan, const attention_args& a, O* o
   const bool tok1 = kv_token_dim1(a.kv.pool);
   const CUtensorMap tk = make_kv_tensor_map(a.kv.pool, Cfg::D, Cfg::BN, false);
   const CUtensorMap tv = make_kv_tensor_map(a.kv.pool, Cfg::D, Cfg::BN, true);
-  const int row_blocks = plan.row_blocks, split = plan.split;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(row_blocks * split), static_cast<unsigned>(a.hkv));
-  cfg.blockDim = dim3(Cfg::THREADS);
-  cfg.dynamicSmemBytes = Cfg::smem_bytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(split);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = split > 1 ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p, tk, tv, o, lse, tok1 ? 1 : 0, split);
-  if (e != cudaSuccess) OOMB_FAIL(oomb::cuda_error, "attention_forward (sm90): launch failed: ", cudaGetErrorString(e));
-  check_launch("attention_forward (sm90)");
+  launch_in_clusters<Cfg>("attention_forward (sm90)", kernel, plan, a.hkv, stream, p, tk, tv, o, lse, tok1 ? 1 : 0,
+                          plan.split);
 }
 
 /// The backward's checks of its outputs and gradient pool (both kernels).
