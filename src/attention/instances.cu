@@ -9,6 +9,8 @@
 // the same with one file like this one.
 #include <oomb/attention/attention.cuh>
 
-namespace oomb::attention::detail {
+OOMB_NAMESPACE_BEGIN
+namespace attention::detail {
 OOMB_ATTENTION_INSTANCES(template)
-}  // namespace oomb::attention::detail
+}  // namespace attention::detail
+OOMB_NAMESPACE_END

@@ -606,15 +606,16 @@ TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block
     const int ps = trial % 2 == 0 ? 128 : 256, group = std::array<int, 3>{1, 4, 7}[trial % 3];
     const int window_pages = 1 + static_cast<int>(rng() % (300 * 128 / ps));
     const int own_pages = static_cast<int>(rng() % static_cast<std::uint32_t>(window_pages + 1));
-    gpu::attention_args a{};
-    a.kv.pool.page_size = ps;
+    gpu::call_shape a;
+    a.page_size = ps;
     a.first_page = static_cast<int>(rng() % 5);
     a.window_pages = window_pages;
     a.q_start = std::int64_t(a.first_page + window_pages - own_pages) * ps;
+    a.sparse = true;
     a.tile = 128;
     a.sq = 1 + static_cast<int>(rng() % (80 * 128));
     const int key_blocks = window_pages * ps / 128;
-    const auto plan = gpu::detail::make_sparse_backward_plan(gpu::call_shape::of(a), key_blocks, 128, trial % 11 != 0);
+    const auto plan = gpu::detail::make_sparse_backward_plan(a, key_blocks, 128, trial % 11 != 0);
     const int tiles = (a.sq + a.tile - 1) / a.tile, npast = key_blocks - plan.own;
     INFO("trial ", trial, ": page ", ps, ", blocks ", key_blocks, ", own ", plan.own, ", tiles ", tiles, ", pieces ",
          plan.pieces, " of ", plan.piece_tiles, " tiles, ends ", plan.ends);

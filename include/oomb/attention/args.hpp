@@ -9,20 +9,21 @@
 #include "oomb/core/bf16.hpp"
 #include "oomb/paging/views.hpp"
 
-namespace oomb::attention {
+OOMB_NAMESPACE_BEGIN
+namespace attention {
 
 /// Every pointer is device memory. Query i of the chunk sits at absolute position q_start + i;
 /// query head h reads KV head h / (hq / hkv). Sequence 0 of kv.table lists the window's pages, the
 /// logical pages first_page, first_page + 1, ... of the sequence. Causal everywhere.
 struct attention_args {
-  const oomb::bf16* q = nullptr;  ///< [sq][hq][d], RoPE applied
+  const bf16* q = nullptr;  ///< [sq][hq][d], RoPE applied
   std::int64_t q_start = 0;
   std::int32_t sq = 0;
   std::int32_t hq = 0;
   std::int32_t hkv = 0;
   std::int32_t d = 0;
   float scale = 0.0f;  ///< usually 1/sqrt(d)
-  oomb::paged_kv_view<const oomb::bf16> kv{};
+  paged_kv_view<const bf16> kv{};
   std::int32_t first_page = 0;
   /// kv.table.num_pages(0), known on the host (the backward's grid is sized from it, so a launch
   /// never reads the device table back). Must equal the device table's count.
@@ -40,4 +41,5 @@ struct attention_args {
   std::int32_t tile = 128;
 };
 
-}  // namespace oomb::attention
+}  // namespace attention
+OOMB_NAMESPACE_END

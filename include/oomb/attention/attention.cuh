@@ -38,7 +38,8 @@
 #include "oomb/attention/plan.hpp"
 #include "oomb/attention/variants.cuh"
 
-namespace oomb::attention {
+OOMB_NAMESPACE_BEGIN
+namespace attention {
 
 namespace detail {
 
@@ -115,7 +116,7 @@ void allow_smem(Kernel k, int bytes) {
   // Idempotent and cheap; done on every launch so the first call on each device also gets it.
   const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e != cudaSuccess)
-    OOMB_FAIL(oomb::cuda_error, "attention: cannot raise shared memory to ", bytes, " bytes: ", cudaGetErrorString(e));
+    OOMB_FAIL(cuda_error, "attention: cannot raise shared memory to ", bytes, " bytes: ", cudaGetErrorString(e));
 }
 
 
@@ -145,14 +146,14 @@ void launch_in_clusters(const char* what, Kernel kernel, const forward_plan& pla
   cfg.attrs = attr;
   cfg.numAttrs = plan.split > 1 ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
-  if (e != cudaSuccess) OOMB_FAIL(oomb::cuda_error, what, ": launch failed: ", cudaGetErrorString(e));
+  if (e != cudaSuccess) OOMB_FAIL(cuda_error, what, ": launch failed: ", cudaGetErrorString(e));
   check_launch(what);
 }
 
 /// Launches the portable forward with tile shape Cfg as `plan` says.
 template <class Cfg, class O>
 void launch_forward(const forward_plan& plan, const attention_args& a, O* o, float* lse, cudaStream_t stream) {
-  static_assert(std::is_same_v<O, oomb::bf16> || std::is_same_v<O, float>, "o is bf16 or float");
+  static_assert(std::is_same_v<O, bf16> || std::is_same_v<O, float>, "o is bf16 or float");
   static_assert(Cfg::BM == 128, "the sparse-tile check assumes 128-row blocks");
   check_plan(plan.shape, call_shape::of(a), "attention forward");
   OOMB_EXPECTS(a.d == Cfg::D, "attention_forward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
@@ -187,7 +188,7 @@ inline encode_tiled_fn tensor_map_encoder() {
 /// True when dim 1 of the K/V tensor maps is the token (else the head): dims 1 and 2 go in
 /// increasing stride, so head- and token-major pages both map without overlapping dims.
 template <class E>
-bool kv_token_dim1(const oomb::page_pool_view<E>& pool) {
+bool kv_token_dim1(const page_pool_view<E>& pool) {
   return pool.stride_token <= pool.stride_head;
 }
 
@@ -198,9 +199,9 @@ bool kv_token_dim1(const oomb::page_pool_view<E>& pool) {
 /// table names). E: the KV pool's const bf16, or the gradient pool's float (the Hopper backward's
 /// dK/dV by TMA reductions).
 template <class E>
-CUtensorMap make_kv_tensor_map(const oomb::page_pool_view<E>& pool, int d, int rows, bool v) {
+CUtensorMap make_kv_tensor_map(const page_pool_view<E>& pool, int d, int rows, bool v) {
   using T = std::remove_const_t<E>;
-  static_assert(std::is_same_v<T, oomb::bf16> || std::is_same_v<T, float>, "bf16 or fp32 pages");
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, float>, "bf16 or fp32 pages");
   constexpr cuuint64_t bytes = sizeof(T);
   const bool tok1 = kv_token_dim1(pool);
   void* base = const_cast<T*>(pool.base + (v ? pool.v_offset : 0));
@@ -222,7 +223,7 @@ CUtensorMap make_kv_tensor_map(const oomb::page_pool_view<E>& pool, int d, int r
                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r == CUDA_SUCCESS) return map;
   }
-  OOMB_FAIL(oomb::cuda_error, "attention: cuTensorMapEncodeTiled failed (", int(r), ") for page_size ", pool.page_size,
+  OOMB_FAIL(cuda_error, "attention: cuTensorMapEncodeTiled failed (", int(r), ") for page_size ", pool.page_size,
             ", kv_heads ", pool.kv_heads, ", head_dim ", d, ", strides (token ", pool.stride_token, ", head ",
             pool.stride_head, ", pair ", pool.pair_stride, ")");
 }
@@ -234,7 +235,7 @@ CUtensorMap make_kv_tensor_map(const oomb::page_pool_view<E>& pool, int d, int r
 /// read as zeros and are not written.
 template <class T>
 CUtensorMap make_query_tensor_map(const T* t, int sq, int hq, int group, int d, int queries) {
-  static_assert(std::is_same_v<T, oomb::bf16> || std::is_same_v<T, float>, "bf16 or fp32");
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, float>, "bf16 or fp32");
   constexpr cuuint64_t bytes = sizeof(T);
   const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(group), cuuint64_t(hq / group), cuuint64_t(sq)};
   const cuuint64_t strides[3] = {cuuint64_t(d) * bytes, cuuint64_t(group) * d * bytes, cuuint64_t(hq) * d * bytes};
@@ -246,7 +247,7 @@ CUtensorMap make_query_tensor_map(const T* t, int sq, int hq, int group, int d, 
       const_cast<T*>(t), dims, strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    OOMB_FAIL(oomb::cuda_error, "attention: cuTensorMapEncodeTiled failed (", int(r), ") for a query tensor of sq ", sq,
+    OOMB_FAIL(cuda_error, "attention: cuTensorMapEncodeTiled failed (", int(r), ") for a query tensor of sq ", sq,
               ", hq ", hq, ", group ", group, ", head_dim ", d, ", box of ", queries, " queries");
   return map;
 }
@@ -304,7 +305,7 @@ inline bool current_device_is_sm90() {
 template <class Cfg, class O>
 void launch_forward_sm90(const forward_plan& plan, const attention_args& a, O* o, float* lse, cudaStream_t stream) {
   check_plan(plan.shape, call_shape::of(a), "attention forward (sm90)");
-  static_assert(std::is_same_v<O, oomb::bf16> || std::is_same_v<O, float>, "o is bf16 or float");
+  static_assert(std::is_same_v<O, bf16> || std::is_same_v<O, float>, "o is bf16 or float");
   OOMB_EXPECTS(a.d == Cfg::D, "attention_forward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
   const kernel_params p = make_params(a, Cfg::BM);
   OOMB_EXPECTS(o != nullptr && lse != nullptr, "attention_forward: o and lse must not be null");
@@ -312,7 +313,7 @@ void launch_forward_sm90(const forward_plan& plan, const attention_args& a, O* o
   OOMB_EXPECTS(a.kv.pool.page_size >= Cfg::BN, "attention_forward (sm90): page_size must be >= ", Cfg::BN, ", got ",
                a.kv.pool.page_size);
   if (!sm90_forward_built<Cfg, O>())
-    OOMB_FAIL(oomb::cuda_error, "attention_forward (sm90): this binary holds no sm_90a code for the kernel");
+    OOMB_FAIL(cuda_error, "attention_forward (sm90): this binary holds no sm_90a code for the kernel");
   const auto kernel = attention_forward_sm90_kernel<Cfg, O>;
   allow_smem(kernel, Cfg::smem_bytes);
   const bool tok1 = kv_token_dim1(a.kv.pool);
@@ -324,8 +325,8 @@ void launch_forward_sm90(const forward_plan& plan, const attention_args& a, O* o
 
 /// The backward's checks of its outputs and gradient pool (both kernels).
 inline void check_backward_outputs(const attention_args& a, const float* lse, const float* delta,
-                                   const oomb::bf16* d_o, float* dq, float* dk_own, float* dv_own,
-                                   const oomb::grad_mirror_view<float>& dpast) {
+                                   const bf16* d_o, float* dq, float* dk_own, float* dv_own,
+                                   const grad_mirror_view<float>& dpast) {
   OOMB_EXPECTS(lse && delta && d_o && dq && dk_own && dv_own, "attention_backward: null pointer");
   OOMB_EXPECTS(aligned16(d_o), "attention_backward: d_o must be 16-byte aligned");
   OOMB_EXPECTS(((reinterpret_cast<std::uintptr_t>(dq) | reinterpret_cast<std::uintptr_t>(dk_own) |
@@ -348,7 +349,7 @@ inline void check_backward_outputs(const attention_args& a, const float* lse, co
 /// Launches the portable backward with tile shape Cfg as `plan` says.
 template <class Cfg>
 void launch_backward(const backward_plan& plan, const attention_args& a, const float* lse, const float* delta,
-                     const oomb::bf16* d_o, float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
+                     const bf16* d_o, float* dq, float* dk_own, float* dv_own, grad_mirror_view<float> dpast,
                      cudaStream_t stream) {
   check_plan(plan.shape, call_shape::of(a, dq), "attention backward");
   OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
@@ -398,8 +399,8 @@ inline void check_sparse_backward_workspace(const backward_plan& plan, const spa
 /// then the KV head, then the query split); the product launches are untraced (nullptr).
 template <class Cfg, bool Trace = false>
 void launch_backward_sm90(const backward_plan& plan, const attention_args& a, const float* lse, const float* delta,
-                          const oomb::bf16* d_o, float* dq, float* dk_own, float* dv_own,
-                          oomb::grad_mirror_view<float> dpast, cudaStream_t stream, sparse_backward_workspace ws = {},
+                          const bf16* d_o, float* dq, float* dk_own, float* dv_own,
+                          grad_mirror_view<float> dpast, cudaStream_t stream, sparse_backward_workspace ws = {},
                           std::uint64_t* trace = nullptr) {
   check_plan(plan.shape, call_shape::of(a, dq), "attention backward (sm90)");
   OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
@@ -411,7 +412,7 @@ void launch_backward_sm90(const backward_plan& plan, const attention_args& a, co
   OOMB_EXPECTS(a.kv.pool.page_size >= Cfg::BN, "attention_backward (sm90): page_size must be >= ", Cfg::BN,
                ", got ", a.kv.pool.page_size);
   if (!sm90_backward_built<Cfg>())
-    OOMB_FAIL(oomb::cuda_error, "attention_backward (sm90): this binary holds no sm_90a code for the kernel");
+    OOMB_FAIL(cuda_error, "attention_backward (sm90): this binary holds no sm_90a code for the kernel");
   if constexpr (Cfg::TMA_Q)
     OOMB_EXPECTS(p.group <= Cfg::BM, "attention_backward (sm90, TMA Q/dO): a step holds whole queries, so the group (",
                  p.group, ") must be <= ", Cfg::BM);
@@ -479,12 +480,12 @@ template <class Cfg>
 int config_blocks_per_sm(bool sm90) {
   if constexpr (is_forward(config_of<Cfg>())) {
     if constexpr (shape_of(config_of<Cfg>()).hopper) {
-      if (!sm90 || !sm90_forward_built<Cfg, oomb::bf16>() || !sm90_forward_built<Cfg, float>()) return 0;
-      allow_smem(attention_forward_sm90_kernel<Cfg, oomb::bf16>, Cfg::smem_bytes);
-      return blocks_per_sm(attention_forward_sm90_kernel<Cfg, oomb::bf16>, Cfg::THREADS, Cfg::smem_bytes);
+      if (!sm90 || !sm90_forward_built<Cfg, bf16>() || !sm90_forward_built<Cfg, float>()) return 0;
+      allow_smem(attention_forward_sm90_kernel<Cfg, bf16>, Cfg::smem_bytes);
+      return blocks_per_sm(attention_forward_sm90_kernel<Cfg, bf16>, Cfg::THREADS, Cfg::smem_bytes);
     } else {
-      allow_smem(attention_forward_kernel<Cfg, oomb::bf16>, Cfg::smem_bytes);
-      return blocks_per_sm(attention_forward_kernel<Cfg, oomb::bf16>, Cfg::THREADS, Cfg::smem_bytes);
+      allow_smem(attention_forward_kernel<Cfg, bf16>, Cfg::smem_bytes);
+      return blocks_per_sm(attention_forward_kernel<Cfg, bf16>, Cfg::THREADS, Cfg::smem_bytes);
     }
   } else if constexpr (shape_of(config_of<Cfg>()).hopper) {
     if (!sm90 || !sm90_backward_built<Cfg>()) return 0;
@@ -497,35 +498,36 @@ int config_blocks_per_sm(bool sm90) {
 }
 
 /// Every product kernel's launch, as explicit instantiations after `kw` (`template` or `extern
-/// template`), inside namespace oomb::attention::detail. Header-only users need none of this: each
-/// translation unit that launches attention instantiates what it uses. A build that launches it from
-/// many units compiles the kernels once instead: one unit writes OOMB_ATTENTION_INSTANCES(template)
-/// after including this header, the others are compiled with OOMB_ATTENTION_EXTERN_INSTANCES
-/// defined (oomb's own targets link oomb::attention_kernels, which does both).
+/// template`), inside namespace attention::detail of OOMB_NAMESPACE. Header-only users need none of
+/// this: each translation unit that launches attention instantiates what it uses. A build that
+/// launches it from many units compiles the kernels once instead: one unit writes
+/// OOMB_ATTENTION_INSTANCES(template) there after including this header (src/attention/instances.cu),
+/// the others are compiled with OOMB_ATTENTION_EXTERN_INSTANCES defined (oomb's own targets link
+/// oomb::attention_kernels, which does both).
 #define OOMB_ATTENTION_DETAIL_CFG(name) config_type<kernel_config::name>::type
 #define OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launcher, O)                                                  \
   kw void launcher<OOMB_ATTENTION_DETAIL_CFG(name), O>(const forward_plan&, const attention_args&, O*, float*, \
                                                        cudaStream_t);
 #define OOMB_ATTENTION_DETAIL_PORTABLE_FORWARD(kw, name)                   \
-  OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launch_forward, oomb::bf16)      \
+  OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launch_forward, bf16)      \
   OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launch_forward, float)           \
   kw int config_blocks_per_sm<OOMB_ATTENTION_DETAIL_CFG(name)>(bool);
 #define OOMB_ATTENTION_DETAIL_HOPPER_FORWARD(kw, name)                     \
-  OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launch_forward_sm90, oomb::bf16) \
+  OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launch_forward_sm90, bf16) \
   OOMB_ATTENTION_DETAIL_FORWARD(kw, name, launch_forward_sm90, float)      \
-  kw bool sm90_forward_built<OOMB_ATTENTION_DETAIL_CFG(name), oomb::bf16>(); \
+  kw bool sm90_forward_built<OOMB_ATTENTION_DETAIL_CFG(name), bf16>(); \
   kw bool sm90_forward_built<OOMB_ATTENTION_DETAIL_CFG(name), float>();      \
   kw int config_blocks_per_sm<OOMB_ATTENTION_DETAIL_CFG(name)>(bool);
 #define OOMB_ATTENTION_DETAIL_PORTABLE_BACKWARD(kw, name)                                                       \
   kw void launch_backward<OOMB_ATTENTION_DETAIL_CFG(name)>(const backward_plan&, const attention_args&,          \
-                                                           const float*, const float*, const oomb::bf16*, float*, \
-                                                           float*, float*, oomb::grad_mirror_view<float>,         \
+                                                           const float*, const float*, const bf16*, float*, \
+                                                           float*, float*, grad_mirror_view<float>,         \
                                                            cudaStream_t);                                         \
   kw int config_blocks_per_sm<OOMB_ATTENTION_DETAIL_CFG(name)>(bool);
 #define OOMB_ATTENTION_DETAIL_HOPPER_BACKWARD(kw, name)                                                   \
   kw void launch_backward_sm90<OOMB_ATTENTION_DETAIL_CFG(name), false>(                                   \
-      const backward_plan&, const attention_args&, const float*, const float*, const oomb::bf16*, float*, \
-      float*, float*, oomb::grad_mirror_view<float>, cudaStream_t, sparse_backward_workspace, std::uint64_t*); \
+      const backward_plan&, const attention_args&, const float*, const float*, const bf16*, float*, \
+      float*, float*, grad_mirror_view<float>, cudaStream_t, sparse_backward_workspace, std::uint64_t*); \
   kw bool sm90_backward_built<OOMB_ATTENTION_DETAIL_CFG(name)>();                                         \
   kw int config_blocks_per_sm<OOMB_ATTENTION_DETAIL_CFG(name)>(bool);
 #define OOMB_ATTENTION_INSTANCES(kw)                                              \
@@ -552,7 +554,7 @@ inline device_facts query_device_facts() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     (void)cudaGetLastError();
-    OOMB_FAIL(oomb::cuda_error, "attention: cannot read the current device's multiprocessor count");
+    OOMB_FAIL(cuda_error, "attention: cannot read the current device's multiprocessor count");
   }
   const bool sm90 = current_device_is_sm90();
   for (int i = 0; i < kernel_config_count; ++i)
@@ -572,7 +574,7 @@ inline const device_facts& current_device_facts() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= max_devices) {
     (void)cudaGetLastError();
-    OOMB_FAIL(oomb::cuda_error, "attention: no current CUDA device (or more than ", max_devices, ")");
+    OOMB_FAIL(cuda_error, "attention: no current CUDA device (or more than ", max_devices, ")");
   }
   const device_facts* f = cache[dev].load(std::memory_order_acquire);
   if (f == nullptr) {
@@ -613,9 +615,9 @@ inline void merge(std::int32_t sq, std::int32_t hq, std::int32_t d, float* o_acc
 
 /// delta [hq][sq] = rowsum(dO * O) of the global output; computed once, reused by every window.
 template <class O>
-void backward_delta(std::int32_t sq, std::int32_t hq, std::int32_t d, const O* o, const oomb::bf16* d_o,
+void backward_delta(std::int32_t sq, std::int32_t hq, std::int32_t d, const O* o, const bf16* d_o,
                               float* delta, cudaStream_t stream) {
-  static_assert(std::is_same_v<O, oomb::bf16> || std::is_same_v<O, float>, "o is bf16 or float");
+  static_assert(std::is_same_v<O, bf16> || std::is_same_v<O, float>, "o is bf16 or float");
   OOMB_EXPECTS(sq > 0 && hq > 0 && d > 0, "attention_backward_delta: sizes must be positive, got sq ", sq, ", hq ", hq,
                ", d ", d);
   OOMB_EXPECTS(o && d_o && delta, "attention_backward_delta: null pointer");
@@ -630,7 +632,7 @@ void backward_delta(std::int32_t sq, std::int32_t hq, std::int32_t d, const O* o
 /// its faster dQ path: plan with call_shape::of(args, dq)). ws: optional scratch for sparse calls of
 /// plan.workspace_ints ints (sparse_backward_workspace).
 inline void backward(const backward_plan& plan, const attention_args& a, const float* lse, const float* delta,
-                     const oomb::bf16* d_o, float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast,
+                     const bf16* d_o, float* dq, float* dk_own, float* dv_own, grad_mirror_view<float> dpast,
                      sparse_backward_workspace ws, cudaStream_t stream) {
   OOMB_EXPECTS(plan.config != kernel_config::count && !is_forward(plan.config),
                "attention backward: the plan is not a backward plan");
@@ -645,4 +647,5 @@ inline void backward(const backward_plan& plan, const attention_args& a, const f
   });
 }
 
-}  // namespace oomb::attention
+}  // namespace attention
+OOMB_NAMESPACE_END

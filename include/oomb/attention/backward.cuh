@@ -22,7 +22,8 @@
 #include "oomb/attention/ptx.cuh"
 #include "oomb/attention/window.cuh"
 
-namespace oomb::attention::detail {
+OOMB_NAMESPACE_BEGIN
+namespace attention::detail {
 OOMB_KERNEL_NAMESPACE_BEGIN
 
 /// Tile shape of the backward: BN keys per block, BM packed query rows per step, and three warp
@@ -50,7 +51,7 @@ struct backward_outputs {
   float* dq;      // [sq][hq][d], added to
   float* dk_own;  // [sq][hkv][d], added to (row = position - q_start)
   float* dv_own;
-  oomb::grad_mirror_view<float> dpast;
+  grad_mirror_view<float> dpast;
   /// Hopper backward: every dK/dV row starts 16-byte aligned (rows16_aligned), so whole blocks of rows
   /// are added by TMA reductions (backward_rows_maps); else red.add per pair.
   bool tensor_rows = false;
@@ -482,4 +483,5 @@ OOMB_KERNEL void attention_merge_kernel(std::int32_t sq, std::int32_t hq, std::i
 }
 
 OOMB_KERNEL_NAMESPACE_END
-}  // namespace oomb::attention::detail
+}  // namespace attention::detail
+OOMB_NAMESPACE_END

@@ -53,7 +53,8 @@
 #include "oomb/attention/ptx_sm90.cuh"
 #include "oomb/attention/window.cuh"
 
-namespace oomb::attention::detail {
+OOMB_NAMESPACE_BEGIN
+namespace attention::detail {
 OOMB_KERNEL_NAMESPACE_BEGIN
 
 /// How a consumer's finished dQ tile reaches the fp32 dq in global memory.
@@ -1243,4 +1244,5 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
 }
 
 OOMB_KERNEL_NAMESPACE_END
-}  // namespace oomb::attention::detail
+}  // namespace attention::detail
+OOMB_NAMESPACE_END

@@ -20,9 +20,10 @@
 
 #include "oomb/attention/common.cuh"
 
-namespace oomb::attention {
+OOMB_NAMESPACE_BEGIN
+namespace attention {
 
-using stream_view = oomb::cuda_stream_view;
+using stream_view = cuda_stream_view;
 
 namespace detail {
 
@@ -30,7 +31,7 @@ namespace detail {
 /// accessed `vector` at a time (16 bytes): sizes, the pool's shape and alignment.
 template <class E>
 void check_chunk(const char* what, std::int64_t n, std::int32_t heads, std::int32_t d, int vector,
-                 const std::int32_t* page_list, const oomb::page_pool_view<E>& pool, const std::int32_t* bad_page) {
+                 const std::int32_t* page_list, const page_pool_view<E>& pool, const std::int32_t* bad_page) {
   OOMB_EXPECTS(n > 0 && heads > 0 && d > 0, what, ": n, heads and head_dim must be positive, got ", n, ", ", heads, ", ", d);
   OOMB_EXPECTS(n < (std::int64_t(1) << 40), what, ": too many tokens: ", n);
   OOMB_EXPECTS(page_list != nullptr && bad_page != nullptr && pool.base != nullptr, what, ": null pointer");
@@ -55,4 +56,5 @@ __device__ __forceinline__ void report_bad_page(std::int32_t* bad_page, std::int
 /// Entries of the page list of a chunk of n tokens: ceil(n / page_size).
 inline std::int64_t chunk_page_count(std::int64_t n, std::int32_t page_size) { return (n + page_size - 1) / page_size; }
 
-}  // namespace oomb::attention
+}  // namespace attention
+OOMB_NAMESPACE_END

@@ -8,13 +8,14 @@
 
 #include "oomb/core/error.hpp"
 
-namespace oomb::attention::detail {
+OOMB_NAMESPACE_BEGIN
+namespace attention::detail {
 
 /// Throws oomb::cuda_error naming `what` when the launch just enqueued failed to configure (no
 /// synchronisation: faults inside the kernel surface at the caller's next checked call).
 inline void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) OOMB_FAIL(oomb::cuda_error, what, ": ", cudaGetErrorString(e));
+  if (e != cudaSuccess) OOMB_FAIL(cuda_error, what, ": ", cudaGetErrorString(e));
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
@@ -32,4 +33,5 @@ inline unsigned grid_for(std::int64_t n, int threads, std::int64_t cap = 65535) 
   return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
 }
 
-}  // namespace oomb::attention::detail
+}  // namespace attention::detail
+OOMB_NAMESPACE_END

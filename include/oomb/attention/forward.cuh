@@ -20,7 +20,8 @@
 #include "oomb/attention/ptx.cuh"
 #include "oomb/attention/window.cuh"
 
-namespace oomb::attention::detail {
+OOMB_NAMESPACE_BEGIN
+namespace attention::detail {
 OOMB_KERNEL_NAMESPACE_BEGIN
 
 template <int D_, int BM_, int BN_, int WARPS_, int MIN_BLOCKS_>
@@ -366,4 +367,5 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 }
 
 OOMB_KERNEL_NAMESPACE_END
-}  // namespace oomb::attention::detail
+}  // namespace attention::detail
+OOMB_NAMESPACE_END

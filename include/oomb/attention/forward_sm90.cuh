@@ -25,7 +25,8 @@
 #include "oomb/attention/ptx_sm90.cuh"
 #include "oomb/attention/window.cuh"
 
-namespace oomb::attention::detail {
+OOMB_NAMESPACE_BEGIN
+namespace attention::detail {
 OOMB_KERNEL_NAMESPACE_BEGIN
 
 template <int D_, int STAGES_, bool PINGPONG_ = false>
@@ -422,4 +423,5 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
 }
 
 OOMB_KERNEL_NAMESPACE_END
-}  // namespace oomb::attention::detail
+}  // namespace attention::detail
+OOMB_NAMESPACE_END

@@ -16,7 +16,8 @@
 #include "oomb/attention/chunk_pages.cuh"
 #include "oomb/cuda/kernel_linkage.cuh"
 
-namespace oomb::attention {
+OOMB_NAMESPACE_BEGIN
+namespace attention {
 
 namespace detail {
 OOMB_KERNEL_NAMESPACE_BEGIN
@@ -25,7 +26,7 @@ OOMB_KERNEL_NAMESPACE_BEGIN
 /// translation unit may include it (one definition each).
 template <int = 0>
 OOMB_KERNEL void add_own_page_grads_kernel(std::int64_t n, std::int32_t heads, std::int32_t d, int log_page,
-                                          const std::int32_t* __restrict__ pages, oomb::grad_mirror_view<float> mirror,
+                                          const std::int32_t* __restrict__ pages, grad_mirror_view<float> mirror,
                                           float* __restrict__ dk, float* __restrict__ dv, std::int32_t* bad_page) {
   const std::int32_t groups = d / 4;
   const std::int64_t count = n * heads * groups;
@@ -72,7 +73,7 @@ OOMB_KERNEL_NAMESPACE_END
 /// skipped and its index recorded in *bad_page (device; the caller sets it to -1). The gradient
 /// pages are only read. d: a multiple of 4; dk, dv and the gradient pool 16-byte aligned.
 inline void add_own_page_grads(std::int64_t n, std::int32_t heads, std::int32_t d, const std::int32_t* pages,
-                               const oomb::grad_mirror_view<float>& mirror, float* dk, float* dv, std::int32_t* bad_page,
+                               const grad_mirror_view<float>& mirror, float* dk, float* dv, std::int32_t* bad_page,
                                stream_view stream) {
   const char* what = "add_own_page_grads";
   detail::check_chunk(what, n, heads, d, 4, pages, mirror.pool, bad_page);
@@ -86,4 +87,5 @@ inline void add_own_page_grads(std::int64_t n, std::int32_t heads, std::int32_t 
   OOMB_CUDA_CHECK_LAUNCH(what, ": kernel launch");
 }
 
-}  // namespace oomb::attention
+}  // namespace attention
+OOMB_NAMESPACE_END

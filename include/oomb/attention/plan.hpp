@@ -19,7 +19,8 @@
 
 #include "oomb/attention/args.hpp"
 
-namespace oomb::attention {
+OOMB_NAMESPACE_BEGIN
+namespace attention {
 
 /// Which kernels a call may use. `automatic`: the Hopper kernels (TMA, wgmma, warp specialisation)
 /// where they apply (a compute-capability 9.0 device, sm_90a code in the binary, pages of at least
@@ -389,4 +390,5 @@ inline backward_plan plan_backward(const call_shape& s, const device_facts& f, c
   return p;
 }
 
-}  // namespace oomb::attention
+}  // namespace attention
+OOMB_NAMESPACE_END

@@ -8,7 +8,10 @@
 
 #include <cuda_bf16.h>
 
-namespace oomb::attention::detail {
+#include "oomb/core/config.hpp"
+
+OOMB_NAMESPACE_BEGIN
+namespace attention::detail {
 
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -188,4 +191,5 @@ struct fast_divmod {
   }
 };
 
-}  // namespace oomb::attention::detail
+}  // namespace attention::detail
+OOMB_NAMESPACE_END

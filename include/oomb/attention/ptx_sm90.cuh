@@ -11,13 +11,16 @@
 
 #include <cuda.h>  // CUtensorMap (a 128-byte opaque struct; no driver library is linked)
 
+#include "oomb/core/config.hpp"
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define OOMB_ATTENTION_SM90A 1
 #else
 #define OOMB_ATTENTION_SM90A 0
 #endif
 
-namespace oomb::attention::detail::sm90 {
+OOMB_NAMESPACE_BEGIN
+namespace attention::detail::sm90 {
 
 __device__ __forceinline__ void mbar_init(std::uint32_t bar, std::uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -220,4 +223,5 @@ __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-}  // namespace oomb::attention::detail::sm90
+}  // namespace attention::detail::sm90
+OOMB_NAMESPACE_END

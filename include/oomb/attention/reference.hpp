@@ -26,7 +26,8 @@
 
 #include "oomb/core/fixed_order.hpp"
 
-namespace oomb::attention::reference {
+OOMB_NAMESPACE_BEGIN
+namespace attention::reference {
 
 using fixed_order::axpy;
 using fixed_order::axpy_store;
@@ -39,7 +40,7 @@ struct attention_args {
   std::int64_t q_start = 0;
   std::int32_t sq = 0, hq = 0, hkv = 0, d = 0;  ///< GQA: query head h reads KV head h / (hq / hkv)
   T scale = T(1);                    ///< usually 1/sqrt(d)
-  oomb::paged_kv_view<const E> kv;   ///< sequence 0 of kv.table lists the window's pages, which are the
+  paged_kv_view<const E> kv;   ///< sequence 0 of kv.table lists the window's pages, which are the
   std::int32_t first_page = 0;       ///<   logical pages first_page, first_page + 1, ... of the sequence
   /// Optional page-sparse past: per tile of `tile` consecutive queries, the sorted logical indices
   /// of the past pages (those wholly before q_start) it attends. The chunk's own pages (positions
@@ -214,7 +215,7 @@ void merge_partial(std::int32_t sq, std::int32_t hq, std::int32_t d, T* o_acc, T
 ///   page ids of kv.table (dpast.grad_id[id] must be >= 0 for every past page of the window)
 template <class T, class E, class G>
 void attention_backward(const attention_args<T, E>& a, const T* o, const T* lse, const T* d_o, T* dq,
-                        T* dk_own, T* dv_own, oomb::grad_mirror_view<G> dpast) {
+                        T* dk_own, T* dv_own, grad_mirror_view<G> dpast) {
   detail::check_args(a);
   const std::int32_t group = a.hq / a.hkv, d = a.d;
   const T ninf = -std::numeric_limits<T>::infinity();
@@ -269,4 +270,5 @@ void attention_backward(const attention_args<T, E>& a, const T* o, const T* lse,
   }
 }
 
-}  // namespace oomb::attention::reference
+}  // namespace attention::reference
+OOMB_NAMESPACE_END

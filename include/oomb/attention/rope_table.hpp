@@ -4,7 +4,10 @@
 
 #include <cstdint>
 
-namespace oomb::attention {
+#include "oomb/core/config.hpp"
+
+OOMB_NAMESPACE_BEGIN
+namespace attention {
 
 /// cos and sin [n][half] in device memory (row t: the rotation of position t of the chunk, any RoPE
 /// variant's angles already folded in by whoever built the table); half = head_dim / 2.
@@ -15,4 +18,5 @@ struct rope_table_view {
   std::int32_t half = 0;
 };
 
-}  // namespace oomb::attention
+}  // namespace attention
+OOMB_NAMESPACE_END

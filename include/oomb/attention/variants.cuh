@@ -24,7 +24,8 @@
 #include "oomb/attention/backward_sm90.cuh"
 #include "oomb/attention/forward_sm90.cuh"
 
-namespace oomb::attention {
+OOMB_NAMESPACE_BEGIN
+namespace attention {
 
 /// Tile shapes per head size.
 template <int D>
@@ -144,10 +145,11 @@ void with_config(kernel_config c, F&& f) {
     OOMB_ATTENTION_CASE(backward_hopper_d128_wide_group)
     OOMB_ATTENTION_CASE(backward_hopper_d128_unaligned)
 #undef OOMB_ATTENTION_CASE
-    default: OOMB_FAIL(oomb::invalid_argument, "attention: no kernel configuration ", static_cast<int>(c));
+    default: OOMB_FAIL(invalid_argument, "attention: no kernel configuration ", static_cast<int>(c));
   }
 }
 
 }  // namespace detail
 
-}  // namespace oomb::attention
+}  // namespace attention
+OOMB_NAMESPACE_END

@@ -16,7 +16,8 @@
 #include "oomb/attention/plan.hpp"
 #include "oomb/attention/ptx.cuh"
 
-namespace oomb::attention::detail {
+OOMB_NAMESPACE_BEGIN
+namespace attention::detail {
 
 /// The kernels' view of one call: the public args plus the numbers derived once on the host.
 struct kernel_params {
@@ -26,7 +27,7 @@ struct kernel_params {
   fast_divmod group_div;            // packed row r -> (query r / group, head r % group)
   float scale;
   float scale_log2;  // scale * log2(e): scores go through exp2
-  oomb::page_pool_view<const oomb::bf16> pool;
+  page_pool_view<const bf16> pool;
   const std::int32_t* indptr;
   const std::int32_t* indices;
   const std::int32_t* last_page_len;
@@ -148,4 +149,5 @@ struct virtual_keys {
   }
 };
 
-}  // namespace oomb::attention::detail
+}  // namespace attention::detail
+OOMB_NAMESPACE_END

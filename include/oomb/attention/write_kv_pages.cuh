@@ -16,7 +16,8 @@
 #include "oomb/attention/chunk_pages.cuh"
 #include "oomb/cuda/kernel_linkage.cuh"
 
-namespace oomb::attention {
+OOMB_NAMESPACE_BEGIN
+namespace attention {
 
 namespace detail {
 OOMB_KERNEL_NAMESPACE_BEGIN
@@ -41,7 +42,7 @@ template <bool Rotate>
 OOMB_KERNEL void write_kv_pages_kernel(std::int64_t n, std::int32_t heads, std::int32_t d, int log_page,
                                       const bf16* __restrict__ k, const bf16* __restrict__ v,
                                       const std::int32_t* __restrict__ pages, std::int32_t pool_pages,
-                                      oomb::page_pool_view<bf16> pool, const float* __restrict__ cos_t,
+                                      page_pool_view<bf16> pool, const float* __restrict__ cos_t,
                                       const float* __restrict__ sin_t, std::int32_t* bad_page) {
   const std::int32_t half = d / 2, groups = d / 16;
   const std::int64_t count = n * heads * groups;
@@ -87,7 +88,7 @@ OOMB_KERNEL void write_kv_pages_kernel(std::int64_t n, std::int32_t heads, std::
 template <bool Rotate>
 void write_kv_pages_launch(const char* what, std::int64_t n, std::int32_t heads, std::int32_t d, const bf16* k,
                            const bf16* v, const std::int32_t* pages, std::int32_t pool_pages,
-                           const oomb::page_pool_view<bf16>& pool, const rope_table_view* rope,
+                           const page_pool_view<bf16>& pool, const rope_table_view* rope,
                            std::int32_t* bad_page, stream_view stream) {
   check_chunk(what, n, heads, d, 8, pages, pool, bad_page);
   OOMB_EXPECTS(d % 16 == 0, what, ": head_dim must be a multiple of 16, got ", d);
@@ -115,7 +116,7 @@ OOMB_KERNEL_NAMESPACE_END
 /// the last page are left as they are. A list entry out of range: that page is skipped and its
 /// index recorded in *bad_page (device; the caller sets it to -1). d: a multiple of 16.
 inline void write_kv_pages(std::int64_t n, std::int32_t heads, std::int32_t d, const bf16* k, const bf16* v,
-                           const std::int32_t* pages, std::int32_t pool_pages, const oomb::page_pool_view<bf16>& pool,
+                           const std::int32_t* pages, std::int32_t pool_pages, const page_pool_view<bf16>& pool,
                            std::int32_t* bad_page, stream_view stream) {
   detail::write_kv_pages_launch<false>("write_kv_pages", n, heads, d, k, v, pages, pool_pages, pool, nullptr, bad_page,
                                        stream);
@@ -126,10 +127,11 @@ inline void write_kv_pages(std::int64_t n, std::int32_t heads, std::int32_t d, c
 /// bf16 once. k itself is not changed.
 inline void write_kv_pages_rotating_k(std::int64_t n, std::int32_t heads, std::int32_t d, const bf16* k, const bf16* v,
                                       const rope_table_view& rope, const std::int32_t* pages,
-                                      std::int32_t pool_pages, const oomb::page_pool_view<bf16>& pool,
+                                      std::int32_t pool_pages, const page_pool_view<bf16>& pool,
                                       std::int32_t* bad_page, stream_view stream) {
   detail::write_kv_pages_launch<true>("write_kv_pages_rotating_k", n, heads, d, k, v, pages, pool_pages, pool, &rope,
                                       bad_page, stream);
 }
 
-}  // namespace oomb::attention
+}  // namespace attention
+OOMB_NAMESPACE_END

@@ -12,13 +12,14 @@
 
 #include "oomb/core/bf16.hpp"
 
-namespace oomb::fixed_order {
+OOMB_NAMESPACE_BEGIN
+namespace fixed_order {
 
 /// Reads a stored element (float, double, oomb::bf16; const or not) as the arithmetic scalar T.
 template <class T, class E>
 inline T load(E e) noexcept {
   using U = std::remove_cv_t<E>;
-  if constexpr (std::is_same_v<U, oomb::bf16>)
+  if constexpr (std::is_same_v<U, bf16>)
     return static_cast<T>(static_cast<float>(e));
   else
     return static_cast<T>(e);
@@ -27,8 +28,8 @@ inline T load(E e) noexcept {
 /// Stores the arithmetic scalar T as element E (bf16 rounds to nearest even through float).
 template <class E, class T>
 inline E store(T t) noexcept {
-  if constexpr (std::is_same_v<E, oomb::bf16>)
-    return oomb::bf16(static_cast<float>(t));
+  if constexpr (std::is_same_v<E, bf16>)
+    return bf16(static_cast<float>(t));
   else
     return static_cast<E>(t);
 }
@@ -63,4 +64,5 @@ inline void axpy_store(std::int64_t n, T alpha, const T* __restrict x, G* __rest
   for (std::int64_t i = 0; i < n; ++i) y[i] = store<G>(load<T>(y[i]) + alpha * x[i]);
 }
 
-}  // namespace oomb::fixed_order
+}  // namespace fixed_order
+OOMB_NAMESPACE_END
