@@ -10,7 +10,7 @@
 // (only the shape of head size D: 128 or 64, e.g. one profiler run each), --json FILE (one
 // line per shape and past: TFLOP/s median, min, max), --trace FILE (with the sparse run: one traced
 // launch of the sparse backward per shape, selection and launch order, every CTA's timeline as CSV
-// lines for tools/sparse_trace.py).
+// lines for tools/analysis/sparse_trace.py).
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 #include <cmath>

@@ -8,7 +8,7 @@
 # memcheck is sanitize without racecheck; ncu (not part of all) profiles one launch of the dense Hopper
 # backward per head size at NCU_PAST (65536) with Nsight Compute's full set and source-level warp-stall
 # sampling, then prints the details page and the per-SASS-line source page as text (ncu 2025.3 on the
-# H200, ~15 s per head size; tools/ncu_stalls.py sums the source page's samples by reason and region);
+# H200, ~15 s per head size; tools/analysis/ncu_stalls.py sums the source page's samples by reason and region);
 # SAN_TC / RACE_TC override the sanitizer's test filters; BENCH_TIMEOUT (seconds, default 240) bounds the benchmark, TEST_TIMEOUT (default 300)
 # each test run, SAN_TIMEOUT (default 150) each sanitizer run.
 # SPDX-License-Identifier: Apache-2.0
