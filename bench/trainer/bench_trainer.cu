@@ -4,7 +4,7 @@
 // gradient norm, clipping and AdamW, the whole training state on the GPU). Random weights
 // initialised on the GPU, random tokens; per length a fresh trainer, one warm-up step, then N
 // timed steps (medians). Attention dense, or page-sparse (--sparse-budget: the selection on the
-// GPU, cuda_selector.cuh; a budget that covers every past page at a length runs that length
+// GPU, page_selector.cuh; a budget that covers every past page at a length runs that length
 // dense, and says so). One JSON line per measured point (the results format of issues 11 and 13,
 // docs/benchmarks.md "Trainer step against PyTorch"), progress on stderr.
 // SPDX-License-Identifier: Apache-2.0
@@ -40,16 +40,16 @@
 #include <oomb/cuda/stream.hpp>
 #include <oomb/offload/belady_eviction.hpp>
 
-#include "trainer/backend/cuda_backend.cuh"
-#include "trainer/backend/device_init.cuh"
-#include "trainer/backend/device_params.cuh"
+#include "trainer/algo/chunk_recurrent.hpp"
+#include "trainer/app/options.hpp"
+#include "trainer/app/sparse_flags.hpp"
+#include "trainer/cuda/cuda_ops.cuh"
+#include "trainer/cuda/device_init.cuh"
+#include "trainer/cuda/device_params.cuh"
 #include "trainer/cuda/ops/gemm.cuh"
 #include "trainer/io/config.hpp"
-#include "trainer/train/chunk_recurrent.hpp"
-#include "trainer/train/cuda_training.cuh"
-#include "trainer/train/memory_plan.hpp"
-#include "trainer/train/options.hpp"
-#include "trainer/train/sparse_flags.hpp"
+#include "trainer/trainers/cuda_trainer.cuh"
+#include "trainer/trainers/memory_plan.hpp"
 
 namespace {
 
@@ -480,7 +480,7 @@ template <class Runner>
 double measure(const bench_options& o, const model_config& cfg, const chunk_options& opt, std::int64_t tokens,
                const std::string& dense_because, device_model* m, device_memory_probe& mem,
                const clock_type::time_point start) {
-  // What train/memory_plan.hpp expects this point to take on the GPU (fwd_bwd: the optimizer
+  // What trainers/memory_plan.hpp expects this point to take on the GPU (fwd_bwd: the optimizer
   // state planned on the host, since there is none; step: split where the free memory less
   // oomb-train's margin ends), beside what is measured.
   oomb_trainer::plan_target target;
@@ -621,7 +621,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
     row["local"] = opt.local;
     row["tile"] = opt.tile;
     row["scoring"] = oomb::to_string(opt.score);
-    // The page summaries' pinned home (every page id of the context, cuda_selector.cuh) and the
+    // The page summaries' pinned home (every page id of the context, page_selector.cuh) and the
     // device store one layer's past is gathered into for scoring, as planned.
     row["summary_bytes"] = plan.on_host(oomb_trainer::plan_part::sparse_summaries);
     row["summary_gathered_bytes"] = plan.on_gpu(oomb_trainer::plan_part::sparse_gathered);
@@ -745,22 +745,22 @@ int main(int argc, char** argv) {
                  o.model.c_str(), double(mem.baseline()) / gib);
     if (o.phase == "step") {  // each point's cuda_trainer holds and initialises its own weights
       if (o.offload && o.homes == oomb_trainer::home_memory::pageable)
-        run_all<step_runner<oomb_trainer::cuda_pageable_offload_backend>>(o, cfg, nullptr, mem, start);
+        run_all<step_runner<oomb_trainer::cuda_pageable_offload_ops>>(o, cfg, nullptr, mem, start);
       else if (o.offload)
-        run_all<step_runner<oomb_trainer::cuda_offload_backend>>(o, cfg, nullptr, mem, start);
+        run_all<step_runner<oomb_trainer::cuda_offload_ops>>(o, cfg, nullptr, mem, start);
       else
-        run_all<step_runner<oomb_trainer::cuda_backend>>(o, cfg, nullptr, mem, start);
+        run_all<step_runner<oomb_trainer::cuda_ops>>(o, cfg, nullptr, mem, start);
       return 0;
     }
     const auto t_init = clock_type::now();
     device_model m(cfg, o.seed);
     std::fprintf(stderr, "bench_trainer: weights initialised on the GPU in %.2f s\n", seconds_since(t_init));
     if (o.offload && o.homes == oomb_trainer::home_memory::pageable)
-      run_all<fwd_bwd_runner<oomb_trainer::cuda_pageable_offload_backend>>(o, cfg, &m, mem, start);
+      run_all<fwd_bwd_runner<oomb_trainer::cuda_pageable_offload_ops>>(o, cfg, &m, mem, start);
     else if (o.offload)
-      run_all<fwd_bwd_runner<oomb_trainer::cuda_offload_backend>>(o, cfg, &m, mem, start);
+      run_all<fwd_bwd_runner<oomb_trainer::cuda_offload_ops>>(o, cfg, &m, mem, start);
     else
-      run_all<fwd_bwd_runner<oomb_trainer::cuda_backend>>(o, cfg, &m, mem, start);
+      run_all<fwd_bwd_runner<oomb_trainer::cuda_ops>>(o, cfg, &m, mem, start);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_trainer: %s\n", e.what());
     return 1;

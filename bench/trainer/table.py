@@ -69,7 +69,7 @@ def main(oomb_log, torch_log):
     if any(r.get("attention") == "sparse" for r in ours.values()):
         sparse_table(ours)
     print("ratio: our tokens/s over PyTorch's (> 1: faster); GiB: peak device memory above the context "
-          "(ours: cudaMemGetInfo; PyTorch: max_memory_allocated);\nplan GiB: what train/memory_plan.hpp expected on our GPU")
+          "(ours: cudaMemGetInfo; PyTorch: max_memory_allocated);\nplan GiB: what trainers/memory_plan.hpp expected on our GPU")
 
 
 def attention_of(r):

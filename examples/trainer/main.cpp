@@ -8,19 +8,19 @@
 
 #include <fmt/core.h>
 
-#include "trainer/train/options.hpp"
-#include "trainer/train/run.hpp"
+#include "trainer/app/options.hpp"
+#include "trainer/app/run.hpp"
 
 #ifdef OOMB_TRAINER_CUDA
-#include "trainer/train/cuda_device.hpp"  // oomb::trainer_cuda
+#include "trainer/trainers/cuda_factory.hpp"  // oomb::trainer_cuda
 #endif
 
 namespace {
 
 /// What --device cuda runs on in this build (none without CUDA: training_run says so).
-oomb_trainer::device_trainer_maker device_of_this_build() {
+oomb_trainer::trainer_factory device_of_this_build() {
 #ifdef OOMB_TRAINER_CUDA
-  return oomb_trainer::cuda_device_trainer();
+  return oomb_trainer::cuda_trainer_factory();
 #else
   return {};
 #endif

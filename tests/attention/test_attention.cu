@@ -1165,7 +1165,7 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
 
 namespace {
 
-/// The trainer's sparse window tables (train/paged_attention.hpp, plan_windows): a past page that no
+/// The trainer's sparse window tables (algo/paged_attention.hpp, plan_windows): a past page that no
 /// query tile selected lies inside a window's range with id -1 and grad id -1, and its K/V are not
 /// in memory. Here every byte the kernels must not read is NaN: the unselected pages' old memory,
 /// the spare ids, and one page pair just before the pool (where id -1 points); grad_id[-1] names a

@@ -9,12 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trainer/data/targets.hpp"
 #include "trainer/io/checkpoint.hpp"
 #include "trainer/io/config.hpp"
 #include "trainer/io/safetensors.hpp"
 #include "trainer/io/tokens.hpp"
 #include "trainer/model/params.hpp"
-#include "trainer/train/targets.hpp"
 
 namespace trainer_test {
 

@@ -6,8 +6,8 @@
 #include <random>
 #include <vector>
 
+#include "trainer/data/targets.hpp"
 #include "trainer/io/config.hpp"
-#include "trainer/train/targets.hpp"
 
 namespace trainer_test {
 

@@ -18,7 +18,7 @@ using oomb_trainer::chunk_options;
 using oomb_trainer::qwen2_params;
 using trainer_test::chunked_run;
 using trainer_test::run_chunked;
-using double_trainer = trainer_test::compiled_trainer<oomb_trainer::cpu_backend<double>>;
+using double_trainer = trainer_test::compiled_trainer<oomb_trainer::cpu_ops<double>>;
 
 }  // namespace
 
@@ -189,7 +189,7 @@ TEST_CASE("chunk-recurrent: stage 1 fills the far tier chunk by chunk, stage 2 r
 
 TEST_CASE("chunk-recurrent: Belady eviction fed the stage-2 window order changes no bit and misses no more than LRU") {
   using lru = double_trainer;
-  using belady = trainer_test::compiled_trainer<oomb_trainer::cpu_backend<double>, oomb::belady_eviction>;
+  using belady = trainer_test::compiled_trainer<oomb_trainer::cpu_ops<double>, oomb::belady_eviction>;
   const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 3, 13);
   qwen2_params<double> p(cfg);
   oomb_trainer::init_perturbed(p, 27);
@@ -225,7 +225,7 @@ TEST_CASE("chunk-recurrent: Belady eviction fed the stage-2 window order changes
 }
 
 TEST_CASE("chunk-recurrent: bf16 K/V pages and fp32 gradient pages: offload and sparse-all still bit for bit, error of bf16 rounding") {
-  using paged = trainer_test::compiled_trainer<oomb_trainer::cpu_backend<double, oomb::bf16, float>>;
+  using paged = trainer_test::compiled_trainer<oomb_trainer::cpu_ops<double, oomb::bf16, float>>;
   const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 2, 13);
   qwen2_params<double> p(cfg);
   oomb_trainer::init_perturbed(p, 37);

@@ -1,5 +1,5 @@
 // oomb-train's --device: parsed and checked before anything is allocated, the banner names the
-// device, and training_run's device path (a device_trainer_maker) runs the same loop as the CPU one.
+// device, and training_run's device path (a trainer_factory) runs the same loop as the CPU one.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "trainer/train/cpu_trainer.hpp"
-#include "trainer/train/options.hpp"
-#include "trainer/train/run.hpp"
+#include "trainer/app/options.hpp"
+#include "trainer/app/run.hpp"
+#include "trainer/trainers/cpu_trainer.hpp"
 
 namespace {
 
@@ -61,12 +61,12 @@ TEST_CASE("--device cuda without a device of this build is refused before anythi
   CHECK_THROWS_WITH_AS(oomb_trainer::training_run(tiny_run(out, "cuda")), doctest::Contains("built without CUDA"),
                        oomb::invalid_argument);
   // A device whose check fails (no GPU, an unsupported head_dim): its message, and nothing written.
-  oomb_trainer::device_trainer_maker absent;
+  oomb_trainer::trainer_factory absent;
   absent.name = "cuda";
   absent.require = [](const oomb_trainer::trainer_setup& s) {
     OOMB_EXPECTS(s.config.head_dim == 64, "test device: head_dim ", s.config.head_dim, " is not supported");
   };
-  absent.make = [](const oomb_trainer::trainer_setup&) -> std::unique_ptr<oomb_trainer::device_trainer> { return nullptr; };
+  absent.make = [](const oomb_trainer::trainer_setup&) -> std::unique_ptr<oomb_trainer::trainer> { return nullptr; };
   CHECK_THROWS_WITH_AS(oomb_trainer::training_run(tiny_run(out, "cuda"), {}, absent),
                        doctest::Contains("head_dim 16 is not supported"), oomb::invalid_argument);
   CHECK_FALSE(fs::exists(out));
@@ -75,11 +75,11 @@ TEST_CASE("--device cuda without a device of this build is refused before anythi
 TEST_CASE("--device: the device path runs the same loop (same losses as the CPU run) and the banner names it") {
   const fs::path a = fresh_dir("cpu"), b = fresh_dir("dev");
   // A "device" that is the CPU's trainer behind the maker: the plumbing alone, checkable anywhere.
-  oomb_trainer::device_trainer_maker host;
+  oomb_trainer::trainer_factory host;
   host.name = "cuda";
   host.require = [](const oomb_trainer::trainer_setup&) {};
   host.memory_use = [] { return oomb_trainer::device_memory_use{1ull << 30, 100ull << 30, 101ull << 30}; };
-  host.make = [](const oomb_trainer::trainer_setup& s) -> std::unique_ptr<oomb_trainer::device_trainer> {
+  host.make = [](const oomb_trainer::trainer_setup& s) -> std::unique_ptr<oomb_trainer::trainer> {
     return std::make_unique<oomb_trainer::cpu_trainer>(s);
   };
   oomb_trainer::training_run cpu(tiny_run(a, "cpu"));

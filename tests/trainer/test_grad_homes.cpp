@@ -15,8 +15,8 @@
 #include "support/compiled_trainer.hpp"
 #include "support/gradient_runs.hpp"
 #include "test_util.hpp"
-#include "trainer/train/options.hpp"
-#include "trainer/train/run.hpp"
+#include "trainer/app/options.hpp"
+#include "trainer/app/run.hpp"
 
 namespace {
 
@@ -26,7 +26,7 @@ using oomb_trainer::qwen2_params;
 using trainer_test::chunked_run;
 using trainer_test::run_chunked;
 // oomb-train --device cpu's trainer.
-using float_trainer = trainer_test::compiled_trainer<oomb_trainer::cpu_backend<float>, oomb::belady_eviction>;
+using float_trainer = trainer_test::compiled_trainer<oomb_trainer::cpu_ops<float>, oomb::belady_eviction>;
 
 }  // namespace
 

@@ -15,9 +15,9 @@
 
 #include "model_util.hpp"
 #include "support/compiled_trainer.hpp"
-#include "trainer/train/memory_plan.hpp"
-#include "trainer/train/options.hpp"
-#include "trainer/train/run.hpp"
+#include "trainer/app/options.hpp"
+#include "trainer/app/run.hpp"
+#include "trainer/trainers/memory_plan.hpp"
 
 namespace {
 
@@ -25,8 +25,8 @@ using oomb_trainer::chunk_options;
 using oomb_trainer::memory_plan;
 using oomb_trainer::plan_part;
 using oomb_trainer::plan_target;
-// oomb-train --device cpu's trainer (train/cpu_trainer.cpp).
-using cpu_trainer_chunked = trainer_test::compiled_trainer<oomb_trainer::cpu_backend<float>, oomb::belady_eviction>;
+// oomb-train --device cpu's trainer (trainers/cpu_trainer.cpp).
+using cpu_trainer_chunked = trainer_test::compiled_trainer<oomb_trainer::cpu_ops<float>, oomb::belady_eviction>;
 
 constexpr std::uint64_t GiB = std::uint64_t(1) << 30;
 
@@ -213,7 +213,7 @@ TEST_CASE("memory plan: with offload and pageable homes nothing on the GPU grows
   CHECK(a.optimizer_groups == std::int32_t(oomb_trainer::param_layout(cfg).entries().size()));
   CHECK(a.optimizer_groups_on_gpu == a.optimizer_groups);
   CHECK(a.on_gpu(plan_part::optimizer) == 3 * a.on_gpu(plan_part::gradients));
-  // cuda_training.cuh's save streams one tensor at a time through a buffer of the largest.
+  // cuda_trainer.cuh's save streams one tensor at a time through a buffer of the largest.
   std::size_t largest = 0;
   const oomb_trainer::param_layout layout(cfg);
   for (const auto& e : layout.entries()) largest = std::max(largest, e.numel);
@@ -351,7 +351,7 @@ TEST_CASE("memory plan: --optimizer-gpu-memory caps the GPU's share, for --devic
   *std::find(cpu.begin(), cpu.end(), "cuda") = "cpu";
   CHECK_THROWS_WITH_AS(parse_train_options(cpu), doctest::Contains("--optimizer-gpu-memory places the optimizer state on a GPU"),
                        oomb::invalid_argument);
-  const oomb_trainer::device_trainer_maker no_device;  // --gpu-memory given: the device is not asked
+  const oomb_trainer::trainer_factory no_device;  // --gpu-memory given: the device is not asked
   CHECK(oomb_trainer::plan_target_of(parse_train_options(args({})), no_device).optimizer == oomb_trainer::optimizer_placement::split);
   const auto t = oomb_trainer::plan_target_of(parse_train_options(args({"--optimizer-gpu-memory", "10G"})), no_device);
   CHECK(t.optimizer_gpu_cap == 10 * GiB);

@@ -12,10 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trainer/app/options.hpp"
+#include "trainer/app/run.hpp"
 #include "trainer/io/config.hpp"
-#include "trainer/train/memory_plan.hpp"
-#include "trainer/train/options.hpp"
-#include "trainer/train/run.hpp"
+#include "trainer/trainers/memory_plan.hpp"
 #include "training_test_util.hpp"
 
 namespace {
@@ -36,11 +36,11 @@ std::vector<std::string> run_args(const std::string& out, std::vector<std::strin
 
 /// A "cuda" device that is the CPU's trainer behind the maker, reporting 8 GiB free: the GPU's
 /// plan and log paths, checkable anywhere.
-oomb_trainer::device_trainer_maker host_as_gpu() {
-  oomb_trainer::device_trainer_maker m;
+oomb_trainer::trainer_factory host_as_gpu() {
+  oomb_trainer::trainer_factory m;
   m.name = "cuda";
   m.require = [](const oomb_trainer::trainer_setup&) {};
-  m.make = [](const oomb_trainer::trainer_setup& s) -> std::unique_ptr<oomb_trainer::device_trainer> {
+  m.make = [](const oomb_trainer::trainer_setup& s) -> std::unique_ptr<oomb_trainer::trainer> {
     return std::make_unique<oomb_trainer::cpu_trainer>(s);
   };
   m.memory_use = [] { return oomb_trainer::device_memory_use{2ull << 30, 8ull << 30, 10ull << 30}; };

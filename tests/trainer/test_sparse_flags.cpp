@@ -1,4 +1,4 @@
-// The page-sparse flags' shared pieces (examples/trainer/train/sparse_flags.hpp), which
+// The page-sparse flags' shared pieces (examples/trainer/app/sparse_flags.hpp), which
 // bench_trainer uses: --scoring's names, a shape flag without --sparse-budget refused, and "the
 // budget covers every past page" agreeing with the selector's own rule and with oomb-train's
 // refusal at every length.
@@ -11,8 +11,8 @@
 
 #include <oomb/sparse/selection.hpp>
 
-#include "trainer/train/options.hpp"
-#include "trainer/train/sparse_flags.hpp"
+#include "trainer/app/options.hpp"
+#include "trainer/app/sparse_flags.hpp"
 
 namespace {
 

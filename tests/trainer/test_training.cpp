@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "trainer/app/options.hpp"
+#include "trainer/app/run.hpp"
 #include "trainer/io/safetensors.hpp"
 #include "trainer/io/tokens.hpp"
-#include "trainer/train/options.hpp"
-#include "trainer/train/cpu_trainer.hpp"
-#include "trainer/train/run.hpp"
+#include "trainer/trainers/cpu_trainer.hpp"
 #include "test_util.hpp"
 #include "training_test_util.hpp"
 
@@ -55,7 +55,7 @@ double mean_tail(const std::vector<double>& v, std::size_t n) {
 
 }  // namespace
 
-// kv-recall (train/synthetic.hpp): 8 keys get random values among 6 in the sequence's first chunk;
+// kv-recall (data/synthetic.hpp): 8 keys get random values among 6 in the sequence's first chunk;
 // later chunks ask for them. A chunk with a question holds neither the record nor an earlier answer
 // to the same key, and the other keys' values are independent, so anything that only sees the
 // question's own chunk predicts from a distribution independent of the value: its expected answer

@@ -1,5 +1,5 @@
 // Helpers of the training-loop tests shared by the CPU (test_training.cpp) and GPU
-// (test_cuda_training.cu) suites: scratch folders, a checkpoint with one poisoned weight, file bytes.
+// (test_cuda_trainer.cu) suites: scratch folders, a checkpoint with one poisoned weight, file bytes.
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
@@ -15,10 +15,10 @@
 
 #include <doctest/doctest.h>
 
+#include "trainer/app/run.hpp"
 #include "trainer/io/checkpoint.hpp"
 #include "trainer/model/params.hpp"
-#include "trainer/train/device_trainer.hpp"
-#include "trainer/train/run.hpp"
+#include "trainer/trainers/trainer.hpp"
 
 namespace training_test {
 
@@ -60,7 +60,7 @@ inline void write_poisoned_checkpoint(const std::string& from, const std::string
 /// A run on `device` (empty: --device cpu) saves at step 1; resumed from a copy of that checkpoint
 /// with a NaN norm weight, it stops at step 2 naming the step and the loss, before the optimizer
 /// changed a weight, and the run's own checkpoint is not rewritten.
-inline void check_non_finite_stop(oomb_trainer::train_options o, const oomb_trainer::device_trainer_maker& device,
+inline void check_non_finite_stop(oomb_trainer::train_options o, const oomb_trainer::trainer_factory& device,
                                   const temp_dir& tmp) {
   const oomb_trainer::model_config c = oomb_trainer::load_model_config(o.config);
   o.out = tmp / "run";
@@ -98,7 +98,7 @@ inline void check_non_finite_stop(oomb_trainer::train_options o, const oomb_trai
 
 /// --resume from a checkpoint of another shape is refused, naming the field or the tensor, before
 /// the training state is allocated or --out created.
-inline void check_mismatched_checkpoint(oomb_trainer::train_options o, const oomb_trainer::device_trainer_maker& device,
+inline void check_mismatched_checkpoint(oomb_trainer::train_options o, const oomb_trainer::trainer_factory& device,
                                         const temp_dir& tmp) {
   const oomb_trainer::model_config c = oomb_trainer::load_model_config(o.config);
   oomb_trainer::model_config other = c;

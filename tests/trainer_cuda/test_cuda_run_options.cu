@@ -6,7 +6,7 @@
 //
 // Tolerances: both runs start from the same GPU initialisation (Philox, seed 1234) and differ only
 // in where the pages live; the attention backward adds dQ with atomics, so gradients differ by
-// summation order: losses within 1e-3 relative (as test_cuda_training.cu's GPU-against-GPU bound).
+// summation order: losses within 1e-3 relative (as test_cuda_trainer.cu's GPU-against-GPU bound).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -20,9 +20,9 @@
 #include <oomb/cuda/page_summary_kernels.cuh>
 
 #include "model_util.hpp"
+#include "trainer/app/run.hpp"
 #include "trainer/io/config.hpp"
-#include "trainer/train/cuda_device.hpp"
-#include "trainer/train/run.hpp"
+#include "trainer/trainers/cuda_factory.hpp"
 #include "training_test_util.hpp"
 
 namespace {
@@ -65,9 +65,9 @@ std::vector<double> losses_of(oomb_trainer::training_run& run) {
 TEST_CASE("oomb-train --device cuda --offload: the in-place run's losses, transfers and GPU memory in the log") {
   temp_dir tmp("cuda-offload-run");
   const std::string config = head_dim_64_config(tmp.path);
-  oomb_trainer::training_run in_place(gpu_options(config, tmp.path / "in-place"), {}, oomb_trainer::cuda_device_trainer());
+  oomb_trainer::training_run in_place(gpu_options(config, tmp.path / "in-place"), {}, oomb_trainer::cuda_trainer_factory());
   oomb_trainer::training_run offload(gpu_options(config, tmp.path / "offload", {"--offload", "--near-pages", "8"}), {},
-                                     oomb_trainer::cuda_device_trainer());
+                                     oomb_trainer::cuda_trainer_factory());
   CHECK(offload.banner().find("offload (near tier 8 + 8 slots)") != std::string::npos);
   const auto a = losses_of(in_place), b = losses_of(offload);
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -99,9 +99,9 @@ TEST_CASE("oomb-train --device cuda --keep-attention-outputs: the same losses as
     auto kept_mode = mode;
     kept_mode.push_back("--keep-attention-outputs");
     const std::string tag = streamed ? "offload" : "in-place";
-    oomb_trainer::training_run again(gpu_options(config, tmp.path / ("again-" + tag), mode), {}, oomb_trainer::cuda_device_trainer());
+    oomb_trainer::training_run again(gpu_options(config, tmp.path / ("again-" + tag), mode), {}, oomb_trainer::cuda_trainer_factory());
     oomb_trainer::training_run kept(gpu_options(config, tmp.path / ("kept-" + tag), kept_mode), {},
-                                    oomb_trainer::cuda_device_trainer());
+                                    oomb_trainer::cuda_trainer_factory());
     const auto a = losses_of(again), b = losses_of(kept);
     for (std::size_t i = 0; i < a.size(); ++i) {
       CAPTURE(i);
@@ -123,7 +123,7 @@ TEST_CASE("oomb-train --device cuda --sparse-budget: trains, selects fewer pages
     std::vector<std::string> extra{"--sparse-budget", "2", "--sink", "1", "--local", "1", "--tile", "64"};
     if (streamed) extra.insert(extra.end(), {"--offload", "--near-pages", "8"});
     const fs::path out = tmp.path / (streamed ? "offload" : "in-place");
-    oomb_trainer::training_run run(gpu_options(config, out, extra), {}, oomb_trainer::cuda_device_trainer());
+    oomb_trainer::training_run run(gpu_options(config, out, extra), {}, oomb_trainer::cuda_trainer_factory());
     for (const double loss : losses_of(run)) CHECK(std::isfinite(loss));
     const auto last = log_lines(out / "log.jsonl").back();
     MESSAGE("sparse: " << last["sparse_pages_selected"] << " of " << last["sparse_pages_candidate"] << " past pages");
@@ -138,7 +138,7 @@ TEST_CASE("oomb-train --device cuda --sparse-budget: trains, selects fewer pages
   // GQA 2: a tile of 32 queries is 64 rows, not a whole 128-row block.
   const fs::path never = tmp.path / "never";
   CHECK_THROWS_WITH_AS(oomb_trainer::training_run(gpu_options(config, never, {"--sparse-budget", "2", "--tile", "32"}), {},
-                                                  oomb_trainer::cuda_device_trainer()),
+                                                  oomb_trainer::cuda_trainer_factory()),
                        doctest::Contains("use --tile 64"), oomb::invalid_argument);
   CHECK_FALSE(fs::exists(never));
 }
@@ -148,13 +148,13 @@ TEST_CASE("oomb-train --device cuda: the plan's GPU limit is cudaMemGetInfo's fr
   const std::string config = head_dim_64_config(tmp.path);
   const fs::path never = tmp.path / "never";
   const auto before = oomb_trainer::cuda_memory_use();
-  const auto plan = oomb_trainer::training_run::plan(gpu_options(config, never), oomb_trainer::cuda_device_trainer());
+  const auto plan = oomb_trainer::training_run::plan(gpu_options(config, never), oomb_trainer::cuda_trainer_factory());
   MESSAGE(plan.describe());
   CHECK(plan.gpu_limit + oomb_trainer::gpu_memory_margin <= before.total);
   CHECK(plan.gpu_limit + oomb_trainer::gpu_memory_margin >= before.free / 2);  // another test's memory may come and go
   CHECK(plan.fits());
   CHECK_THROWS_WITH_AS(oomb_trainer::training_run(gpu_options(config, never, {"--gpu-memory", "64M"}), {},
-                                                  oomb_trainer::cuda_device_trainer()),
+                                                  oomb_trainer::cuda_trainer_factory()),
                        doctest::Contains("of GPU memory, 64.0 MiB available"), oomb::invalid_argument);
   CHECK_FALSE(fs::exists(never));
 }

@@ -1,4 +1,4 @@
-// gpu::init_qwen2 (backend/device_init.cuh): init_qwen2's distribution on the GPU, tensor by
+// gpu::init_qwen2 (cuda/device_init.cuh): init_qwen2's distribution on the GPU, tensor by
 // tensor (norms 1, biases 0, matrices N(0, 0.02^2) drawn at their layout offsets, tied and
 // untied), the same bits with or without a compute copy, the compute copy = bf16(master).
 // SPDX-License-Identifier: Apache-2.0
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/backend/device_init.cuh"
+#include "trainer/cuda/device_init.cuh"
 
 #include "device_util.cuh"
 #include "model_util.hpp"

@@ -1,6 +1,6 @@
 // AdamW and the gradient norm / clipping factor on the GPU against optim/adamw.hpp and
 // optim/clip.hpp (float), over several steps, with and without weight decay; the optimizer state
-// split between device and pinned host memory (backend/adamw_state.cuh) against all of it on the
+// split between device and pinned host memory (cuda/adamw_state.cuh) against all of it on the
 // device, bit for bit.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
@@ -11,7 +11,7 @@
 
 #include <oomb/core/error.hpp>
 
-#include "trainer/backend/adamw_state.cuh"
+#include "trainer/cuda/adamw_state.cuh"
 #include "trainer/cuda/ops/adamw.cuh"
 #include "trainer/cuda/ops/grad_norm.cuh"
 #include "trainer/optim/adamw.hpp"

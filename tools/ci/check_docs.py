@@ -322,10 +322,11 @@ def main():
                 check_path(f"{rel}:{number}", raw, p, kind.parent)
             check_title(f"{rel}:{number}", comment)
 
-    # A path git ignores is a build output (build*/, .venv, runs/): named, never committed.
+    # A path git ignores is a build output (build*/, .venv, runs/): named, never committed. Each is
+    # asked as a folder too, since a folder pattern (build*/) matches no path that is not there yet.
     ignored = set()
     if missing:
-        names = sorted({p for _, _, p in missing})
+        names = sorted({p for _, _, p in missing} | {p.rstrip("/") + "/" for _, _, p in missing})
         try:
             out = subprocess.run(["git", "-C", str(repo.root), "check-ignore", "--no-index", "--stdin", "-z"],
                                  input="\0".join(names).encode(), capture_output=True).stdout
@@ -333,7 +334,7 @@ def main():
         except OSError:
             pass
     for where, raw, p in missing:
-        if p in ignored:
+        if p in ignored or p.rstrip("/") + "/" in ignored:
             continue
         shown = raw if raw == p else f"{raw} (as {p})"
         problems.append(f"{where}: no such path in the repository: {shown}")

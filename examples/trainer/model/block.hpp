@@ -7,7 +7,7 @@
 // The attention is a callback, so the two training paths share every other line: the full
 // sequence passes contiguous causal attention, the chunk-recurrent path paged attention over the
 // cache (which also writes the chunk's K/V to its pages). Every op goes through the trainer
-// backend B (backend/trainer_backend.hpp), so the same lines run on the host and on a GPU.
+// backend B (ops/ops_backend.hpp), so the same lines run on the host and on a GPU.
 #pragma once
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "compiled_trainer.hpp"
 
-#include "trainer/train/chunk_recurrent.hpp"
+#include "trainer/algo/chunk_recurrent.hpp"
 
 namespace trainer_test {
 
@@ -45,9 +45,9 @@ oomb::residency_stats compiled_trainer<B, E>::grad_residency() const {
   return trainer_->grad_residency();
 }
 
-template class compiled_trainer<oomb_trainer::cpu_backend<double>>;
-template class compiled_trainer<oomb_trainer::cpu_backend<double>, oomb::belady_eviction>;
-template class compiled_trainer<oomb_trainer::cpu_backend<double, oomb::bf16, float>>;
-template class compiled_trainer<oomb_trainer::cpu_backend<float>, oomb::belady_eviction>;
+template class compiled_trainer<oomb_trainer::cpu_ops<double>>;
+template class compiled_trainer<oomb_trainer::cpu_ops<double>, oomb::belady_eviction>;
+template class compiled_trainer<oomb_trainer::cpu_ops<double, oomb::bf16, float>>;
+template class compiled_trainer<oomb_trainer::cpu_ops<float>, oomb::belady_eviction>;
 
 }  // namespace trainer_test

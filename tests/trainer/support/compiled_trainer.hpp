@@ -16,10 +16,10 @@
 #include <oomb/offload/residency_scheduler.hpp>
 #include <oomb/sparse/sparse_page_table.hpp>
 
-#include "trainer/backend/cpu_backend.hpp"
+#include "trainer/algo/chunk_options.hpp"
+#include "trainer/cpu/cpu_ops.hpp"
+#include "trainer/data/targets.hpp"
 #include "trainer/io/config.hpp"
-#include "trainer/train/chunk_options.hpp"
-#include "trainer/train/targets.hpp"
 
 namespace oomb_trainer {
 template <class B, class Eviction>
@@ -29,8 +29,8 @@ class chunk_recurrent;
 namespace trainer_test {
 
 /// chunk_recurrent<B, Eviction>'s interface, the trainer's own documentation applies.
-/// compiled_trainer.cpp instantiates it for cpu_backend<double> (LRU and Belady eviction),
-/// cpu_backend<double, bf16, float> and cpu_backend<float> with Belady eviction (oomb-train --device cpu's).
+/// compiled_trainer.cpp instantiates it for cpu_ops<double> (LRU and Belady eviction),
+/// cpu_ops<double, bf16, float> and cpu_ops<float> with Belady eviction (oomb-train --device cpu's).
 template <class B, class Eviction = oomb::lru_eviction>
 class compiled_trainer {
  public:

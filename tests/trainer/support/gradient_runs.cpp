@@ -9,7 +9,7 @@ namespace trainer_test {
 
 chunked_run run_chunked(const oomb_trainer::qwen2_params<double>& p, const oomb_trainer::sequence& seq,
                         const oomb_trainer::chunk_options& opt) {
-  compiled_trainer<oomb_trainer::cpu_backend<double>> trainer(p.config(), opt, seq.size());
+  compiled_trainer<oomb_trainer::cpu_ops<double>> trainer(p.config(), opt, seq.size());
   oomb_trainer::qwen2_params<double> g(p.config());
   chunked_run r;
   r.loss = trainer.loss_and_grad(p, g, seq);

@@ -8,10 +8,10 @@
 
 #include <oomb/offload/residency_scheduler.hpp>
 
+#include "trainer/algo/chunk_options.hpp"
+#include "trainer/cpu/full_sequence.hpp"
+#include "trainer/data/targets.hpp"
 #include "trainer/model/params.hpp"
-#include "trainer/train/chunk_options.hpp"
-#include "trainer/train/full_sequence.hpp"
-#include "trainer/train/targets.hpp"
 
 namespace trainer_test {
 
@@ -27,7 +27,7 @@ struct chunked_run : gradient_run {
   oomb_trainer::selection_mask mask;  ///< sparse: the step's selections, as the full sequence's mask
 };
 
-/// A fresh chunk_recurrent<cpu_backend<double>> with `opt` over `seq`. Checks that every far page
+/// A fresh chunk_recurrent<cpu_ops<double>> with `opt` over `seq`. Checks that every far page
 /// went back to its pool.
 chunked_run run_chunked(const oomb_trainer::qwen2_params<double>& p, const oomb_trainer::sequence& seq,
                         const oomb_trainer::chunk_options& opt);
