@@ -3,6 +3,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <oomb/core/error.hpp>
@@ -15,6 +16,7 @@
 #include "trainer/cuda/ops/embedding.cuh"
 #include "trainer/cuda/ops/rmsnorm.cuh"
 #include "trainer/cuda/ops/rope.cuh"
+#include "trainer/cuda/ops/sum.cuh"
 #include "trainer/cuda/ops/swiglu.cuh"
 
 #include "device_util.cuh"
@@ -211,5 +213,38 @@ TEST_CASE("elementwise: convert rounds like oomb::bf16, add_into adds in fp32") 
   for (std::size_t i = 0; i < a.size(); ++i) added = added && sum[i] == b[i] + static_cast<float>(hb[i]);
   CHECK(added);  // one fp32 add: exact agreement
   CHECK_THROWS_WITH_AS(ops::add_into(n, da.get(), da.get(), stream.view()), doctest::Contains("must not be the same"),
+                       oomb::invalid_argument);
+}
+
+TEST_CASE("elementwise: fill and scale as the host does them; add_sum adds in double, the same bits every run") {
+  test_stream stream;
+  const std::int64_t n = 70001;  // not a multiple of the block: a ragged tail
+  const auto a = random_vector<float>(std::size_t(n), 63, -3.0, 3.0);
+  device_array<float> x(a);
+  ops::scale(n, 0.37f, x.get(), stream.view());
+  const auto scaled = x.download();
+  bool exact = true;
+  for (std::size_t i = 0; i < a.size(); ++i) exact = exact && scaled[i] == a[i] * 0.37f;
+  CHECK(exact);  // one fp32 multiply
+  ops::fill(n, 1.5f, x.get(), stream.view());
+  const auto filled = x.download();
+  CHECK(std::all_of(filled.begin(), filled.end(), [](float v) { return v == 1.5f; }));
+  device_array<bf16> h{static_cast<std::size_t>(n)};
+  ops::fill(n, bf16(-0.25f), h.get(), stream.view());
+  const auto hf = h.download();
+  CHECK(std::all_of(hf.begin(), hf.end(), [](bf16 v) { return v == bf16(-0.25f); }));
+  ops::fill(0, 2.0f, static_cast<float*>(nullptr), stream.view());  // nothing to do, no pointer needed
+
+  device_array<double> sum(std::vector<double>{0.5});
+  x.upload(a);
+  ops::add_sum(n, x.get(), sum.get(), stream.view());
+  const double got = sum.download()[0];
+  double want = 0.5;
+  for (float v : a) want += double(v);
+  CHECK(std::abs(got - want) <= 1e-12 * std::abs(want) + 1e-12);  // the order of a double sum of floats
+  sum.upload(std::vector<double>{0.5});
+  ops::add_sum(n, x.get(), sum.get(), stream.view());
+  CHECK(sum.download()[0] == got);  // fixed order: the same bits again
+  CHECK_THROWS_WITH_AS(ops::scale(0, 1.0f, x.get(), stream.view()), doctest::Contains("must be positive"),
                        oomb::invalid_argument);
 }
