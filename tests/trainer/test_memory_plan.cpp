@@ -1,5 +1,5 @@
 // The memory plan against what the CPU trainer measures (K/V and gradient page high waters, the
-// pools' reserved bytes, the near slots, the activations), its limits and refusals, the host limit
+// pools' reserved bytes, the near slots, the activations, the backend's scratch), its limits and refusals, the host limit
 // default, and the table of docs/trainer.md ("Memory plan") for the real configs.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
@@ -104,6 +104,10 @@ TEST_CASE("memory plan: pages, pools, near slots and activations are what the CP
     CHECK(plan.on_host(plan_part::kv_near) + plan.on_host(plan_part::grad_near) == m.near_bytes);
     CHECK(plan.on_host(plan_part::activations) == m.activation_bytes);
     CHECK(plan.on_host(plan_part::weights) == p.size() * sizeof(float));
+    // The backend's scratch: reserved up front at the size the plan counts, and no op grew it.
+    const auto scratch = trainer.backend().scratch_held();
+    CHECK(plan.on_host(plan_part::backend_scratch) == scratch.attention);
+    CHECK(plan.on_host(plan_part::head_workspace) == scratch.head);
   }
 }
 
@@ -199,13 +203,18 @@ TEST_CASE("memory plan: with offload and pageable homes nothing on the GPU grows
   CHECK(a.gpu_growth_per_10k == 0.0);
   CHECK(b.host_total() > a.host_total());
   CHECK(a.on_host(plan_part::home_staging) == 4 * oomb_trainer::detail::pageable_staging_bytes);  // K/V and gradients, both ways
-  // Pinned homes: the same host bytes but the staging, and the GPU grows by 8 B per pinned 4 KiB.
+  // Pinned homes: the same host bytes but the staging (the copy kernel's descriptor slots instead
+  // of the staged rings), and the GPU grows by 8 B per pinned 4 KiB.
   off.homes = oomb_trainer::home_memory::pinned;
   const memory_plan pa = oomb_trainer::plan_memory(cfg, off, 131072, t), pb = oomb_trainer::plan_memory(cfg, off, 4 * 131072, t);
-  CHECK(pa.host_total() == a.host_total() - a.on_host(plan_part::home_staging));
+  CHECK(pa.on_gpu(plan_part::copy_staging) == 4 * oomb_trainer::detail::page_copy_staging_bytes);
+  CHECK(pa.on_host(plan_part::copy_staging) == 4 * oomb_trainer::detail::page_copy_staging_bytes);
+  CHECK(a.on_gpu(plan_part::copy_staging) == 0);
+  CHECK(pa.host_total() == a.host_total() - a.on_host(plan_part::home_staging) + pa.on_host(plan_part::copy_staging));
   CHECK(pa.on_host(plan_part::home_staging) == 0);
   const std::uint64_t pinned_a = pa.on_host(plan_part::kv_pages) + pa.on_host(plan_part::grad_pages) +
-                                 pa.on_host(plan_part::optimizer) + pa.on_host(plan_part::upload_ring);
+                                 pa.on_host(plan_part::optimizer) + pa.on_host(plan_part::upload_ring) +
+                                 pa.on_host(plan_part::copy_staging);
   CHECK(pa.on_gpu(plan_part::pinned_mapping) == pinned_a / 512);
   CHECK(pb.gpu_total() - pa.gpu_total() == pb.on_gpu(plan_part::pinned_mapping) - pa.on_gpu(plan_part::pinned_mapping));
   CHECK(pb.gpu_total() > pa.gpu_total());

@@ -2,6 +2,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -11,7 +12,10 @@
 #include <oomb/paging/page_shape.hpp>
 #include <oomb/sparse/scoring.hpp>
 
+#include "trainer/io/config.hpp"
+#include "trainer/model/block.hpp"
 #include "trainer/ops/op_kind.hpp"
+#include "trainer/ops/ops_backend.hpp"
 
 namespace oomb_trainer {
 
@@ -107,6 +111,17 @@ inline std::int32_t default_near_pages(const chunk_options& o) {
   const std::int32_t own = o.chunk / o.page;
   const std::int32_t window = o.sparse ? own + 16 * (o.budget + o.sink + o.local) : std::max(2 * own, 128);
   return 2 * window;
+}
+
+/// The largest chunk a run of `max_tokens` tokens asks of its backend: a chunk's rows, and window
+/// tables of at most min(pages of a layer, the window) entries over an id space of every page of
+/// every layer in place, of the near slots when streamed (paged_attention's pools).
+inline chunk_shape chunk_shape_of(const model_config& c, const chunk_options& o, std::int64_t max_tokens) {
+  const std::int64_t pages_per_layer = (max_tokens + o.page - 1) / o.page;
+  const std::int64_t capacity = pages_per_layer * c.num_hidden_layers;
+  return chunk_shape{block_dims(c), c.vocab_size, std::min<std::int64_t>(o.chunk, max_tokens),
+                     std::min<std::int64_t>(pages_per_layer, o.effective_window()),
+                     static_cast<std::int32_t>(o.offload ? o.near_pages : capacity)};
 }
 
 /// Where a step is, for progress reports within long steps.

@@ -55,6 +55,7 @@ class chunk_recurrent {
     if (opt.keep_attention_outputs) kept_ = std::make_unique<attention_outputs<B>>(be_, cfg, opt, max_tokens);
     if constexpr (has_op_clock_v<B>) be_.time_ops(opt.time_ops);
     if constexpr (has_attention_kernels_v<B>) be_.attention_kernels(opt.attention_kernels);
+    if constexpr (has_reserve_v<B>) be_.reserve(chunk_shape_of(cfg, opt, max_tokens));
     acts_.resize(static_cast<std::size_t>(cfg.num_hidden_layers));
     for (auto& a : acts_) a.resize(opt.chunk, D_);
     x_.resize(static_cast<std::size_t>(opt.chunk) * D_.H);
@@ -162,6 +163,9 @@ class chunk_recurrent {
     stats_.attention_host = attn_.host_seconds();
     return stats_.loss;
   }
+
+  /// The ops backend the steps run on (its scratch, for the memory plan's tests).
+  const B& backend() const noexcept { return be_; }
 
   /// What each tier holds now (after a step: the far pools have returned every page, but keep the
   /// memory they reserved).

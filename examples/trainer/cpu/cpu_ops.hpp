@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include <oomb/attention/reference.hpp>
 #include <oomb/core/error.hpp>
 #include <oomb/core/tensor.hpp>
 #include <oomb/memory/host_resource.hpp>
@@ -29,8 +30,6 @@
 #include <oomb/sparse/page_summaries.hpp>
 #include <oomb/sparse/tile_selector.hpp>
 
-#include "trainer/ops/ops_backend.hpp"
-#include <oomb/attention/reference.hpp>
 #include "trainer/cpu/embedding.hpp"
 #include "trainer/cpu/linear.hpp"
 #include "trainer/cpu/lm_head.hpp"
@@ -38,6 +37,7 @@
 #include "trainer/cpu/rope.hpp"
 #include "trainer/cpu/swiglu.hpp"
 #include "trainer/model/params.hpp"
+#include "trainer/ops/ops_backend.hpp"
 
 namespace oomb_trainer {
 
@@ -95,6 +95,19 @@ class cpu_ops {
   template <class X>
   using bf16_home_residency = oomb::converting_host_backend<oomb::bf16_codec<X>>;
   using selector_type = cpu_page_selector<T>;
+
+  /// Scratch for a chunk of shape s, in bytes, as reserve() allocates it and the memory plan counts
+  /// it: the window's partial output [rows][qd] and lse [rows][hq] with the K/V id -> gradient page
+  /// map over the id space (attention), and the head's normed rows and their gradient [rows][H],
+  /// rstd [rows], one row of logits and its gradient [vocab] (head).
+  struct scratch {
+    std::uint64_t attention = 0, head = 0;
+  };
+  static scratch scratch_for(const chunk_shape& s) noexcept {
+    const std::uint64_t n = std::uint64_t(s.rows), t = sizeof(T);
+    return {(n * std::uint64_t(s.dims.qdim()) + n * std::uint64_t(s.dims.hq)) * t + sizeof(std::int32_t) * std::uint64_t(s.id_space),
+            (2 * n * std::uint64_t(s.dims.H) + n + 2 * std::uint64_t(s.vocab)) * t};
+  }
 
   cpu_ops() = default;
   cpu_ops(const cpu_ops&) = delete;
@@ -202,6 +215,28 @@ class cpu_ops {
   void zero_page(const oomb::page_pool_view<G>& pool, std::int32_t id) {
     wait_compute();
     std::memset(pool.k(id, 0, 0), 0, static_cast<std::size_t>(pool.pair_stride) * sizeof(G));
+  }
+
+  // ---- scratch up front (ops_backend.hpp's reserve) ----
+  /// Allocates scratch_for(s): no op of a chunk of that shape grows a buffer afterwards.
+  void reserve(const chunk_shape& s) {
+    const auto n = static_cast<std::size_t>(s.rows);
+    o_w_.reserve(n * static_cast<std::size_t>(s.dims.qdim()));
+    lse_w_.reserve(n * static_cast<std::size_t>(s.dims.hq));
+    if (grad_map_.size() < static_cast<std::size_t>(s.id_space)) grad_map_.resize(static_cast<std::size_t>(s.id_space), -1);
+    const auto H = static_cast<std::size_t>(s.dims.H), V = static_cast<std::size_t>(s.vocab);
+    head_.xf.reserve(n * H);
+    head_.dxf.reserve(n * H);
+    head_.rstd.reserve(n);
+    head_.logits.reserve(V);
+    head_.dlogits.reserve(V);
+  }
+  /// The scratch held now, in bytes as scratch_for counts it (capacities: what is allocated).
+  scratch scratch_held() const noexcept {
+    const std::uint64_t t = sizeof(T);
+    return {(o_w_.capacity() + lse_w_.capacity()) * t + sizeof(std::int32_t) * grad_map_.capacity(),
+            (head_.xf.capacity() + head_.dxf.capacity() + head_.rstd.capacity() + head_.logits.capacity() +
+             head_.dlogits.capacity()) * t};
   }
 
   // ---- attention over one window ----

@@ -49,6 +49,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -75,6 +76,7 @@
 #include <oomb/sparse/tile_selector.hpp>
 
 #include "trainer/cpu/rope.hpp"
+#include "trainer/cuda/cuda_ops_memory.hpp"
 #include "trainer/cuda/device_buffer.cuh"
 #include "trainer/cuda/device_params.cuh"
 #include "trainer/cuda/interval_clock.cuh"
@@ -158,7 +160,7 @@ class basic_cuda_ops {
 
   basic_cuda_ops()
       : copy_in_(oomb::cuda_stream::greatest_priority()), copy_out_(oomb::cuda_stream::greatest_priority()),
-        ring_(std::size_t(1) << 20), bad_(3), loss_(1) {
+        gemm_(cuda_ops_memory::gemm_workspace), bad_(3), loss_(1) {
     OOMB_CUDA_CHECK(cudaMemsetAsync(loss_.data(), 0, sizeof(double), compute_.get()), "cuda_ops: loss");
     stalls_.reset(compute());
     op_clock_.reset(compute());
@@ -184,21 +186,21 @@ class basic_cuda_ops {
                          bf16* x) {
     const op_scope scope(*this, op_kind::embedding, "embedding/forward");
     vocab_ = vocab;
-    const auto t = ring_.upload(tokens, static_cast<std::size_t>(n), compute());
+    const auto t = ring().upload(tokens, static_cast<std::size_t>(n), compute());
     gpu::ops::embedding_forward(n, H, vocab, t.data, table, x, bad_.data() + bad_token, compute());
-    ring_.release(t, compute());
+    ring().release(t, compute());
   }
   /// The vocabulary is the last embedding_forward's (the seam does not pass it here).
   void embedding_backward(std::int64_t n, std::int32_t H, const std::int32_t* tokens, const bf16* dx, float* dtable) {
     const op_scope scope(*this, op_kind::embedding, "embedding/backward");
     OOMB_EXPECTS(vocab_ > 0, "cuda_ops::embedding_backward before any embedding_forward");
-    const auto t = ring_.upload(tokens, static_cast<std::size_t>(n), compute());
+    const auto t = ring().upload(tokens, static_cast<std::size_t>(n), compute());
     const std::size_t bytes = gpu::ops::embedding_backward_workspace_bytes(n, vocab_);
     gpu::ops::embedding_backward(n, H, vocab_, t.data, dx, dtable, workspace(bytes), bytes, compute());
-    ring_.release(t, compute());
+    ring().release(t, compute());
   }
   rope_type rope(std::int64_t first, std::int64_t count, std::int32_t d, double theta) {
-    return rope_type(ring_, compute(), first, count, d, theta);
+    return rope_type(ring(), compute(), first, count, d, theta);
   }
   void rope_forward(std::int64_t n, std::int32_t heads, std::int32_t d, bf16* x, const rope_type& r) {
     const op_scope scope(*this, op_kind::elementwise, "elementwise/rope_forward");
@@ -270,7 +272,7 @@ class basic_cuda_ops {
     rstd_.resize(static_cast<std::size_t>(n));
     rows_.resize(static_cast<std::size_t>(2 * n));
     gpu::ops::rmsnorm_forward(n, H, x, p.final_norm(), eps, xf_.data(), rstd_.data(), compute());
-    const auto t = ring_.upload(targets, static_cast<std::size_t>(n), compute());
+    const auto t = ring().upload(targets, static_cast<std::size_t>(n), compute());
     gpu::ops::lm_head_ce_args a;
     a.n = n;
     a.H = H;
@@ -290,7 +292,7 @@ class basic_cuda_ops {
     const auto plan = gpu::ops::plan_lm_head_ce(n, V, head_budget);
     const std::size_t bytes = gpu::ops::lm_head_ce_workspace_bytes(plan);
     gpu::ops::lm_head_cross_entropy(gemm_, plan, a, workspace(bytes), bytes, compute());
-    ring_.release(t, compute());
+    ring().release(t, compute());
     gpu::ops::add_sum(n, rows_.data(), loss_.data(), compute());
     if (grads == nullptr) return;
     float* dx32 = zeroed(f32_[0], n * H);
@@ -358,7 +360,7 @@ class basic_cuda_ops {
     const auto pages = page_list(where, n, pool.page_size, "write_pages");
     oomb::attention::write_kv_pages(n, pool.kv_heads, pool.head_dim, k, v, pages.data, any_page, pool,
                                 bad_.data() + bad_page, compute());
-    ring_.release(pages, compute());
+    ring().release(pages, compute());
   }
   void add_from_pages(const oomb::page_pool_view<const float>& pool, oomb::id_span where, std::int64_t n, bf16* dk,
                       bf16* dv) {
@@ -371,7 +373,7 @@ class basic_cuda_ops {
       host_ints_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
       host_ints_[static_cast<std::size_t>(count + i)] = where[static_cast<std::size_t>(i)];
     }
-    const auto t = ring_.upload(host_ints_.data(), host_ints_.size(), compute());
+    const auto t = ring().upload(host_ints_.data(), host_ints_.size(), compute());
     oomb::grad_mirror_view<float> mirror;
     mirror.pool = mutable_view(pool);
     mirror.grad_id = t.data + count;
@@ -381,7 +383,7 @@ class basic_cuda_ops {
     float* dv32 = widen(f32_[1], rows, dv);
     oomb::attention::add_own_page_grads(n, pool.kv_heads, pool.head_dim, t.data, mirror, dk32, dv32, bad_.data() + bad_page,
                                     compute());
-    ring_.release(t, compute());
+    ring().release(t, compute());
     gpu::ops::convert(rows, static_cast<const float*>(dk32), dk, compute());
     gpu::ops::convert(rows, static_cast<const float*>(dv32), dv, compute());
   }
@@ -402,7 +404,7 @@ class basic_cuda_ops {
     lse_w_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
     const auto plan = oomb::attention::plan_forward(oomb::attention::call_shape::of(a), facts_, {attention_kernels_});
     oomb::attention::forward(plan, a, o_w_.data(), lse_w_.data(), compute_.get());
-    ring_.release(t, compute());
+    ring().release(t, compute());
     float* o32 = widen(f32_[0], od, o_acc);
     oomb::attention::merge(c.sq, c.hq, c.d, o32, lse_acc, o_w_.data(), lse_w_.data(), compute_.get());
     gpu::ops::convert(od, static_cast<const float*>(o32), o_acc, compute());
@@ -432,11 +434,42 @@ class basic_cuda_ops {
     order_ws_.resize(static_cast<std::size_t>(plan.workspace_ints));
     oomb::attention::backward(plan, a, lse, delta_.data(), d_o, dq32, dk32, dv32, dpast,
                               {order_ws_.data(), static_cast<std::int64_t>(order_ws_.size())}, compute_.get());
-    ring_.release(t, compute());
+    ring().release(t, compute());
     gpu::ops::convert(qd, static_cast<const float*>(dq32), dq, compute());
     gpu::ops::convert(kvd, static_cast<const float*>(dk32), dk, compute());
     gpu::ops::convert(kvd, static_cast<const float*>(dv32), dv, compute());
   }
+
+  // ---- scratch up front (ops_backend.hpp's reserve) ----
+  /// Allocates what a chunk of shape s needs: the scratch cuda_ops_memory::scratch_for states, the
+  /// ops' workspace at the head's budget and the upload ring at cuda_ops_memory::upload_ring_bytes,
+  /// so that no op of a step of that shape allocates.
+  void reserve(const chunk_shape& s) {
+    const cuda_ops_memory::scratch want = cuda_ops_memory::scratch_for(s);
+    for (int i = 0; i < 3; ++i) grow_to(f32_[i], want.f32[i]);
+    grow_to(o_w_, want.o_w);
+    grow_to(lse_w_, want.lse_w);
+    grow_to(delta_, want.delta);
+    grow_to(rstd_, want.rstd);
+    grow_to(rows_, want.rows);
+    grow_to(xf_, want.xf);
+    grow_to(work_, std::int64_t(head_budget));
+    const std::size_t ring_bytes = cuda_ops_memory::upload_ring_bytes(s);
+    if (!ring_ || ring_->capacity() < ring_bytes) {
+      ring_.reset();  // waits for any table still in flight
+      ring_.emplace(ring_bytes);
+    }
+  }
+  /// The scratch held now, in bytes as cuda_ops_memory::scratch::bytes counts it (the op
+  /// workspace and the ring apart): equal to the plan's after reserve(), unless an op grew it.
+  std::uint64_t scratch_bytes() const noexcept {
+    std::uint64_t f = f32_[0].capacity() + f32_[1].capacity() + f32_[2].capacity() + o_w_.capacity() + lse_w_.capacity() +
+                      delta_.capacity() + rstd_.capacity() + rows_.capacity();
+    return 4 * f + 2 * std::uint64_t(xf_.capacity());
+  }
+  /// Bytes of the ops' shared workspace and of the upload ring's current buffer (each side).
+  std::size_t workspace_bytes() const noexcept { return work_.capacity(); }
+  std::size_t upload_ring_bytes() const noexcept { return ring_ ? ring_->held_bytes() : 0; }
 
   /// An op's NVTX range and, with time_ops(true), its compute-stream time into its kind's slot;
   /// public for the selector, whose device work is an op of kind selection.
@@ -467,14 +500,22 @@ class basic_cuda_ops {
   // The page kernels' bound on ids: the seam's pool views do not carry the pool's size, and every
   // id comes from the trainer's own pools (checked on the host there).
   static constexpr std::int32_t any_page = std::numeric_limits<std::int32_t>::max();
-  // Workspace the fused head may take for its logits tiles.
-  static constexpr std::size_t head_budget = std::size_t(256) << 20;
-  // Where a window's page ids start in its uploaded table.
-  static constexpr std::size_t window_ids = 4;
+  static constexpr std::size_t head_budget = cuda_ops_memory::head_budget;
+  static constexpr std::size_t window_ids = cuda_ops_memory::window_header_ints;
 
   void reset_reports() {
     OOMB_CUDA_CHECK(cudaMemsetAsync(bad_.data(), 0xff, 3 * sizeof(std::int32_t), compute_.get()),
                     "cuda_ops: resetting the reports");
+  }
+
+  /// The upload ring: as reserve() sized it, else at its smallest (it grows when it must).
+  oomb::upload_ring& ring() {
+    if (!ring_) ring_.emplace(cuda_ops_memory::upload_ring_start);
+    return *ring_;
+  }
+  template <class X>
+  static void grow_to(gpu::device_buffer<X>& b, std::int64_t n) {
+    if (static_cast<std::size_t>(n) > b.capacity()) b.resize(static_cast<std::size_t>(n));
   }
 
   void* workspace(std::size_t bytes) {
@@ -503,7 +544,7 @@ class basic_cuda_ops {
   oomb::upload_ring::uploaded<std::int32_t> page_list(oomb::id_span where, std::int64_t n, std::int32_t P,
                                                       const char* what) {
     const std::int64_t count = check_rows(where, n, P, what);
-    return ring_.upload(where.data(), static_cast<std::size_t>(count), compute());
+    return ring().upload(where.data(), static_cast<std::size_t>(count), compute());
   }
 
   static oomb::page_pool_view<float> mutable_view(const oomb::page_pool_view<const float>& v) {
@@ -557,7 +598,7 @@ class basic_cuda_ops {
       const auto tail = std::copy(sel->indptr().begin(), sel->indptr().end(), host_ints_.begin() + std::ptrdiff_t(at));
       std::copy(sel->indices().begin(), sel->indices().end(), tail);
     }
-    return ring_.upload(host_ints_.data(), host_ints_.size(), compute());
+    return ring().upload(host_ints_.data(), host_ints_.size(), compute());
   }
 
   /// The kernels' arguments over a window's upload (`grad_map`: it holds the backward's map).
@@ -591,7 +632,7 @@ class basic_cuda_ops {
   Far far_;
   oomb::device_resource near_;
   gpu::ops::gemm_context gemm_;
-  oomb::upload_ring ring_;
+  std::optional<oomb::upload_ring> ring_;  // made by reserve(), or at its smallest on first use
   gpu::device_buffer<std::int32_t> bad_;  // [3] device reports: bad token, target, page (-1: none)
   gpu::device_buffer<double> loss_;       // the loss added since the last take
   gpu::interval_clock stalls_;            // compute-stream time spent waiting for transfers

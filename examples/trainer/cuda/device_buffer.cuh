@@ -39,6 +39,8 @@ class device_buffer {
   X* data() noexcept { return p_; }
   const X* data() const noexcept { return p_; }
   std::size_t size() const noexcept { return n_; }
+  /// Elements allocated (resize below it keeps the storage).
+  std::size_t capacity() const noexcept { return cap_; }
 
   void resize(std::size_t n) {
     if (n > cap_) {

@@ -71,6 +71,10 @@
 //                               the compute stream (page_tier calls them when streamed)
 //   take_transfer_wait_seconds() -> double: the time the compute stream stood still in them since
 //                               the last take (synchronises: called at a step's edges)
+// optional: scratch allocated up front (has_reserve_v; every backend here has it)
+//   reserve(chunk_shape)        allocates, before the first step, the scratch a chunk of that shape
+//                               needs, at the sizes the backend states for the memory plan (each
+//                               backend's scratch_for(shape)), so no op grows a buffer later
 // optional: GPU time per kind of op (has_op_clock_v; the CUDA backends have it)
 //   time_ops(bool)              on: every op's time on the compute stream is summed by op_kind
 //                               (two tiny timer launches per op; off, the default, costs nothing)
@@ -87,9 +91,20 @@
 #include <oomb/paging/views.hpp>
 #include <oomb/sparse/sparse_page_table.hpp>
 
+#include "trainer/model/block.hpp"
 #include "trainer/ops/op_kind.hpp"
 
 namespace oomb_trainer {
+
+/// The largest chunk a run asks of a backend, known before its first step (algo/chunk_options.hpp's
+/// chunk_shape_of): what reserve() allocates for, and what the memory plan sizes scratch by.
+struct chunk_shape {
+  block_dims dims;
+  std::int32_t vocab = 0;          ///< the model's vocabulary (the LM head's rows)
+  std::int64_t rows = 0;           ///< tokens of a chunk
+  std::int64_t window_pages = 0;   ///< entries of the largest window table
+  std::int32_t id_space = 0;       ///< the ids a window's pages are drawn from (all pages in place, the near slots streamed)
+};
 
 /// The queries of one chunk in one layer, as every window of its attention sees them.
 template <class T>
@@ -188,6 +203,18 @@ struct has_op_clock<B, std::void_t<decltype(std::declval<B&>().time_ops(true)),
 /// True when B can time its ops by op_kind (see the file comment).
 template <class B>
 inline constexpr bool has_op_clock_v = detail::has_op_clock<B>::value;
+
+namespace detail {
+template <class B, class = void>
+struct has_reserve : std::false_type {};
+template <class B>
+struct has_reserve<B, std::void_t<decltype(std::declval<B&>().reserve(std::declval<const chunk_shape&>()))>>
+    : std::true_type {};
+}  // namespace detail
+
+/// True when B allocates its scratch up front (see the file comment).
+template <class B>
+inline constexpr bool has_reserve_v = detail::has_reserve<B>::value;
 
 namespace detail {
 template <class B, class = void>

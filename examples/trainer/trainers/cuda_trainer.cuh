@@ -55,6 +55,10 @@ namespace oomb_trainer {
 // The memory plan counts each staged transfer's pinned ring at the library's default size.
 static_assert(detail::pageable_staging_bytes == oomb::cuda_transfer_options{}.pageable.chunk_bytes *
                                                      std::uint64_t(oomb::cuda_transfer_options{}.pageable.chunks));
+// ... and each kernel-path transfer's descriptor slots (device and pinned) at theirs.
+static_assert(detail::page_copy_staging_bytes == std::uint64_t(oomb::cuda_transfer_options{}.staging_slots) *
+                                                      oomb::cuda_transfer_options{}.pages_per_launch *
+                                                      sizeof(oomb::page_copy_desc));
 
 /// The training state of one model on the current GPU, loss and gradients by chunk_recurrent<B>
 /// (B: cuda_ops, cuda_offload_ops or cuda_pageable_offload_ops).

@@ -7,8 +7,9 @@
 // Every size is that of what the trainer allocates, from the same dims: the activations through
 // block_acts itself (over buffers that only count), the pages as paged_attention lays out its pools
 // (in place: one contiguous range of every page for K/V and as many gradient pages; with offload:
-// homes that grow by slabs, near slots of fixed count), the backends' scratch as their members
-// grow to for one chunk; kept attention outputs as algo/attention_outputs.hpp's blocks; on cuda
+// homes that grow by slabs, near slots of fixed count), the backends' scratch, workspaces and
+// upload ring as the backends state them (cpu_ops::scratch_for, cuda/cuda_ops_memory.hpp) and
+// allocate them before the first step; kept attention outputs as algo/attention_outputs.hpp's blocks; on cuda
 // the sparse selector's summaries (device_page_summaries::bytes) and an estimate of its
 // workspace. tests/trainer/test_memory_plan.cpp checks the K/V and gradient pages, the
 // pools' reserved bytes, the near slots and the activations against what the CPU trainer measures.
@@ -39,6 +40,8 @@
 #include <oomb/offload/residency_table.hpp>
 
 #include "trainer/algo/chunk_options.hpp"
+#include "trainer/cpu/cpu_ops.hpp"
+#include "trainer/cuda/cuda_ops_memory.hpp"
 #include "trainer/io/config.hpp"
 #include "trainer/model/block.hpp"
 #include "trainer/model/params.hpp"
@@ -173,6 +176,7 @@ enum class plan_part {
   sparse_workspace,   ///< cuda sparse: the selection's scoring workspace and tables at their largest
   sparse_gathered,    ///< cuda sparse: one layer's past summaries, gathered on the device for scoring
   home_staging,       ///< cuda, pageable homes: the pinned staging rings their pages move through
+  copy_staging,       ///< cuda, pinned homes: the page copy kernel's descriptor slots (device, with a pinned twin)
   pinned_mapping,     ///< cuda: the driver's device memory for pinned host memory (8 B per pinned 4 KiB)
   sequence,           ///< the sequence's tokens
 };
@@ -262,12 +266,12 @@ inline std::int64_t slab_reserved(std::int64_t peak, std::int64_t slab, std::int
   return std::min(capacity, (peak + slab - 1) / slab * slab);
 }
 
-constexpr std::size_t cuda_head_budget = std::size_t(256) << 20;    // cuda_ops::head_budget
-constexpr std::size_t cuda_gemm_workspace = std::size_t(32) << 20;  // gemm_context's default
-constexpr std::size_t cuda_upload_ring = std::size_t(1) << 20;      // cuda_ops's ring at start
 constexpr std::uint64_t kept_output_slots = 4;                      // attention_outputs::near_slots
 // cuda_transfer_options{}.pageable: 4 chunks of 8 MiB per staged transfer (checked in cuda_trainer.cuh).
 constexpr std::uint64_t pageable_staging_bytes = std::uint64_t(32) << 20;
+// cuda_transfer_options{}: 8 slots of 8,192 page_copy_desc (16 B) per kernel-path transfer, on the
+// device and pinned (checked in cuda_trainer.cuh).
+constexpr std::uint64_t page_copy_staging_bytes = std::uint64_t(1) << 20;
 // The driver keeps 8 bytes of device memory per pinned 4 KiB page, however it is pinned
 // (bench/cuda/pinned_mapping_bench.cu on the H200: 16 GiB pinned took exactly 32 MiB).
 constexpr std::uint64_t pinned_bytes_per_mapping_byte = 4096 / 8;
@@ -350,34 +354,23 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
   // block_backward's buffers: dx1, dxn [n][H]; dh, dg, du [n][I]; d_o, dq [n][qd]; dk, dv [n][kvd].
   dev.push_back({plan_part::layer_scratch, std::uint64_t(n * (2 * H + 3 * I + 2 * qd + 2 * kvd)) * t,
                  "one layer's backward scratch"});
+  // The backends' scratch, as each states it (cuda/cuda_ops_memory.hpp, cpu_ops::scratch_for) and
+  // allocates it up front (reserve) for the run's largest chunk.
+  const chunk_shape shape = chunk_shape_of(c, o, in.tokens);
   if (cuda) {
-    // cuda_ops: f32_[0] (RMSNorm dx, o and dq in fp32), f32_[1] (the head's dx, dk), f32_[2]
-    // (dv), o_w_ [n][qd], lse_w_ and delta_ [n][hq], rstd_ [n], rows_ [2n] in fp32; xf_ [n][H] bf16.
-    const std::int64_t fp32 = n * std::max(H, qd) + n * std::max(H, kvd) + n * kvd + n * qd + 2 * n * hq + 3 * n;
-    dev.push_back({plan_part::backend_scratch, std::uint64_t(fp32) * f + std::uint64_t(n * H) * t,
+    dev.push_back({plan_part::backend_scratch, cuda_ops_memory::scratch_for(shape).bytes(),
                    "backend scratch: fp32 copies of dx/o/dq/dk/dv, window output, lse, delta, head rows"});
-    dev.push_back({plan_part::head_workspace, cuda_head_budget, "fused LM head workspace (its budget)"});
-    dev.push_back({plan_part::gemm_workspace, cuda_gemm_workspace, "cuBLASLt workspace"});
-    // Tables held in the ring at once: the chunk's RoPE cos/sin (fp32 [n][d], held while every
-    // layer runs), its tokens and targets, and the backward's window table (ids + the K/V id ->
-    // gradient page map over the id space: every page in place, the near slots with offload). The
-    // ring starts at 1 MiB and doubles when a table does not fit beside those in flight; counted
-    // here: doubled until twice what is held at once fits (the host running ahead holds more).
-    const std::int64_t id_space = o.offload ? o.near_pages : capacity;
-    const std::int64_t window = std::min<std::int64_t>(pages_per_layer, o.effective_window());
-    const std::uint64_t held = std::uint64_t(n * D.d) * f + 2 * std::uint64_t(n) * 4 + 4 * std::uint64_t(4 + window + id_space);
-    std::uint64_t ring = cuda_upload_ring;
-    while (ring < 2 * held) ring *= 2;
-    const std::string ring_what = fmt::format("upload ring: RoPE table, tokens and a window table of {} ids, twice over", window + id_space);
+    dev.push_back({plan_part::head_workspace, cuda_ops_memory::head_budget, "fused LM head workspace (its budget)"});
+    dev.push_back({plan_part::gemm_workspace, cuda_ops_memory::gemm_workspace, "cuBLASLt workspace"});
+    const std::uint64_t ring = cuda_ops_memory::upload_ring_bytes(shape);
+    const std::string ring_what =
+        fmt::format("upload ring: RoPE table, tokens and a window table of {} ids, twice over", shape.window_pages + shape.id_space);
     dev.push_back({plan_part::upload_ring, ring, ring_what + " (device twin)"});
     home.push_back({plan_part::upload_ring, ring, ring_what + " (pinned)"});
   } else {
-    // cpu_ops: the window's partial output o_w_ [n][qd] and lse_w_ [n][hq]; the K/V id ->
-    // gradient page map over the id space. head_forward_backward: xf, dxf [n][H], rstd [n], 2 rows of logits.
-    const std::int64_t id_space = o.offload ? o.near_pages : capacity;
-    dev.push_back({plan_part::backend_scratch, std::uint64_t(n * qd + n * hq) * t + 4 * std::uint64_t(id_space),
-                   "backend scratch: window output and lse, the gradient-page map"});
-    dev.push_back({plan_part::head_workspace, std::uint64_t(2 * n * H + n + 2 * std::int64_t(c.vocab_size)) * t,
+    const auto scratch = cpu_ops<float>::scratch_for(shape);
+    dev.push_back({plan_part::backend_scratch, scratch.attention, "backend scratch: window output and lse, the gradient-page map"});
+    dev.push_back({plan_part::head_workspace, scratch.head,
                    "LM head scratch (normed rows, their gradient, one row of logits and its gradient)"});
   }
 
@@ -445,12 +438,18 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
                    fmt::format("sparse scoring workspace ({} tiles x {} scored pages at most, an estimate)", tiles, scored)});
     home.push_back({plan_part::sparse_workspace, selected, "sparse selections read back (pinned)"});
   }
+  // A transfer per direction of each streamed tier: K/V, gradients, kept outputs.
+  const std::uint64_t transfers = 2 * (2 + (o.keep_attention_outputs ? 1 : 0));
   if (cuda && o.offload && o.homes == home_memory::pageable) {
-    // A staged transfer per direction of each streamed tier: K/V, gradients, kept outputs.
-    const std::uint64_t transfers = 2 * (2 + (o.keep_attention_outputs ? 1 : 0));
     home.push_back({plan_part::home_staging, transfers * pageable_staging_bytes,
                     fmt::format("pinned staging of the pageable homes ({} transfers x {})", transfers,
                                 plan_bytes(double(pageable_staging_bytes)))});
+  }
+  if (cuda && o.offload && o.homes == home_memory::pinned) {
+    const std::string what = fmt::format("page copy kernel descriptors ({} transfers x {})", transfers,
+                                         plan_bytes(double(page_copy_staging_bytes)));
+    dev.push_back({plan_part::copy_staging, transfers * page_copy_staging_bytes, what});
+    home.push_back({plan_part::copy_staging, transfers * page_copy_staging_bytes, what + " (pinned)"});
   }
   if (cuda) {
     std::uint64_t pinned = 0;
@@ -464,7 +463,8 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
         case plan_part::upload_ring:
         case plan_part::sparse_summaries:
         case plan_part::sparse_workspace:
-        case plan_part::home_staging: pinned += i.bytes; break;
+        case plan_part::home_staging:
+        case plan_part::copy_staging: pinned += i.bytes; break;
         default: break;  // pageable: checkpoint staging, page tables, the sequence
       }
     dev.push_back({plan_part::pinned_mapping, pinned / pinned_bytes_per_mapping_byte,

@@ -26,6 +26,11 @@ const oomb_trainer::chunk_step_stats& compiled_trainer<B, E>::last_stats() const
 }
 
 template <class B, class E>
+const B& compiled_trainer<B, E>::backend() const noexcept {
+  return trainer_->backend();
+}
+
+template <class B, class E>
 oomb_trainer::tier_memory compiled_trainer<B, E>::memory() const {
   return trainer_->memory();
 }

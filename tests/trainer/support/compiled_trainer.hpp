@@ -44,6 +44,7 @@ class compiled_trainer {
                        const std::function<void(const oomb_trainer::chunk_progress&)>& progress = {});
   const oomb_trainer::chunk_step_stats& last_stats() const noexcept;
   oomb_trainer::tier_memory memory() const;
+  const B& backend() const noexcept;
   const std::vector<oomb::sparse_page_table>& selections() const noexcept;
   oomb::residency_stats kv_residency() const;
   oomb::residency_stats grad_residency() const;
