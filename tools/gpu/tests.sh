@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Every ctest labelled `gpu`, built here and run on the GPU machine in one call.
 #   bash tools/gpu/tests.sh stage BUILD [DIR]   here: copies each gpu test's executable (and the
-#                                               CUDA runtime it links) into DIR (default .gpu/tests)
+#                                               CUDA runtime and CUPTI it links) into DIR (default .gpu/tests)
 #                                               with a manifest of its command line
 #   bash tools/gpu/tests.sh run [DIR] [REGEX]   there, from the repository root: runs them (REGEX
 #                                               filters test names), logs to $OUT (or ./out), then
@@ -44,10 +44,13 @@ if unbuilt:
     print("not built, not staged: " + ", ".join(unbuilt))
 PY
   rm -f "$dir/ctest.json"
-  local cudart
+  # The small libraries they link that the GPU machine lacks (the CUDA runtime, CUPTI, Debian's
+  # fmt); cuBLAS is on the GPU machine already and too large to carry.
+  local lib
   for exe in "$dir"/*; do
-    cudart=$(ldd "$exe" 2>/dev/null | awk '/libcudart/ {print $3}')
-    [ -n "$cudart" ] && cp -L "$cudart" "$dir/"
+    for lib in $(ldd "$exe" 2>/dev/null | awk '/libcudart|libcupti|libfmt/ {print $3}'); do
+      cp -L "$lib" "$dir/"
+    done
   done
   du -sh "$dir"
 }
