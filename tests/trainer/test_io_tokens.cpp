@@ -109,7 +109,7 @@ TEST_CASE("token files with a bad header are format_errors naming the file") {
   std::string b;
   bad(good.substr(0, 31), {"truncated", "31 bytes"});
   bad("", {"truncated", "0 bytes"});
-  b = good; b[3] = 'X'; bad(b, {"bad magic"});
+  b = good; b[3] = 'X'; bad(b, {"bad magic", "make-tokens --input"});
   b = good; put32(b, 8, 2); bad(b, {"version 2"});
   b = good; put32(b, 12, 64); bad(b, {"header size 64"});
   b = good; put64(b, 16, 5); bad(b, {"says 5 tokens", "16 bytes"});

@@ -51,6 +51,7 @@ struct train_options {
   std::int32_t keep_last = 2;     ///< checkpoint-<step> folders kept
   bool plan = false;              ///< print the memory plan and exit
   bool quiet = false;
+  bool debug = false;             ///< errors keep the source locations the library's messages carry
   bool help = false;
 
   double effective_min_lr() const noexcept { return min_lr >= 0 ? min_lr : lr / 10; }
@@ -117,7 +118,8 @@ sequence and memory
                         or pinned homes through 4 device slots with --offload) and read them in
                         stage 2 instead of attending again: less work, memory growing with the context
   --full-backprop       plain full-sequence backprop instead (the baseline; no oomb)
-  --plan                print the memory plan (GPU and host bytes, what goes where) and exit
+  --plan                print the memory plan (GPU and host bytes, what goes where) and exit: 0 when the
+                        run fits, 1 (and the largest --seq-len that fits) when it does not
   --host-memory BYTES   host memory the run may take (e.g. 120G; default: MemAvailable, never MemTotal)
   --gpu-memory BYTES    GPU memory the run may take (cuda; default: cudaMemGetInfo's free less 1 GiB);
                         a run whose plan does not fit is refused before anything large is allocated
@@ -151,6 +153,7 @@ output
                         SIGINT / SIGTERM do the same at the next step boundary (exit 130 / 143)
   --dump-grads FILE     write the first step's gradients (F32 safetensors, HF names)
   --quiet               no progress lines within steps
+  --debug               errors name the source file and line they were raised at
   --help                this text
 )";
 }
@@ -288,6 +291,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--full-backprop") o.full_backprop = true;
     else if (f == "--keep-attention-outputs") o.keep_attention_outputs = true;
     else if (f == "--plan") o.plan = true;
+    else if (f == "--debug") o.debug = true;
     else if (f == "--host-memory") o.host_memory = bytes();
     else if (f == "--gpu-memory") o.gpu_memory = bytes();
     else if (f == "--optimizer-gpu-memory") {

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <stdio.h>  // renameat2 (glibc >= 2.28)
 #include <stdlib.h>
+#include <sys/stat.h>  // chmod, umask
 #include <unistd.h>
 
 #include <cerrno>
@@ -41,6 +42,14 @@ inline void fsync_path(const std::string& path, bool directory) {
   // Some file systems (tmpfs on old kernels, some FUSE) refuse fsync on folders: not an error.
   OOMB_CHECK(rc == 0 || err == EINVAL || err == EROFS, oomb::error, path, ": fsync failed: ",
              std::strerror(err));
+}
+
+/// The process's file mode creation mask (read by setting it and putting it back: POSIX has no
+/// query; files and folders are created on the host thread only).
+inline mode_t process_umask() noexcept {
+  const mode_t m = ::umask(0);
+  ::umask(m);
+  return m;
 }
 
 /// Replaces folder `target` by folder `tmp` where renameat2(RENAME_EXCHANGE) is not available:
@@ -152,6 +161,9 @@ class atomic_directory {
     OOMB_CHECK(::mkdtemp(buf.data()) != nullptr, oomb::error, path_,
                ": cannot create a temporary folder beside it: ", std::strerror(errno));
     tmp_.assign(buf.data());
+    // mkdtemp makes it 0700; the folder it becomes gets what mkdir would give it.
+    OOMB_CHECK(::chmod(tmp_.c_str(), 0777 & ~detail::process_umask()) == 0, oomb::error, tmp_, ": cannot set its permissions: ",
+               std::strerror(errno));
   }
   atomic_directory(const atomic_directory&) = delete;
   atomic_directory& operator=(const atomic_directory&) = delete;

@@ -116,7 +116,8 @@ class token_reader {
     unsigned char h[token_file_header_size];
     src_.read(0, h, sizeof h);
     OOMB_CHECK(std::memcmp(h, token_file_magic, 8) == 0, oomb::format_error, path(),
-               ": bad magic: not an OOMBTOKS token file");
+               ": bad magic: not an OOMBTOKS token file (docs/formats.md; make one from raw little-endian "
+               "uint32 ids with `make-tokens --input ids.u32 --output FILE --vocab V`)");
     const std::uint32_t version = u32(h + 8);
     OOMB_CHECK(version == token_file_version, oomb::format_error, path(), ": unsupported version ",
                version, " (this reader knows version 1)");
