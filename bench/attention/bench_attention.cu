@@ -132,7 +132,7 @@ double time_fwd(const device_problem& dp, int split, int reps) {
 struct backward_buffers {
   dev<oomb::bf16> o;
   dev<float> lse, delta, dq, dk, dv, g;
-  oomb::grad_mirror_view<float> grads;
+  oomb::window_grad_view<float> grads;
   explicit backward_buffers(const device_problem& dp)
       : o(dp.h.q.size()),
         lse(std::size_t(dp.h.c.sq) * dp.h.c.hq),

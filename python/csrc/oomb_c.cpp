@@ -315,14 +315,17 @@ void backward_impl(const oomb_attention_args& a, const T* o, const T* lse, const
       OOMB_C_EXPECTS(g < grad_pool_pages, "past page ", i, " (id ", a.past_ids[i], ") has gradient page ", g,
                      ", outside the gradient pool's ", grad_pool_pages, " pages");
     }
-    oomb::grad_mirror_view<T> m;
+    // The caller's table is by K/V id; the reference takes one gradient page per window entry.
+    std::vector<std::int32_t> entry_grads(static_cast<std::size_t>(np));
+    for (std::int32_t i = 0; i < np; ++i) entry_grads[static_cast<std::size_t>(i)] = grad_ids[a.past_ids[i]];
+    oomb::window_grad_view<T> m;
     m.pool = oomb::page_pool_view<T>::over(grad_pool, token_major(a.page_size, a.hkv, a.d));
-    m.grad_id = grad_ids;
-    m.num_kv_ids = static_cast<std::int32_t>(num_kv_ids);
+    m.grad_page = entry_grads.data();
+    m.pages = np;
     ref::attention_backward(past_window<T>(a, static_cast<const T*>(a.pool), a.past_ids, 0, np).args, o, lse, d_o,
                             dq, dk, dv, m);
   }
-  ref::attention_backward(own_window<T>(a).args, o, lse, d_o, dq, dk, dv, oomb::grad_mirror_view<T>{});
+  ref::attention_backward(own_window<T>(a).args, o, lse, d_o, dq, dk, dv, oomb::window_grad_view<T>{});
 }
 
 // ---- the same over a store's own pages: in place, or streamed through its near tiers ----
@@ -397,15 +400,19 @@ void store_backward(oomb_store& s, typed_store<E>& t, std::int32_t seq, std::int
   const std::vector<std::int32_t> ids = past_ids_of(t, seq, layer, np);
   zero_grads(a, dq, dk, dv);
   if (np > 0 && !t.tiers) {
+    std::vector<std::int32_t> entry_grads(static_cast<std::size_t>(np));
+    for (std::int32_t i = 0; i < np; ++i) entry_grads[static_cast<std::size_t>(i)] = t.grads.grad_id(ids[static_cast<std::size_t>(i)]);
+    oomb::window_grad_view<E> m;
+    m.pool = t.grads.view().pool;
+    m.grad_page = entry_grads.data();
+    m.pages = np;
     ref::attention_backward(past_window<E>(a, reinterpret_cast<const E*>(t.cache.pool().base()), ids.data(), 0, np).args, o,
-                            lse, d_o, dq, dk, dv, t.grads.view());
+                            lse, d_o, dq, dk, dv, m);
   } else if (np > 0) {
     auto& tiers = *t.tiers;
     const std::int32_t W = s.config.window_pages;
     std::vector<char> need;
-    std::vector<std::int32_t> want, grad_want, slots, grad_slots, table;
-    // The reference addresses a page's gradient by the id its table names (here a K/V slot).
-    std::vector<std::int32_t> near_grad_id(static_cast<std::size_t>(tiers.kv->capacity()), -1);
+    std::vector<std::int32_t> want, grad_want, slots, grad_slots, table, entry_grads;
     for (std::int32_t w0 = 0; w0 < np; w0 += W) {
       const std::int32_t n = std::min(W, np - w0);
       if (!selects_any(a, w0, n, &need)) continue;
@@ -428,17 +435,18 @@ void store_backward(oomb_store& s, typed_store<E>& t, std::int32_t seq, std::int
       }
       tiers.compute.synchronize();
       table.assign(static_cast<std::size_t>(n), -1);
+      entry_grads.assign(static_cast<std::size_t>(n), -1);
       for (std::int32_t i = 0, j = 0; i < n; ++i) {
         if (!need[static_cast<std::size_t>(i)]) continue;
         table[static_cast<std::size_t>(i)] = slots[static_cast<std::size_t>(j)];
-        near_grad_id[static_cast<std::size_t>(slots[static_cast<std::size_t>(j)])] = grad_slots[static_cast<std::size_t>(j)];
+        entry_grads[static_cast<std::size_t>(i)] = grad_slots[static_cast<std::size_t>(j)];
         ++j;
       }
-      oomb::grad_mirror_view<E> m;
+      oomb::window_grad_view<E> m;
       m.pool = oomb::page_pool_view<E>::over(reinterpret_cast<E*>(tiers.grad->near_pool().base()),
                                              token_major(a.page_size, a.hkv, a.d));
-      m.grad_id = near_grad_id.data();
-      m.num_kv_ids = static_cast<std::int32_t>(near_grad_id.size());
+      m.grad_page = entry_grads.data();
+      m.pages = n;
       std::exception_ptr failed;
       try {
         ref::attention_backward(
@@ -447,13 +455,12 @@ void store_backward(oomb_store& s, typed_store<E>& t, std::int32_t seq, std::int
       } catch (...) {
         failed = std::current_exception();
       }
-      for (std::int32_t sl : slots) near_grad_id[static_cast<std::size_t>(sl)] = -1;
       tiers.kv->release(tiers.compute, want);
       tiers.grad->release(tiers.compute, grad_want);
       if (failed) std::rethrow_exception(failed);
     }
   }
-  ref::attention_backward(own_window<E>(a).args, o, lse, d_o, dq, dk, dv, oomb::grad_mirror_view<E>{});
+  ref::attention_backward(own_window<E>(a).args, o, lse, d_o, dq, dk, dv, oomb::window_grad_view<E>{});
 }
 
 }  // namespace

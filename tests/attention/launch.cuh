@@ -20,7 +20,7 @@ void forward(const gpu::attention_args& a, O* o, float* lse, cudaStream_t stream
   gpu::forward(gpu::plan_forward(gpu::call_shape::of(a), facts(), {kernels}), a, o, lse, stream);
 }
 inline void backward(const gpu::attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
-                     float* dq, float* dk, float* dv, oomb::grad_mirror_view<float> dpast, cudaStream_t stream,
+                     float* dq, float* dk, float* dv, oomb::window_grad_view<float> dpast, cudaStream_t stream,
                      gpu::sparse_backward_workspace ws = {}, gpu::kernel_choice kernels = gpu::kernel_choice::automatic) {
   gpu::backward(gpu::plan_backward(gpu::call_shape::of(a, dq), facts(), {kernels}), a, lse, delta, d_o, dq, dk, dv,
                 dpast, ws, stream);
@@ -52,14 +52,14 @@ void launch_forward_sm90(const gpu::attention_args& a, O* o, float* lse, cudaStr
 }
 template <class Cfg>
 void launch_backward(const gpu::attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
-                     float* dq, float* dk, float* dv, oomb::grad_mirror_view<float> dpast, cudaStream_t stream,
+                     float* dq, float* dk, float* dv, oomb::window_grad_view<float> dpast, cudaStream_t stream,
                      int split = 0, int order = 0) {
   gpu::detail::launch_backward<Cfg>(gpu::plan_backward(gpu::call_shape::of(a, dq), facts(), forced<Cfg>(split, order)),
                                     a, lse, delta, d_o, dq, dk, dv, dpast, stream);
 }
 template <class Cfg, bool Trace = false>
 void launch_backward_sm90(const gpu::attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
-                          float* dq, float* dk, float* dv, oomb::grad_mirror_view<float> dpast, cudaStream_t stream,
+                          float* dq, float* dk, float* dv, oomb::window_grad_view<float> dpast, cudaStream_t stream,
                           int split = 0, int order = 0, gpu::sparse_backward_workspace ws = {},
                           std::uint64_t* trace = nullptr) {
   gpu::detail::launch_backward_sm90<Cfg, Trace>(

@@ -67,7 +67,7 @@ struct window_range {
 };
 
 /// Host side of one problem: a pool holding the sequence's pages under shuffled ids, the queries,
-/// dO, sparse tiles, the gradient mirror's id map, and how the pages split into windows.
+/// dO, sparse tiles, each page's gradient page (by K/V id), and how the pages split into windows.
 struct problem {
   config c;
   oomb::page_shape shape;
@@ -137,6 +137,15 @@ struct problem {
     for (std::size_t i = 0; i + 1 < cuts.size(); ++i) windows.push_back({cuts[i], cuts[i + 1] - cuts[i]});
   }
 
+  /// The gradient page of each entry of window w (-1 where the page's id is -1: not read).
+  std::vector<std::int32_t> entry_grads(const window_range& w) const {
+    std::vector<std::int32_t> g(static_cast<std::size_t>(w.count));
+    for (std::int32_t j = 0; j < w.count; ++j) {
+      const std::int32_t id = seq_ids[static_cast<std::size_t>(w.first + j)];
+      g[static_cast<std::size_t>(j)] = id < 0 ? -1 : grad_id[static_cast<std::size_t>(id)];
+    }
+    return g;
+  }
   std::int32_t window_len(const window_range& w) const {
     return (w.count - 1) * c.page + (w.first + w.count == npages ? last_len : c.page);
   }
@@ -162,19 +171,22 @@ struct problem {
 struct device_problem {
   const problem& h;
   dev<oomb::bf16> pool, q, d_o;
-  dev<std::int32_t> seq_ids, grad_id, tile_indptr, tile_pages;
+  dev<std::int32_t> seq_ids, tile_indptr, tile_pages;
   std::vector<std::unique_ptr<dev<std::int32_t>>> window_tables;  // per window: indptr(2), last_len(1)
+  std::vector<std::unique_ptr<dev<std::int32_t>>> window_grads;   // per window: each entry's gradient page
 
   explicit device_problem(const problem& p)
-      : h(p), pool(p.pool), q(p.q), d_o(p.d_o), seq_ids(p.seq_ids), grad_id(p.grad_id),
+      : h(p), pool(p.pool), q(p.q), d_o(p.d_o), seq_ids(p.seq_ids),
         tile_indptr(p.tile_indptr.empty() ? std::vector<std::int32_t>{0} : p.tile_indptr),
         tile_pages(p.tile_pages.empty() ? std::vector<std::int32_t>{0} : p.tile_pages) {
     for (const auto& w : p.windows) {
       const std::int32_t last = w.first + w.count == p.npages ? p.last_len : p.c.page;
       window_tables.push_back(std::make_unique<dev<std::int32_t>>(std::vector<std::int32_t>{0, w.count, last}));
+      window_grads.push_back(std::make_unique<dev<std::int32_t>>(p.entry_grads(w)));
     }
     // The single window holding every page comes last.
     window_tables.push_back(std::make_unique<dev<std::int32_t>>(std::vector<std::int32_t>{0, p.npages, p.last_len}));
+    window_grads.push_back(std::make_unique<dev<std::int32_t>>(p.entry_grads({0, p.npages})));
   }
 
   /// Args for window `w` (index into h.windows), or the whole sequence when w < 0.
@@ -208,11 +220,12 @@ struct device_problem {
   std::int32_t window_len(int w = -1) const {
     return w < 0 ? h.window_len({0, h.npages}) : h.window_len(h.windows[static_cast<std::size_t>(w)]);
   }
-  oomb::grad_mirror_view<float> grads(float* grad_pool) const {
-    oomb::grad_mirror_view<float> g;
+  /// The gradient pages of window `w` (as args(w)) in `grad_pool`.
+  oomb::window_grad_view<float> grads(float* grad_pool, int w = -1) const {
+    oomb::window_grad_view<float> g;
     g.pool = oomb::page_pool_view<float>::over(grad_pool, h.shape);
-    g.grad_id = grad_id.p;
-    g.num_kv_ids = h.n_ids;
+    g.grad_page = window_grads[w < 0 ? window_grads.size() - 1 : static_cast<std::size_t>(w)]->p;
+    g.pages = w < 0 ? h.npages : h.windows[static_cast<std::size_t>(w)].count;
     return g;
   }
 };

@@ -165,7 +165,7 @@ __global__ void delta_rows(std::int32_t sq, std::int32_t hq, std::int32_t d, con
 
 /// Adds the window's accumulated dK/dV ([len][d] of one KV head) into own rows or gradient pages.
 __global__ void scatter_kv(window w, const float* dk, const float* dv, std::int32_t d, float* dk_own, float* dv_own,
-                           oomb::grad_mirror_view<float> dpast) {
+                           oomb::window_grad_view<float> dpast) {
   const std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= std::int64_t(w.len) * d) return;
   const std::int32_t j = static_cast<std::int32_t>(e / d), x = static_cast<std::int32_t>(e % d);
@@ -176,9 +176,10 @@ __global__ void scatter_kv(window w, const float* dk, const float* dv, std::int3
     dk_own[(row * w.a.hkv + w.kvh) * d + x] += dk[e];
     dv_own[(row * w.a.hkv + w.kvh) * d + x] += dv[e];
   } else {
-    const std::int32_t id = w.id(j), t = j & ((1 << w.log_p) - 1);
-    dpast.dk(id, t, w.kvh)[x] += dk[e];
-    dpast.dv(id, t, w.kvh)[x] += dv[e];
+    const std::int32_t entry = j >> w.log_p, t = j & ((1 << w.log_p) - 1);
+    if (dpast.grad_page[entry] < 0) return;  // a page the window does not read: nothing was added
+    dpast.dk(entry, t, w.kvh)[x] += dk[e];
+    dpast.dv(entry, t, w.kvh)[x] += dv[e];
   }
 }
 
@@ -239,7 +240,7 @@ inline void forward(const attention_args& a, std::int32_t window_len, float* o, 
 
 /// Backward of one window with the global o (fp32) and lse; adds into dq, dk_own, dv_own, dpast.
 inline void backward(const attention_args& a, std::int32_t window_len, const float* o, const float* lse,
-                     const oomb::bf16* d_o, float* dq, float* dk_own, float* dv_own, oomb::grad_mirror_view<float> dpast) {
+                     const oomb::bf16* d_o, float* dq, float* dk_own, float* dv_own, oomb::window_grad_view<float> dpast) {
   if (window_len == 0) return;
   workspace ws(a.sq, window_len, a.d);
   float* delta = nullptr;

@@ -32,6 +32,7 @@ using attn_test::device_problem;
 using attn_test::problem;
 using attn_test::rel_err;
 using attn_test::to_double;
+using attn_test::window_range;
 using oomb::bf16;
 namespace gpu = oomb::attention;
 namespace cpu = oomb::attention::reference;
@@ -84,10 +85,11 @@ cpu_result run_cpu(const problem& p) {
   r.dk_own.assign(static_cast<std::size_t>(c.sq) * c.hkv * c.d, 0.0);
   r.dv_own.assign(r.dk_own.size(), 0.0);
   r.dgrad.assign(static_cast<std::size_t>(std::int64_t(p.n_grad) * p.shape.pair_elements()), 0.0);
-  oomb::grad_mirror_view<double> g;
+  const std::vector<std::int32_t> entries = p.entry_grads({0, p.npages});
+  oomb::window_grad_view<double> g;
   g.pool = oomb::page_pool_view<double>::over(r.dgrad.data(), p.shape);
-  g.grad_id = p.grad_id.data();
-  g.num_kv_ids = p.n_ids;
+  g.grad_page = entries.data();
+  g.pages = p.npages;
   cpu::attention_backward(a, r.o_in.data(), r.lse_in.data(), dod.data(), r.dq.data(), r.dk_own.data(),
                           r.dv_own.data(), g);
   return r;
@@ -162,12 +164,11 @@ gpu_result run_gpu(const problem& p, const cpu_result& ref, bool merged, bool bf
   const auto dq0 = random_floats(qn, c.seed + 11), dk0 = random_floats(kn, c.seed + 12),
              dv0 = random_floats(kn, c.seed + 13), g0 = random_floats(gn, c.seed + 14);
   dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);
-  const auto grads = dp.grads(gp.p);
   if (!merged) {
-    attn_test::backward(dp.args(), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+    attn_test::backward(dp.args(), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p), nullptr);
   } else {
     for (int w = 0; w < int(p.windows.size()); ++w)
-      attn_test::backward(dp.args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr);
+      attn_test::backward(dp.args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p, w), nullptr);
   }
   sync();
   r.dq = minus(dq.download(), dq0);
@@ -272,7 +273,7 @@ TEST_CASE("attention: the docs' example, plan then launch, matches the CPU refer
       pages(std::vector<float>(std::size_t(std::int64_t(p.n_grad) * p.shape.pair_elements()), 0.0f));
   const oomb::attention::attention_args args = dp.args();  // q, the window's pages, the sparse lists
   const oomb::bf16* d_o = dp.d_o.p;
-  const oomb::grad_mirror_view<float> dpast = dp.grads(pages.p);
+  const oomb::window_grad_view<float> dpast = dp.grads(pages.p);  // the window's gradient pages
   bf16* o = o_buf.p;
   float *lse = lse_buf.p, *delta = delta_buf.p, *dq = dq_buf.p, *dk = dk_buf.p, *dv = dv_buf.p;
   cudaStream_t stream = nullptr;
@@ -424,7 +425,7 @@ gpu_result run_backward(const problem& p, const cpu_result& ref, Bwd&& bwd, bool
     bwd(dp.args(), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p));
   else  // windows partition the keys: their backward passes sum to one
     for (int w = 0; w < int(p.windows.size()); ++w)
-      bwd(dp.args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p));
+      bwd(dp.args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p, w));
   sync();
   r.o = ref.o;
   r.lse.assign(ref.lse.begin(), ref.lse.end());
@@ -1168,8 +1169,9 @@ namespace {
 /// The trainer's sparse window tables (algo/paged_attention.hpp, plan_windows): a past page that no
 /// query tile selected lies inside a window's range with id -1 and grad id -1, and its K/V are not
 /// in memory. Here every byte the kernels must not read is NaN: the unselected pages' old memory,
-/// the spare ids, and one page pair just before the pool (where id -1 points); grad_id[-1] names a
-/// spare gradient page, which must stay bitwise unchanged (as must every unselected page's).
+/// the spare ids, and one page pair just before the pool (where id -1 points); the unselected
+/// entries name a spare gradient page, which must stay bitwise unchanged (as must every unselected
+/// page's).
 void check_unselected_pages_unread(const config& c, double keep) {
   problem p(c);
   // A fresh selection that leaves every third past page unselected by all tiles (the generator's
@@ -1218,12 +1220,17 @@ void check_unselected_pages_unread(const config& c, double keep) {
   for (std::int32_t g : p.grad_id)
     if (g >= 0) grad_used[static_cast<std::size_t>(g)] = 1;
   const auto spare = std::find(grad_used.begin(), grad_used.end(), 0) - grad_used.begin();
-  std::vector<std::int32_t> guarded_grad_id{static_cast<std::int32_t>(spare)};
-  guarded_grad_id.insert(guarded_grad_id.end(), p.grad_id.begin(), p.grad_id.end());
+  // Per window, each entry's gradient page with the unselected ones pointing at the spare.
+  std::vector<std::unique_ptr<dev<std::int32_t>>> guarded_grads;
+  for (int w = 0; w <= int(p.windows.size()); ++w) {
+    auto g = p.entry_grads(w < int(p.windows.size()) ? p.windows[static_cast<std::size_t>(w)] : window_range{0, p.npages});
+    for (auto& e : g)
+      if (e < 0) e = static_cast<std::int32_t>(spare);
+    guarded_grads.push_back(std::make_unique<dev<std::int32_t>>(g));
+  }
 
   device_problem dp(p);
   dev<bf16> gpool(guarded_pool);
-  dev<std::int32_t> ggrad(guarded_grad_id);
   auto args = [&](int w) {
     auto a = dp.args(w);
     a.kv.pool = oomb::page_pool_view<const bf16>::over(gpool.p + pair, p.shape);
@@ -1256,10 +1263,11 @@ void check_unselected_pages_unread(const config& c, double keep) {
     const auto dq0 = random_floats(qn, c.seed + 31), dk0 = random_floats(kn, c.seed + 32),
                dv0 = random_floats(kn, c.seed + 33), g0 = random_floats(gn, c.seed + 34);
     dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);
-    auto grads = dp.grads(gp.p);
-    grads.grad_id = ggrad.p + 1;
-    for (int w = merged ? 0 : -1; w < (merged ? int(p.windows.size()) : 0); ++w)
+    for (int w = merged ? 0 : -1; w < (merged ? int(p.windows.size()) : 0); ++w) {
+      auto grads = dp.grads(gp.p, w);
+      grads.grad_page = guarded_grads[w < 0 ? p.windows.size() : static_cast<std::size_t>(w)]->p;
       bwd(args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads);
+    }
     sync();
     gpu_result r;
     r.o = ref.o;

@@ -29,7 +29,7 @@ struct paged_sequence {
   std::vector<E> pool;                // K/V pairs
   std::vector<std::int32_t> ids;      // logical page -> KV id
   std::vector<double> gpool;          // gradient pairs
-  std::vector<std::int32_t> grad_id;  // KV id -> gradient id (-1: none)
+  std::vector<std::int32_t> grad_id;  // KV id -> gradient id (-1: none): windows take theirs per entry
 
   paged_sequence(std::int32_t tokens, std::int32_t hkv, std::int32_t d, std::int32_t page,
                  oomb::kv_layout layout, std::uint64_t seed)
@@ -59,13 +59,20 @@ struct paged_sequence {
   }
   oomb::page_pool_view<const E> pool_view() const { return oomb::page_pool_view<const E>::over(pool.data(), shape); }
   oomb::page_pool_view<E> pool_view_mut() { return oomb::page_pool_view<E>::over(pool.data(), shape); }
-  oomb::grad_mirror_view<double> mirror() {
-    oomb::grad_mirror_view<double> m;
-    m.pool = oomb::page_pool_view<double>::over(gpool.data(), shape);
-    m.grad_id = grad_id.data();
-    m.num_kv_ids = static_cast<std::int32_t>(grad_id.size());
+  /// The gradient pages of the window over logical pages [first, first + count), one per entry
+  /// (held here until the next call).
+  template <class G = double>
+  oomb::window_grad_view<G> grads(std::int32_t first, std::int32_t count, std::vector<G>& into) {
+    entry_grads.clear();
+    for (std::int32_t j = 0; j < count; ++j)
+      entry_grads.push_back(grad_id[static_cast<std::size_t>(ids[static_cast<std::size_t>(first + j)])]);
+    oomb::window_grad_view<G> m;
+    m.pool = oomb::page_pool_view<G>::over(into.data(), shape);
+    m.grad_page = entry_grads.data();
+    m.pages = count;
     return m;
   }
+  std::vector<std::int32_t> entry_grads;
   double k(std::int64_t pos, std::int32_t h, std::int32_t x) const {
     const auto id = ids[static_cast<std::size_t>(pos / shape.page_size)];
     return oomb::fixed_order::load<double>(pool_view().k(id, std::int32_t(pos % shape.page_size), h)[x]);
@@ -79,9 +86,9 @@ struct paged_sequence {
 /// A window over logical pages [first, first + count): its own CSR table storage.
 struct window {
   std::vector<std::int32_t> indptr, indices, last;
-  std::int32_t first = 0;
+  std::int32_t first = 0, count = 0;
   template <class E>
-  window(const paged_sequence<E>& s, std::int32_t first_page, std::int32_t count) : first(first_page) {
+  window(const paged_sequence<E>& s, std::int32_t first_page, std::int32_t pages) : first(first_page), count(pages) {
     indptr = {0, count};
     indices.assign(s.ids.begin() + first_page, s.ids.begin() + first_page + count);
     last = {s.last_len(first_page + count)};
@@ -105,6 +112,10 @@ struct window {
     a.kv.table.page_size = s.shape.page_size;
     a.first_page = first;
     return a;
+  }
+  template <class E, class G>
+  oomb::window_grad_view<G> grads(paged_sequence<E>& s, std::vector<G>& gpool) const {
+    return s.grads(first, count, gpool);
   }
 };
 
@@ -174,7 +185,7 @@ run_result run_windows(paged_sequence<E>& s, const std::vector<double>& q, std::
     a.tile_pages = tile_pages;
     a.tile = tile;
     oomb::attention::reference::attention_backward(a, r.o.data(), r.lse.data(), d_o.data(), r.dq.data(), r.dk_own.data(),
-                                          r.dv_own.data(), s.mirror());
+                                          r.dv_own.data(), w.grads(s, s.gpool));
   }
   r.gpool = s.gpool;
   return r;
@@ -385,11 +396,8 @@ TEST_CASE("attention: bf16 pages with float arithmetic match double over the sam
   const auto dof = trainer_test::random_vector<float>(qf.size(), 33);
   std::vector<float> dq(qf.size()), dk(static_cast<std::size_t>(sq * hkv * d)), dv(dk.size());
   std::vector<float> gpool(sb.gpool.size(), 0.0f);
-  oomb::grad_mirror_view<float> m;
-  m.pool = oomb::page_pool_view<float>::over(gpool.data(), sb.shape);
-  m.grad_id = sb.grad_id.data();
-  m.num_kv_ids = static_cast<std::int32_t>(sb.grad_id.size());
-  oomb::attention::reference::attention_backward(a, o.data(), lse.data(), dof.data(), dq.data(), dk.data(), dv.data(), m);
+  oomb::attention::reference::attention_backward(a, o.data(), lse.data(), dof.data(), dq.data(), dk.data(), dv.data(),
+                                                 wb.grads(sb, gpool));
   const std::vector<double> dod(dof.begin(), dof.end());
   const auto rd = run_windows(sd, qr, q_start, sq, hq, {wd}, dod);
   CHECK(rel_err(dq, rd.dq) < 1e-4);
@@ -412,6 +420,6 @@ TEST_CASE("attention: bad arguments are named") {
   a.q = q4.data();
   oomb::attention::reference::attention_forward(a, o4.data(), lse4.data());
   CHECK_THROWS_WITH_AS(oomb::attention::reference::attention_backward(a, o4.data(), lse4.data(), q4.data(), dq.data(),
-                                                             dk.data(), dv.data(), s.mirror()),
+                                                             dk.data(), dv.data(), w.grads(s, s.gpool)),
                        doctest::Contains("has no gradient page"), oomb::invalid_argument);
 }

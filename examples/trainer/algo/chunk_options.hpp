@@ -114,14 +114,11 @@ inline std::int32_t default_near_pages(const chunk_options& o) {
 }
 
 /// The largest chunk a run of `max_tokens` tokens asks of its backend: a chunk's rows, and window
-/// tables of at most min(pages of a layer, the window) entries over an id space of every page of
-/// every layer in place, of the near slots when streamed (paged_attention's pools).
+/// tables of at most min(pages of a layer, the window) entries (paged_attention's windows).
 inline chunk_shape chunk_shape_of(const model_config& c, const chunk_options& o, std::int64_t max_tokens) {
   const std::int64_t pages_per_layer = (max_tokens + o.page - 1) / o.page;
-  const std::int64_t capacity = pages_per_layer * c.num_hidden_layers;
   return chunk_shape{block_dims(c), c.vocab_size, std::min<std::int64_t>(o.chunk, max_tokens),
-                     std::min<std::int64_t>(pages_per_layer, o.effective_window()),
-                     static_cast<std::int32_t>(o.offload ? o.near_pages : capacity)};
+                     std::min<std::int64_t>(pages_per_layer, o.effective_window())};
 }
 
 /// Where a step is, for progress reports within long steps.

@@ -147,12 +147,6 @@ class page_tier {
     if (!streamed()) base = far_->base();
     return oomb::page_pool_view<X>::over(reinterpret_cast<X*>(base), shape_);
   }
-  /// Every id acquire returns is below this.
-  std::int32_t id_space() const noexcept {
-    std::int32_t n = far_->capacity();
-    each([&](const auto& s) { n = s.capacity(); });
-    return n;
-  }
 
   /// Counters (zeros in place).
   oomb::residency_stats stats() const {

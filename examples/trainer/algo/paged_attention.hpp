@@ -409,7 +409,6 @@ class paged_attention {
     t.pages = w.count;
     t.last_page_len = static_cast<std::int32_t>(end_pos - std::int64_t(w.first + w.count - 1) * opt_.page);
     t.ids = table_ids_.data();
-    t.id_space = kv_->id_space();
     return t;
   }
 

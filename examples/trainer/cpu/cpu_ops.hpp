@@ -97,15 +97,15 @@ class cpu_ops {
   using selector_type = cpu_page_selector<T>;
 
   /// Scratch for a chunk of shape s, in bytes, as reserve() allocates it and the memory plan counts
-  /// it: the window's partial output [rows][qd] and lse [rows][hq] with the K/V id -> gradient page
-  /// map over the id space (attention), and the head's normed rows and their gradient [rows][H],
-  /// rstd [rows], one row of logits and its gradient [vocab] (head).
+  /// it: the window's partial output [rows][qd] and lse [rows][hq] (attention), and the head's
+  /// normed rows and their gradient [rows][H], rstd [rows], one row of logits and its gradient
+  /// [vocab] (head).
   struct scratch {
     std::uint64_t attention = 0, head = 0;
   };
   static scratch scratch_for(const chunk_shape& s) noexcept {
     const std::uint64_t n = std::uint64_t(s.rows), t = sizeof(T);
-    return {(n * std::uint64_t(s.dims.qdim()) + n * std::uint64_t(s.dims.hq)) * t + sizeof(std::int32_t) * std::uint64_t(s.id_space),
+    return {(n * std::uint64_t(s.dims.qdim()) + n * std::uint64_t(s.dims.hq)) * t,
             (2 * n * std::uint64_t(s.dims.H) + n + 2 * std::uint64_t(s.vocab)) * t};
   }
 
@@ -223,7 +223,6 @@ class cpu_ops {
     const auto n = static_cast<std::size_t>(s.rows);
     o_w_.reserve(n * static_cast<std::size_t>(s.dims.qdim()));
     lse_w_.reserve(n * static_cast<std::size_t>(s.dims.hq));
-    if (grad_map_.size() < static_cast<std::size_t>(s.id_space)) grad_map_.resize(static_cast<std::size_t>(s.id_space), -1);
     const auto H = static_cast<std::size_t>(s.dims.H), V = static_cast<std::size_t>(s.vocab);
     head_.xf.reserve(n * H);
     head_.dxf.reserve(n * H);
@@ -234,7 +233,7 @@ class cpu_ops {
   /// The scratch held now, in bytes as scratch_for counts it (capacities: what is allocated).
   scratch scratch_held() const noexcept {
     const std::uint64_t t = sizeof(T);
-    return {(o_w_.capacity() + lse_w_.capacity()) * t + sizeof(std::int32_t) * grad_map_.capacity(),
+    return {(o_w_.capacity() + lse_w_.capacity()) * t,
             (head_.xf.capacity() + head_.dxf.capacity() + head_.rstd.capacity() + head_.logits.capacity() +
              head_.dlogits.capacity()) * t};
   }
@@ -255,22 +254,10 @@ class cpu_ops {
                           T* dv) {
     wait_compute();
     OOMB_EXPECTS(w.grad_ids != nullptr || w.pages == 0, "cpu_ops::attention_backward: the window has no grad_ids");
-    // The kernel addresses gradient pages by K/V id: map the window's ids, then clear the map again.
-    if (grad_map_.size() < static_cast<std::size_t>(w.id_space)) grad_map_.resize(static_cast<std::size_t>(w.id_space), -1);
-    for (std::int32_t i = 0; i < w.pages; ++i)
-      if (w.grad_ids[i] >= 0) grad_map_[static_cast<std::size_t>(w.ids[i])] = w.grad_ids[i];
-    oomb::grad_mirror_view<G> dpast;
+    oomb::window_grad_view<G> dpast;
     dpast.pool = grads;
-    dpast.grad_id = grad_map_.data();
-    dpast.num_kv_ids = w.id_space;
-    struct clear_map {
-      std::vector<std::int32_t>& map;
-      const window_table& w;
-      ~clear_map() {
-        for (std::int32_t i = 0; i < w.pages; ++i)
-          if (w.grad_ids[i] >= 0) map[static_cast<std::size_t>(w.ids[i])] = -1;
-      }
-    } clear{grad_map_, w};
+    dpast.grad_page = w.grad_ids;
+    dpast.pages = w.pages;
     oomb::attention::reference::attention_backward(args(c, kv, w), o, lse, d_o, dq, dk, dv, dpast);
   }
 
@@ -316,7 +303,6 @@ class cpu_ops {
   head_scratch<T> head_;
   double loss_ = 0;  // added by head_loss_and_grad since the last take_loss
   std::vector<T> o_w_, lse_w_;
-  std::vector<std::int32_t> grad_map_;  // K/V id -> gradient page, set for one backward window
   std::int32_t indptr_[2] = {0, 0};
   std::int32_t last_ = 0;
 };

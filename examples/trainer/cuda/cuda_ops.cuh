@@ -13,7 +13,7 @@
 // dv, the own-page gradients, the window merge) work on an fp32 copy that is rounded back once
 // per call.
 //
-// Host tables (tokens, targets, window page lists, the id -> gradient page map, the RoPE cos/sin)
+// Host tables (tokens, targets, window page lists with their gradient pages, the RoPE cos/sin)
 // reach the device through an upload_ring on the compute stream: each is released after its last
 // reader is enqueued, so no table a kernel may still read is overwritten, and the host never waits.
 // Bad data on the device (a token or target outside the vocabulary, a page id outside the pool)
@@ -421,10 +421,10 @@ class basic_cuda_ops {
     OOMB_EXPECTS(w.grad_ids != nullptr, "cuda_ops::attention_backward: the window has no grad_ids");
     const auto t = upload_window(c, w, true);
     const auto a = args(c, kv, w, t.data, true);
-    oomb::grad_mirror_view<float> dpast;
+    oomb::window_grad_view<float> dpast;
     dpast.pool = grads;
-    dpast.grad_id = t.data + window_ids + w.pages;
-    dpast.num_kv_ids = w.id_space;
+    dpast.grad_page = t.data + window_ids + w.pages;
+    dpast.pages = w.pages;
     const std::int64_t qd = std::int64_t(c.sq) * c.hq * c.d, kvd = std::int64_t(c.sq) * c.hkv * c.d;
     float* dq32 = widen(f32_[0], qd, dq);
     float* dk32 = widen(f32_[1], kvd, dk);
@@ -560,20 +560,20 @@ class basic_cuda_ops {
     return m;
   }
 
-  /// Where a window's upload holds the chunk-layer's selection (after the ids and the map).
-  static std::size_t selection_at(const window_table& w, bool grad_map) {
-    return window_ids + static_cast<std::size_t>(w.pages) + (grad_map ? static_cast<std::size_t>(w.id_space) : 0);
+  /// Where a window's upload holds the chunk-layer's selection (after the ids and the gradient pages).
+  static std::size_t selection_at(const window_table& w, bool grad_pages) {
+    return window_ids + static_cast<std::size_t>(w.pages) * (grad_pages ? 2 : 1);
   }
 
   /// One upload per window: [indptr 0, pages, last_page_len, (pad), ids ...] (the ids 16-byte
-  /// aligned), for the backward the K/V id -> gradient page map of id_space entries (-1: none),
+  /// aligned), for the backward each entry's gradient page (window_table::grad_ids, -1: none),
   /// and, sparse, the selection's tile_indptr and tile_pages. (The selection is the same for every
   /// window of a chunk and layer; staging it per window costs a few KiB of copy each.)
   oomb::upload_ring::uploaded<std::int32_t> upload_window(const attention_chunk<bf16>& c, const window_table& w,
-                                                          bool grad_map) {
+                                                          bool grad_pages) {
     OOMB_EXPECTS(w.pages > 0 && w.ids != nullptr, "cuda_ops: a window of ", w.pages, " pages needs ids");
     const std::size_t head = window_ids + static_cast<std::size_t>(w.pages);
-    const std::size_t at = selection_at(w, grad_map);
+    const std::size_t at = selection_at(w, grad_pages);
     std::size_t size = at;
     if (const oomb::sparse_page_table* sel = c.selection) {
       check_gpu_sparse_tile(c.tile, c.hq, c.hkv);
@@ -588,11 +588,7 @@ class basic_cuda_ops {
     host_ints_[2] = w.last_page_len;
     for (std::int32_t i = 0; i < w.pages; ++i) {
       host_ints_[window_ids + static_cast<std::size_t>(i)] = w.ids[i];
-      if (grad_map && w.grad_ids[i] >= 0) {
-        OOMB_EXPECTS(w.ids[i] >= 0 && w.ids[i] < w.id_space, "cuda_ops: page id ", w.ids[i], " outside the id space ",
-                     w.id_space);
-        host_ints_[head + static_cast<std::size_t>(w.ids[i])] = w.grad_ids[i];
-      }
+      if (grad_pages) host_ints_[head + static_cast<std::size_t>(i)] = w.grad_ids[i];
     }
     if (const oomb::sparse_page_table* sel = c.selection) {
       const auto tail = std::copy(sel->indptr().begin(), sel->indptr().end(), host_ints_.begin() + std::ptrdiff_t(at));
@@ -601,9 +597,9 @@ class basic_cuda_ops {
     return ring().upload(host_ints_.data(), host_ints_.size(), compute());
   }
 
-  /// The kernels' arguments over a window's upload (`grad_map`: it holds the backward's map).
+  /// The kernels' arguments over a window's upload (`grad_pages`: it holds the backward's gradient pages).
   static oomb::attention::attention_args args(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
-                                  const window_table& w, const std::int32_t* table, bool grad_map) {
+                                  const window_table& w, const std::int32_t* table, bool grad_pages) {
     oomb::attention::attention_args a;
     a.q = c.q;
     a.q_start = c.q_start;
@@ -621,7 +617,7 @@ class basic_cuda_ops {
     a.first_page = w.first_page;
     a.window_pages = w.pages;
     if (c.selection != nullptr) {
-      a.tile_indptr = table + selection_at(w, grad_map);
+      a.tile_indptr = table + selection_at(w, grad_pages);
       a.tile_pages = a.tile_indptr + c.selection->indptr().size();
       a.tile = c.tile;
     }

@@ -103,7 +103,6 @@ struct chunk_shape {
   std::int32_t vocab = 0;          ///< the model's vocabulary (the LM head's rows)
   std::int64_t rows = 0;           ///< tokens of a chunk
   std::int64_t window_pages = 0;   ///< entries of the largest window table
-  std::int32_t id_space = 0;       ///< the ids a window's pages are drawn from (all pages in place, the near slots streamed)
 };
 
 /// The queries of one chunk in one layer, as every window of its attention sees them.
@@ -127,7 +126,6 @@ struct window_table {
   /// Backward only: [pages] gradient page (in the gradient pool view) of each past entry, -1 for the
   /// chunk's own pages and pages never read.
   const std::int32_t* grad_ids = nullptr;
-  std::int32_t id_space = 0;  ///< every id of `ids` is below it (sizes a backend's id -> gradient map)
 };
 
 namespace detail {

@@ -364,7 +364,8 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
     dev.push_back({plan_part::gemm_workspace, cuda_ops_memory::gemm_workspace, "cuBLASLt workspace"});
     const std::uint64_t ring = cuda_ops_memory::upload_ring_bytes(shape);
     const std::string ring_what =
-        fmt::format("upload ring: RoPE table, tokens and a window table of {} ids, twice over", shape.window_pages + shape.id_space);
+        fmt::format("upload ring: RoPE table, tokens and a window table of {} pages (ids and gradient pages), twice over",
+                    shape.window_pages);
     dev.push_back({plan_part::upload_ring, ring, ring_what + " (device twin)"});
     home.push_back({plan_part::upload_ring, ring, ring_what + " (pinned)"});
   } else {

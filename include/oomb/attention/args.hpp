@@ -34,7 +34,7 @@ struct attention_args {
   /// nullptr = dense. tile * (hq / hkv) must be a multiple of 128.
   /// A past page of the window that no tile selects is never read, forward or backward: its table
   /// id may be -1 (the trainer's table for a page it did not bring in), its memory anything, NaN
-  /// included, and it gets no gradient (its grad_id entry is never read). Dense, every id must be
+  /// included, and it gets no gradient (its window_grad_view entry is never read). Dense, every id must be
   /// a valid page.
   const std::int32_t* tile_indptr = nullptr;  ///< [ceil(sq / tile) + 1]
   const std::int32_t* tile_pages = nullptr;

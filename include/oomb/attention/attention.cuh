@@ -13,8 +13,9 @@
 // no process-wide state (the kernel choice is the plan's; device facts are cached per device).
 // The backward of one window takes the GLOBAL lse (after all windows merged) and the delta of the
 // global O; it adds into dq [sq][hq][d], dk_own / dv_own [sq][hkv][d] (row = position - q_start)
-// and the fp32 gradient pages of past pages (dpast.grad_id[id] >= 0 for every past page of the
-// window). Summing the backward over windows that partition the keys equals one pass.
+// and the fp32 gradient pages of past pages (dpast.grad_page[j] >= 0 for every past page entry j
+// of the window's table that the window reads). Summing the backward over windows that partition
+// the keys equals one pass.
 // The forward may split a row block's keys over a cluster of 2-4 CTAs (merged in distributed
 // shared memory), the backward may split a key block's query tiles over CTAs (dK/dV then added
 // atomically). dq always goes through atomics, so the backward's fp32 sums are not bitwise
@@ -326,7 +327,7 @@ void launch_forward_sm90(const forward_plan& plan, const attention_args& a, O* o
 /// The backward's checks of its outputs and gradient pool (both kernels).
 inline void check_backward_outputs(const attention_args& a, const float* lse, const float* delta,
                                    const bf16* d_o, float* dq, float* dk_own, float* dv_own,
-                                   const grad_mirror_view<float>& dpast) {
+                                   const window_grad_view<float>& dpast) {
   OOMB_EXPECTS(lse && delta && d_o && dq && dk_own && dv_own, "attention_backward: null pointer");
   OOMB_EXPECTS(aligned16(d_o), "attention_backward: d_o must be 16-byte aligned");
   OOMB_EXPECTS(((reinterpret_cast<std::uintptr_t>(dq) | reinterpret_cast<std::uintptr_t>(dk_own) |
@@ -334,8 +335,10 @@ inline void check_backward_outputs(const attention_args& a, const float* lse, co
                "attention_backward: dq, dk_own, dv_own must be 8-byte aligned");
   const bool has_past = a.q_start > std::int64_t(a.first_page) * a.kv.pool.page_size;
   if (has_past) {
-    OOMB_EXPECTS(dpast.grad_id != nullptr && dpast.pool.base != nullptr,
+    OOMB_EXPECTS(dpast.grad_page != nullptr && dpast.pool.base != nullptr,
                  "attention_backward: the window holds past pages but dpast is empty");
+    OOMB_EXPECTS(dpast.pages == a.window_pages, "attention_backward: dpast has ", dpast.pages,
+                 " gradient page entries, the window's table ", a.window_pages);
     OOMB_EXPECTS(dpast.pool.page_size == a.kv.pool.page_size && dpast.pool.kv_heads == a.hkv &&
                      dpast.pool.head_dim == a.d,
                  "attention_backward: gradient pool shape (page ", dpast.pool.page_size, ", heads ",
@@ -349,7 +352,7 @@ inline void check_backward_outputs(const attention_args& a, const float* lse, co
 /// Launches the portable backward with tile shape Cfg as `plan` says.
 template <class Cfg>
 void launch_backward(const backward_plan& plan, const attention_args& a, const float* lse, const float* delta,
-                     const bf16* d_o, float* dq, float* dk_own, float* dv_own, grad_mirror_view<float> dpast,
+                     const bf16* d_o, float* dq, float* dk_own, float* dv_own, window_grad_view<float> dpast,
                      cudaStream_t stream) {
   check_plan(plan.shape, call_shape::of(a, dq), "attention backward");
   OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
@@ -400,7 +403,7 @@ inline void check_sparse_backward_workspace(const backward_plan& plan, const spa
 template <class Cfg, bool Trace = false>
 void launch_backward_sm90(const backward_plan& plan, const attention_args& a, const float* lse, const float* delta,
                           const bf16* d_o, float* dq, float* dk_own, float* dv_own,
-                          grad_mirror_view<float> dpast, cudaStream_t stream, sparse_backward_workspace ws = {},
+                          window_grad_view<float> dpast, cudaStream_t stream, sparse_backward_workspace ws = {},
                           std::uint64_t* trace = nullptr) {
   check_plan(plan.shape, call_shape::of(a, dq), "attention backward (sm90)");
   OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
@@ -521,13 +524,13 @@ int config_blocks_per_sm(bool sm90) {
 #define OOMB_ATTENTION_DETAIL_PORTABLE_BACKWARD(kw, name)                                                       \
   kw void launch_backward<OOMB_ATTENTION_DETAIL_CFG(name)>(const backward_plan&, const attention_args&,          \
                                                            const float*, const float*, const bf16*, float*, \
-                                                           float*, float*, grad_mirror_view<float>,         \
+                                                           float*, float*, window_grad_view<float>,         \
                                                            cudaStream_t);                                         \
   kw int config_blocks_per_sm<OOMB_ATTENTION_DETAIL_CFG(name)>(bool);
 #define OOMB_ATTENTION_DETAIL_HOPPER_BACKWARD(kw, name)                                                   \
   kw void launch_backward_sm90<OOMB_ATTENTION_DETAIL_CFG(name), false>(                                   \
       const backward_plan&, const attention_args&, const float*, const float*, const bf16*, float*, \
-      float*, float*, grad_mirror_view<float>, cudaStream_t, sparse_backward_workspace, std::uint64_t*); \
+      float*, float*, window_grad_view<float>, cudaStream_t, sparse_backward_workspace, std::uint64_t*); \
   kw bool sm90_backward_built<OOMB_ATTENTION_DETAIL_CFG(name)>();                                         \
   kw int config_blocks_per_sm<OOMB_ATTENTION_DETAIL_CFG(name)>(bool);
 #define OOMB_ATTENTION_INSTANCES(kw)                                              \
@@ -632,7 +635,7 @@ void backward_delta(std::int32_t sq, std::int32_t hq, std::int32_t d, const O* o
 /// its faster dQ path: plan with call_shape::of(args, dq)). ws: optional scratch for sparse calls of
 /// plan.workspace_ints ints (sparse_backward_workspace).
 inline void backward(const backward_plan& plan, const attention_args& a, const float* lse, const float* delta,
-                     const bf16* d_o, float* dq, float* dk_own, float* dv_own, grad_mirror_view<float> dpast,
+                     const bf16* d_o, float* dq, float* dk_own, float* dv_own, window_grad_view<float> dpast,
                      sparse_backward_workspace ws, cudaStream_t stream) {
   OOMB_EXPECTS(plan.config != kernel_config::count && !is_forward(plan.config),
                "attention backward: the plan is not a backward plan");

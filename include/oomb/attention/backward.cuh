@@ -51,7 +51,7 @@ struct backward_outputs {
   float* dq;      // [sq][hq][d], added to
   float* dk_own;  // [sq][hkv][d], added to (row = position - q_start)
   float* dv_own;
-  grad_mirror_view<float> dpast;
+  window_grad_view<float> dpast;
   /// Hopper backward: every dK/dV row starts 16-byte aligned (rows16_aligned), so whole blocks of rows
   /// are added by TMA reductions (backward_rows_maps); else red.add per pair.
   bool tensor_rows = false;
@@ -413,7 +413,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
         dv = outp.dv_own + (row * p.hkv + kvh) * D;
       } else {
         if (!read_page(sk)) continue;  // unselected: id and grad id may be -1
-        const std::int32_t gid = outp.dpast.grad_id[win.ids[sk >> p.log_page]];
+        const std::int32_t gid = outp.dpast.grad_page[sk >> p.log_page];
         const std::int64_t off = outp.dpast.pool.offset(gid, sk & page_mask, kvh);
         dk = outp.dpast.pool.base + off;
         dv = dk + outp.dpast.pool.v_offset;

@@ -750,7 +750,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
                                                           (((2 * w + (st_mi & 1)) ^ st_r) << 4));
 
   // The gradient page's id, read now: the epilogue would otherwise wait for it.
-  const std::int32_t grad_id = kmin < p.q_start ? outp.dpast.grad_id[page_id] : 0;
+  const std::int32_t grad_id = kmin < p.q_start ? outp.dpast.grad_page[page_j] : 0;
   mbar_wait(kv_bar, 0);
   constexpr bool tracing = Trace;
   const std::uint64_t t_walk = tracing ? globaltimer() : 0;

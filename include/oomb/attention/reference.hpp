@@ -88,7 +88,7 @@ void for_each_visible_page(const attention_args<T, E>& a, std::int32_t i, F&& f)
   auto visit = [&](std::int32_t pi) {
     const std::int64_t start = (std::int64_t(a.first_page) + pi) * P;
     const std::int32_t len = a.kv.table.page_len(0, pi);
-    f(a.kv.table.page(0, pi), start, static_cast<std::int32_t>(std::min<std::int64_t>(len, qpos - start + 1)));
+    f(a.kv.table.page(0, pi), pi, start, static_cast<std::int32_t>(std::min<std::int64_t>(len, qpos - start + 1)));
   };
   std::int32_t pi = 0;
   if (a.tile_indptr != nullptr) {
@@ -145,7 +145,7 @@ void attention_forward(const attention_args<T, E>& a, T* o, T* lse) {
       // Scores of the group's heads against every visible key (K read once per group).
       const T* qg = a.q + (std::int64_t(i) * a.hq + g * group) * d;
       std::int64_t n = 0;
-      detail::for_each_visible_page(a, i, [&](std::int32_t id, std::int64_t, std::int32_t count) {
+      detail::for_each_visible_page(a, i, [&](std::int32_t id, std::int32_t, std::int64_t, std::int32_t count) {
         const E* k = a.kv.pool.k(id, 0, g);
         const E* v = a.kv.pool.v(id, 0, g);
         for (std::int32_t t = 0; t < count; ++t, ++n) {
@@ -211,17 +211,17 @@ void merge_partial(std::int32_t sq, std::int32_t hq, std::int32_t d, T* o_acc, T
 /// Backward over one window, given the GLOBAL o and lse (after all windows were merged) and d_o:
 ///   dq += ...                                   [sq][hq][d]
 ///   keys at positions >= q_start (the chunk's own): dk_own / dv_own += ...  [sq][hkv][d], row = pos - q_start
-///   keys before q_start (the past): added into their gradient pages through dpast, addressed by the
-///   page ids of kv.table (dpast.grad_id[id] must be >= 0 for every past page of the window)
+///   keys before q_start (the past): added into their gradient pages through dpast, one per entry
+///   of kv.table (dpast.grad_page[j] must be >= 0 for every past page entry j the window reads)
 template <class T, class E, class G>
 void attention_backward(const attention_args<T, E>& a, const T* o, const T* lse, const T* d_o, T* dq,
-                        T* dk_own, T* dv_own, grad_mirror_view<G> dpast) {
+                        T* dk_own, T* dv_own, window_grad_view<G> dpast) {
   detail::check_args(a);
   const std::int32_t group = a.hq / a.hkv, d = a.d;
   const T ninf = -std::numeric_limits<T>::infinity();
   const std::int64_t st = a.kv.pool.stride_token;
   std::vector<T> delta(static_cast<std::size_t>(group));
-  std::int32_t checked_id = -1;
+  std::int32_t checked_entry = -1;
   for (std::int32_t i = 0; i < a.sq; ++i) {
     for (std::int32_t g = 0; g < a.hkv; ++g) {
       // delta = rowsum(dO * O), the softmax backward's correction, per head of the group.
@@ -229,14 +229,14 @@ void attention_backward(const attention_args<T, E>& a, const T* o, const T* lse,
         const std::int64_t row = (std::int64_t(i) * a.hq + g * group + r) * d;
         delta[static_cast<std::size_t>(r)] = dot<T>(d_o + row, o + row, d);
       }
-      detail::for_each_visible_page(a, i, [&](std::int32_t id, std::int64_t start, std::int32_t count) {
+      detail::for_each_visible_page(a, i, [&](std::int32_t id, std::int32_t entry, std::int64_t start, std::int32_t count) {
         const E* kb = a.kv.pool.k(id, 0, g);
         const E* vb = a.kv.pool.v(id, 0, g);
-        if (start < a.q_start && id != checked_id) {
-          OOMB_EXPECTS(id >= 0 && id < dpast.num_kv_ids && dpast.grad_id[id] >= 0,
-                       "attention_backward: past page id ", id, " (position ", start,
-                       ") has no gradient page (num_kv_ids ", dpast.num_kv_ids, ")");
-          checked_id = id;
+        if (start < a.q_start && entry != checked_entry) {
+          OOMB_EXPECTS(dpast.grad_page != nullptr && entry < dpast.pages && dpast.grad_page[entry] >= 0,
+                       "attention_backward: past page entry ", entry, " (id ", id, ", position ", start,
+                       ") has no gradient page (", dpast.pages, " entries)");
+          checked_entry = entry;
         }
         for (std::int32_t t = 0; t < count; ++t) {
           const std::int64_t pos = start + t;
@@ -260,8 +260,8 @@ void attention_backward(const attention_args<T, E>& a, const T* o, const T* lse,
               axpy(d, a.scale * ds, qh, dk_row);
               axpy(d, p, doh, dv_row);
             } else {
-              axpy_store(d, a.scale * ds, qh, dpast.dk(id, t, g));
-              axpy_store(d, p, doh, dpast.dv(id, t, g));
+              axpy_store(d, a.scale * ds, qh, dpast.dk(entry, t, g));
+              axpy_store(d, p, doh, dpast.dv(entry, t, g));
             }
           }
         }

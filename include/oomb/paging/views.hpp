@@ -101,6 +101,24 @@ struct paged_kv_view {
   }
 };
 
+/// The gradient pages of one attention window: `grad_page[j]` names the gradient pair in `pool`
+/// of the page the window's table lists at entry j, -1 for entries that get none (the chunk's own
+/// pages, pages the window does not read). Parallel to the table, so its size is the window's,
+/// whatever the id space of the pages.
+template <class G>
+struct window_grad_view {
+  page_pool_view<G> pool;
+  const std::int32_t* grad_page = nullptr;  ///< [pages]
+  std::int32_t pages = 0;                   ///< entries of grad_page: the window table's pages
+
+  OOMB_HOST_DEVICE G* dk(std::int32_t entry, std::int32_t token, std::int32_t head) const noexcept {
+    return pool.k(grad_page[entry], token, head);
+  }
+  OOMB_HOST_DEVICE G* dv(std::int32_t entry, std::int32_t token, std::int32_t head) const noexcept {
+    return pool.v(grad_page[entry], token, head);
+  }
+};
+
 /// Gradient pages that mirror KV pages: `grad_id[kv_id]` names the gradient pair of KV page
 /// `kv_id` in `pool` (-1 while the KV page has no gradient yet). G is independent of the KV
 /// element type (fp32 for bf16 KV by default).
@@ -119,6 +137,7 @@ struct grad_mirror_view {
 };
 
 static_assert(std::is_trivially_copyable_v<page_pool_view<float>>);
+static_assert(std::is_trivially_copyable_v<window_grad_view<float>>);
 static_assert(std::is_trivially_copyable_v<page_table_view>);
 static_assert(std::is_trivially_copyable_v<paged_kv_view<float>>);
 static_assert(std::is_trivially_copyable_v<grad_mirror_view<float>>);
