@@ -171,8 +171,9 @@ TEST_CASE("global gradient-norm clipping: norm returned, scaled as torch's clip_
   expect_error<oomb::invalid_argument>([&] { (void)clip_grad_norm(g, std::nan("")); }, {"NaN"});
 }
 
-TEST_CASE("cosine schedule: linear warm-up to max, cosine to min, then min") {
-  const cosine_schedule s(1e-3, 1e-4, 10, 110);
+TEST_CASE("lr schedule: linear warm-up to max, then cosine or linear to min, or constant") {
+  using oomb_trainer::lr_schedule_kind;
+  const lr_schedule s(lr_schedule_kind::cosine, 1e-3, 1e-4, 10, 110);
   CHECK(s(0) == doctest::Approx(1e-4).epsilon(1e-15));
   CHECK(s(4) == doctest::Approx(5e-4).epsilon(1e-15));
   CHECK(s(9) == doctest::Approx(1e-3).epsilon(1e-15));
@@ -182,12 +183,32 @@ TEST_CASE("cosine schedule: linear warm-up to max, cosine to min, then min") {
   CHECK(s(110) == 1e-4);
   CHECK(s(1000) == 1e-4);
   for (std::int64_t t = 10; t < 110; ++t) CHECK(s(t + 1) <= s(t));
-  const cosine_schedule flat(2e-3, 2e-3, 0, 0);
+  const lr_schedule flat(lr_schedule_kind::cosine, 2e-3, 2e-3, 0, 0);
   CHECK(flat(0) == 2e-3);
-  const cosine_schedule no_warmup(1.0, 0.0, 0, 4);
+  const lr_schedule no_warmup(lr_schedule_kind::cosine, 1.0, 0.0, 0, 4);
   CHECK(no_warmup(0) == 1.0);
   CHECK(no_warmup(2) == doctest::Approx(0.5).epsilon(1e-15));
-  expect_error<oomb::invalid_argument>([] { cosine_schedule x(1e-3, 1e-2, 0, 10); }, {"min_lr"});
-  expect_error<oomb::invalid_argument>([] { cosine_schedule x(1e-3, 0, 20, 10); }, {"shorter than the warm-up"});
+
+  // Linear: the same warm-up, then a straight line: a quarter of the way, three quarters of the span left.
+  const lr_schedule lin(lr_schedule_kind::linear, 1e-3, 1e-4, 10, 110);
+  CHECK(lin(4) == s(4));
+  CHECK(lin(10) == doctest::Approx(1e-3).epsilon(1e-15));
+  CHECK(lin(35) == doctest::Approx(1e-4 + 9e-4 * 0.75).epsilon(1e-14));
+  CHECK(lin(60) == doctest::Approx(5.5e-4).epsilon(1e-14));
+  CHECK(lin(109) == doctest::Approx(1e-4 + 9e-4 * 0.01).epsilon(1e-14));
+  CHECK(lin(110) == 1e-4);
+  for (std::int64_t t = 10; t < 110; ++t) CHECK(lin(t) - lin(t + 1) == doctest::Approx(9e-6).epsilon(1e-9));
+  // Constant: the warm-up, then max_lr for ever (min_lr unused).
+  const lr_schedule flat_after(lr_schedule_kind::constant, 1e-3, 1e-4, 10, 110);
+  CHECK(flat_after(4) == s(4));
+  CHECK(flat_after(10) == 1e-3);
+  CHECK(flat_after(109) == 1e-3);
+  CHECK(flat_after(5000) == 1e-3);
+
+  CHECK(oomb_trainer::parse_lr_schedule("linear") == lr_schedule_kind::linear);
+  CHECK(std::string(oomb_trainer::lr_schedule_name(lr_schedule_kind::constant)) == "constant");
+  expect_error<oomb::invalid_argument>([] { (void)oomb_trainer::parse_lr_schedule("step"); }, {"'step' is not cosine, linear or constant"});
+  expect_error<oomb::invalid_argument>([] { lr_schedule x(lr_schedule_kind::cosine, 1e-3, 1e-2, 0, 10); }, {"min_lr"});
+  expect_error<oomb::invalid_argument>([] { lr_schedule x(lr_schedule_kind::linear, 1e-3, 0, 20, 10); }, {"shorter than the warm-up"});
   expect_error<oomb::invalid_argument>([&] { (void)s(-1); }, {"negative step"});
 }

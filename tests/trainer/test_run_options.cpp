@@ -4,6 +4,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -293,4 +294,68 @@ TEST_CASE("run options: log.jsonl splits the host's attention time: residency, k
     CHECK(residency + kernels + selection <= total);
     CHECK(total <= line["stage1_seconds"].get<double>() + line["stage2_seconds"].get<double>());
   }
+}
+
+TEST_CASE("run options: --schedule and AdamW's betas and epsilon parse, are checked, reach the optimizer and options.json") {
+  auto o = parse_train_options(run_args("o", {"--schedule", "linear", "--adam-beta1", "0.8", "--adam-beta2", "0.95",
+                                              "--adam-epsilon", "1e-6"}));
+  CHECK(o.schedule == oomb_trainer::lr_schedule_kind::linear);
+  CHECK(o.adam_beta1 == 0.8);
+  CHECK(o.adam_beta2 == 0.95);
+  CHECK(o.adam_epsilon == 1e-6);
+  const auto j = oomb_trainer::options_json(o);
+  CHECK(j["schedule"] == "linear");
+  CHECK(j["adam_beta2"] == 0.95);
+  CHECK(oomb_trainer::options_json(parse_train_options(run_args("o")))["schedule"] == "cosine");
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--schedule", "step"})), doctest::Contains("not cosine, linear or constant"),
+                       oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--adam-beta1", "1"})), doctest::Contains("--adam-beta1 must be in [0, 1)"),
+                       oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--adam-beta2", "-0.1"})), doctest::Contains("--adam-beta2"),
+                       oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--adam-epsilon", "0"})), doctest::Contains("--adam-epsilon must be positive"),
+                       oomb::invalid_argument);
+
+  // They reach the update: a run with other betas ends at other weights; the schedule shows in the log's lr.
+  temp_dir tmp("knobs");
+  auto weights_after = [&](const std::string& tag, std::vector<std::string> extra) {
+    oomb_trainer::training_run run(parse_train_options(run_args(tmp / tag, extra)), {}, {});
+    run.run();
+    return run.weights();
+  };
+  const auto plain = weights_after("plain", {}), betas = weights_after("betas", {"--adam-beta1", "0.5"}),
+             eps = weights_after("eps", {"--adam-epsilon", "1e-2"});
+  auto same = [](const oomb_trainer::qwen2_params<float>& a, const oomb_trainer::qwen2_params<float>& b) {
+    return std::equal(a.data(), a.data() + a.size(), b.data());
+  };
+  CHECK_FALSE(same(plain, betas));
+  CHECK_FALSE(same(plain, eps));
+  CHECK(same(plain, weights_after("again", {})));  // and the same flags give the same bits
+  (void)weights_after("constant", {"--schedule", "constant", "--warmup", "1"});
+  const auto log = log_lines(fs::path(tmp / "constant") / "log.jsonl");
+  REQUIRE(log.size() == 3);
+  CHECK(log[0]["lr"] == doctest::Approx(1e-3));  // warm-up of one step reaches LR at once
+  CHECK(log[2]["lr"] == doctest::Approx(1e-3));  // and stays there
+}
+
+TEST_CASE("run options: the step line and the log carry the tokens seen and the run's ETA") {
+  temp_dir tmp("eta");
+  std::vector<std::string> lines;
+  oomb_trainer::training_run run(parse_train_options(run_args(tmp / "run")),
+                                 [&](const std::string& l) { lines.push_back(l); }, {});
+  run.run();
+  const auto log = log_lines(fs::path(tmp / "run") / "log.jsonl");
+  REQUIRE(log.size() == 3);
+  CHECK(log[0]["tokens_seen"] == 64);
+  CHECK(log[2]["tokens_seen"] == 192);
+  CHECK(log[0]["eta_seconds"].get<double>() >= 0);
+  CHECK(log[2]["eta_seconds"] == 0.0);
+  const auto step_line = std::find_if(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("step ", 0) == 0; });
+  REQUIRE(step_line != lines.end());
+  CHECK(step_line->find("64 tokens seen") != std::string::npos);
+  CHECK(step_line->find("run ETA ") != std::string::npos);
+  CHECK(oomb_trainer::human_count(1.05e6) == "1.05M");
+  CHECK(oomb_trainer::human_duration(200) == "3m20s");
+  CHECK(oomb_trainer::human_duration(18420) == "5h07m");
+  CHECK(oomb_trainer::human_duration(42.4) == "42 s");
 }

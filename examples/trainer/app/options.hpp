@@ -14,6 +14,7 @@
 
 #include "trainer/algo/chunk_options.hpp"
 #include "trainer/app/sparse_flags.hpp"
+#include "trainer/optim/schedule.hpp"
 #include "trainer/trainers/memory_plan.hpp"
 
 namespace oomb_trainer {
@@ -38,6 +39,8 @@ struct train_options {
   double lr = 1e-3, min_lr = -1.0;  ///< min_lr < 0: lr / 10
   std::int64_t warmup = 0;
   double weight_decay = 0.0, clip = 1.0;
+  lr_schedule_kind schedule = lr_schedule_kind::cosine;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;  ///< adamw_options' defaults
   std::uint64_t seed = 1234;
   std::int64_t save_every = 0;  ///< 0: only at the end
   std::int64_t stop_after = 0;  ///< stop (and save) after this many steps of this run; 0: run to --steps
@@ -137,9 +140,13 @@ device
 
 optimisation
   --steps S             optimizer steps in all (the schedule's length; a resumed run continues to S)
-  --lr LR               peak learning rate (default 1e-3); cosine decay to --min-lr (default LR/10)
+  --lr LR               peak learning rate (default 1e-3), reached after the warm-up
+  --schedule K          after the warm-up: cosine or linear decay to --min-lr (default LR/10), or
+                        constant at LR (default cosine)
   --warmup W            linear warm-up steps (default 0)
   --weight-decay WD     AdamW decoupled weight decay of matrices (default 0)
+  --adam-beta1 B1, --adam-beta2 B2, --adam-epsilon E
+                        AdamW's moment decays, each in [0, 1), and epsilon > 0 (defaults 0.9, 0.999, 1e-8)
   --clip G              clip the global gradient norm to G; 0 disables (default 1)
 
 output
@@ -281,6 +288,10 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--min-lr") o.min_lr = detail::parse_double(f, value());
     else if (f == "--warmup") o.warmup = i64(0);
     else if (f == "--weight-decay") o.weight_decay = detail::parse_double(f, value());
+    else if (f == "--schedule") o.schedule = parse_lr_schedule(value(), f);
+    else if (f == "--adam-beta1") o.adam_beta1 = detail::parse_double(f, value());
+    else if (f == "--adam-beta2") o.adam_beta2 = detail::parse_double(f, value());
+    else if (f == "--adam-epsilon") o.adam_epsilon = detail::parse_double(f, value());
     else if (f == "--clip") o.clip = detail::parse_double(f, value());
     else if (f == "--seed") o.seed = static_cast<std::uint64_t>(i64(0));
     else if (f == "--save-every") o.save_every = i64(0);
@@ -315,6 +326,9 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(!o.out.empty(), "--out is required");
   OOMB_EXPECTS(o.lr >= 0, "--lr must be >= 0, got ", o.lr);
   OOMB_EXPECTS(o.warmup <= o.steps, "--warmup ", o.warmup, " is longer than --steps ", o.steps);
+  OOMB_EXPECTS(o.adam_beta1 >= 0 && o.adam_beta1 < 1, "--adam-beta1 must be in [0, 1), got ", o.adam_beta1);
+  OOMB_EXPECTS(o.adam_beta2 >= 0 && o.adam_beta2 < 1, "--adam-beta2 must be in [0, 1), got ", o.adam_beta2);
+  OOMB_EXPECTS(o.adam_epsilon > 0 && std::isfinite(o.adam_epsilon), "--adam-epsilon must be positive, got ", o.adam_epsilon);
   OOMB_EXPECTS(!o.full_backprop || (!o.sparse && !o.offload), "--full-backprop runs neither sparse attention nor offload");
   OOMB_EXPECTS(!bf16_homes(o.grad_homes) || o.offload, "--grad-homes bf16 needs --offload: in place the kernels add ",
                "into the gradient pages themselves, which stay fp32");

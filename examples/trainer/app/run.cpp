@@ -3,6 +3,8 @@
 #include "trainer/app/run.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <utility>
 
@@ -18,6 +20,9 @@ trainer_setup setup_of(const train_options& o, const model_config& c) {
   s.full_backprop = o.full_backprop;
   s.max_tokens = o.seq_len;
   s.adam.weight_decay = o.weight_decay;
+  s.adam.beta1 = o.adam_beta1;
+  s.adam.beta2 = o.adam_beta2;
+  s.adam.eps = o.adam_epsilon;
   s.chunk = chunk_options_of(o);
   return s;
 }
@@ -105,6 +110,20 @@ std::uint64_t home_host_bytes(const tier_memory& m) {
 
 }  // namespace
 
+std::string human_count(double n) {
+  if (n < 1e3) return fmt::format("{:.0f}", n);
+  if (n < 1e6) return fmt::format("{:.1f}K", n / 1e3);
+  if (n < 1e9) return fmt::format("{:.2f}M", n / 1e6);
+  return fmt::format("{:.2f}B", n / 1e9);
+}
+
+std::string human_duration(double seconds) {
+  const auto s = static_cast<std::int64_t>(std::llround(std::max(0.0, seconds)));
+  if (s < 60) return fmt::format("{} s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+}
+
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -133,6 +152,9 @@ nlohmann::json options_json(const train_options& o) {
           {"device", o.device},         {"steps", o.steps},
           {"lr", o.lr},                 {"min_lr", o.effective_min_lr()},
           {"warmup", o.warmup},         {"weight_decay", o.weight_decay},
+          {"schedule", lr_schedule_name(o.schedule)},
+          {"adam_beta1", o.adam_beta1}, {"adam_beta2", o.adam_beta2},
+          {"adam_epsilon", o.adam_epsilon},
           {"clip", o.clip},             {"seed", o.seed},
           {"save_every", o.save_every}, {"keep_last", o.keep_last},
           {"stop_after", o.stop_after}, {"kv_keys", o.kv_keys},
@@ -199,7 +221,7 @@ void check_checkpoint_matches(const std::string& dir, const model_config& c) {
 
 training_run::training_run(train_options o, std::function<void(const std::string&)> print, trainer_factory device)
     : o_(std::move(o)), print_(std::move(print)), cfg_(checked_config(o_, device)),
-      schedule_(o_.lr, o_.effective_min_lr(), o_.warmup, o_.steps),
+      schedule_(o_.schedule, o_.lr, o_.effective_min_lr(), o_.warmup, o_.steps),
       memory_use_(o_.device != "cpu" ? device.memory_use : std::function<device_memory_use()>{}) {
   namespace fs = std::filesystem;
   // Everything that can refuse the run does so here, before the state is allocated.
@@ -295,6 +317,10 @@ step_record training_run::step() {
   ++step_;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.tokens_per_second = static_cast<double>(r.tokens) / r.seconds;
+  r.tokens_seen = step_ * r.tokens;
+  seconds_this_run_ += r.seconds;
+  ++steps_this_run_;
+  r.eta_seconds = double(o_.steps - step_) * seconds_this_run_ / double(steps_this_run_);
   if (r.chunked.stage1_seconds > 0 && r.chunked.stage2_seconds > 0) {
     stage_weight_[0] = r.chunked.stage1_seconds;
     stage_weight_[1] = r.chunked.stage2_seconds;
@@ -433,7 +459,8 @@ void training_run::log(const step_record& r) {
         line += fmt::format(" (H2D {:.1f} GB/s, D2H {:.1f} GB/s, exposed {:.3f} s)", h2d, d2h, s.exposed_transfer_seconds);
     }
     if (memory_use_) line += fmt::format(" | GPU peak {}", human_bytes(double(r.gpu_used_peak)));
-    line += fmt::format(" | lr {:.2e}", r.lr);
+    line += fmt::format(" | lr {:.2e} | {} tokens seen | run ETA {}", r.lr, human_count(double(r.tokens_seen)),
+                        human_duration(r.eta_seconds));
     print_(line);
   }
   nlohmann::json j = {{"step", r.step + 1},
@@ -442,6 +469,8 @@ void training_run::log(const step_record& r) {
                       {"lr", r.lr},
                       {"grad_norm", r.grad_norm},
                       {"tokens", r.tokens},
+                      {"tokens_seen", r.tokens_seen},
+                      {"eta_seconds", r.eta_seconds},
                       {"sequences", o_.batch},
                       {"seconds", r.seconds},
                       {"tokens_per_second", r.tokens_per_second}};

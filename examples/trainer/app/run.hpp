@@ -43,6 +43,10 @@ namespace oomb_trainer {
 
 /// `b` bytes for people: "512 B", "16.8 MiB".
 std::string human_bytes(double b);
+/// A count for people: "512", "65.5K", "1.05M", "2.10B".
+std::string human_count(double n);
+/// Seconds for people: "42 s", "3m20s", "5h07m".
+std::string human_duration(double seconds);
 
 /// What one optimizer step did (also one line of log.jsonl).
 struct step_record {
@@ -50,6 +54,8 @@ struct step_record {
   double loss = 0;  ///< mean over the batch of each sequence's mean loss
   double lr = 0, grad_norm = 0, seconds = 0, tokens_per_second = 0;
   std::int64_t tokens = 0;   ///< over the batch
+  std::int64_t tokens_seen = 0;  ///< over the run's steps so far, this one included (every step is --batch x --seq-len)
+  double eta_seconds = 0;        ///< the steps left to --steps at this process's mean step time
   chunk_step_stats chunked;  ///< summed over the batch; zeros with --full-backprop
   tier_memory memory;
   device_memory_use gpu;            ///< the device at the step's end (zeros on the CPU)
@@ -141,7 +147,7 @@ class training_run {
   train_options o_;
   std::function<void(const std::string&)> print_;
   model_config cfg_;
-  cosine_schedule schedule_;
+  lr_schedule schedule_;
   std::function<device_memory_use()> memory_use_;
   std::optional<memory_plan> plan_;
   std::unique_ptr<trainer> trainer_;
@@ -153,6 +159,8 @@ class training_run {
   bool dumped_ = false;
   step_meter meter_;
   double stage_weight_[2] = {1.0, 3.0};
+  double seconds_this_run_ = 0;  // the steps this process took, for the run's ETA
+  std::int64_t steps_this_run_ = 0;
 };
 
 }  // namespace oomb_trainer
