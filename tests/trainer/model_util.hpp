@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "trainer/data/targets.hpp"
@@ -26,6 +29,16 @@ inline oomb_trainer::model_config tiny_config(std::int32_t hq, std::int32_t hkv,
   c.tie_word_embeddings = tied;
   c.max_position_embeddings = 1 << 20;
   return c;
+}
+
+/// The tiny model the GPU trainer's tests run (head_dim d: 64 or 128 for the kernels; 4 query and 2
+/// KV heads, 2 layers, vocabulary 300, intermediate 384) as config-<d>.json under dir; its path.
+inline std::string write_gpu_config(const std::filesystem::path& dir, std::int32_t d) {
+  oomb_trainer::model_config c = tiny_config(/*hq=*/4, /*hkv=*/2, /*tied=*/false, d, /*layers=*/2, /*vocab=*/300);
+  c.intermediate_size = 384;
+  const auto path = (dir / ("config-" + std::to_string(d) + ".json")).string();
+  std::ofstream(path) << oomb_trainer::to_json(c).dump(2);
+  return path;
 }
 
 /// Random tokens; with `masked`, a random half of the targets count.

@@ -130,14 +130,6 @@ class allocation_counter {
   std::int64_t live_ = 0;
 };
 
-std::string head_dim_64_config(const fs::path& dir) {
-  oomb_trainer::model_config c = trainer_test::tiny_config(/*hq=*/4, /*hkv=*/2, /*tied=*/false, 64, /*layers=*/2, /*vocab=*/300);
-  c.intermediate_size = 384;
-  const auto path = (dir / "config.json").string();
-  std::ofstream(path) << oomb_trainer::to_json(c).dump(2);
-  return path;
-}
-
 /// The one counter of this file: CUPTI takes one subscriber per process.
 allocation_counter& counter() {
   static allocation_counter c;
@@ -161,7 +153,7 @@ TEST_CASE("allocation counter: sees a cudaMalloc and its cudaFree, with their by
 
 TEST_CASE("trainer cuda: steps 2..5 of equal shape allocate and free no memory; the plan's GPU total is what it allocates") {
   temp_dir tmp("cuda-allocation-free");
-  const std::string config = head_dim_64_config(tmp.path);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
   allocation_counter& c = counter();
   const std::vector<std::string> sparse{"--sparse-budget", "2", "--sink", "1", "--local", "1", "--tile", "64"};
   struct mode {

@@ -30,15 +30,6 @@ namespace {
 namespace fs = std::filesystem;
 using training_test::temp_dir;
 
-/// A tiny model with head_dim 64, GQA 2 (the kernels' shapes), as a config.json under dir.
-std::string head_dim_64_config(const fs::path& dir) {
-  oomb_trainer::model_config c = trainer_test::tiny_config(/*hq=*/4, /*hkv=*/2, /*tied=*/false, 64, /*layers=*/2, /*vocab=*/300);
-  c.intermediate_size = 384;
-  const auto path = (dir / "config.json").string();
-  std::ofstream(path) << oomb_trainer::to_json(c).dump(2);
-  return path;
-}
-
 oomb_trainer::train_options gpu_options(const std::string& config, const fs::path& out, std::vector<std::string> extra = {}) {
   std::vector<std::string> a{"--config", config, "--synthetic", "kv-recall", "--seq-len", "256", "--chunk", "64",
                              "--page", "16", "--steps", "3", "--lr", "1e-3", "--out", out.string(), "--quiet",
@@ -64,7 +55,7 @@ std::vector<double> losses_of(oomb_trainer::training_run& run) {
 
 TEST_CASE("oomb-train --device cuda --offload: the in-place run's losses, transfers and GPU memory in the log") {
   temp_dir tmp("cuda-offload-run");
-  const std::string config = head_dim_64_config(tmp.path);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
   oomb_trainer::training_run in_place(gpu_options(config, tmp.path / "in-place"), {}, oomb_trainer::cuda_trainer_factory());
   oomb_trainer::training_run offload(gpu_options(config, tmp.path / "offload", {"--offload", "--near-pages", "8"}), {},
                                      oomb_trainer::cuda_trainer_factory());
@@ -92,7 +83,7 @@ TEST_CASE("oomb-train --device cuda --offload: the in-place run's losses, transf
 
 TEST_CASE("oomb-train --device cuda --keep-attention-outputs: the same losses as attending again, in place and offload") {
   temp_dir tmp("cuda-kept-run");
-  const std::string config = head_dim_64_config(tmp.path);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
   for (const bool streamed : {false, true}) {
     CAPTURE(streamed);
     std::vector<std::string> mode = streamed ? std::vector<std::string>{"--offload", "--near-pages", "8"} : std::vector<std::string>{};
@@ -117,7 +108,7 @@ TEST_CASE("oomb-train --device cuda --keep-attention-outputs: the same losses as
 
 TEST_CASE("oomb-train --device cuda --sparse-budget: trains, selects fewer pages than there are; a bad tile is refused") {
   temp_dir tmp("cuda-sparse-run");
-  const std::string config = head_dim_64_config(tmp.path);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
   for (const bool streamed : {false, true}) {
     CAPTURE(streamed);
     std::vector<std::string> extra{"--sparse-budget", "2", "--sink", "1", "--local", "1", "--tile", "64"};
@@ -145,7 +136,7 @@ TEST_CASE("oomb-train --device cuda --sparse-budget: trains, selects fewer pages
 
 TEST_CASE("oomb-train --device cuda: the plan's GPU limit is cudaMemGetInfo's free less the margin; too little is refused") {
   temp_dir tmp("cuda-plan");
-  const std::string config = head_dim_64_config(tmp.path);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
   const fs::path never = tmp.path / "never";
   const auto before = oomb_trainer::cuda_memory_use();
   const auto plan = oomb_trainer::training_run::plan(gpu_options(config, never), oomb_trainer::cuda_trainer_factory());

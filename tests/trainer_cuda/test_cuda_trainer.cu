@@ -37,16 +37,6 @@ namespace {
 namespace fs = std::filesystem;
 using training_test::temp_dir;
 
-/// A config.json of a tiny model with head_dim d, written under dir.
-std::string write_config(const fs::path& dir, std::int32_t d) {
-  oomb_trainer::model_config c = trainer_test::tiny_config(/*hq=*/4, /*hkv=*/2, /*tied=*/false, d, /*layers=*/2,
-                                                           /*vocab=*/300);
-  c.intermediate_size = 384;
-  const auto path = (dir / ("config-" + std::to_string(d) + ".json")).string();
-  std::ofstream(path) << oomb_trainer::to_json(c).dump(2);
-  return path;
-}
-
 /// init_qwen2's weights of `config` (seed 1234) as an HF folder: both devices' --init.
 std::string write_init(const fs::path& dir, const std::string& config) {
   const oomb_trainer::model_config c = oomb_trainer::load_model_config(config);
@@ -77,7 +67,7 @@ double weight_err(const oomb_trainer::training_run& a, const oomb_trainer::train
 
 TEST_CASE("oomb-train --device cuda: three steps (--batch 1 and 2) match the CPU run from the same weights") {
   temp_dir tmp("cuda-steps");
-  const std::string config = write_config(tmp.path, 64);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
   const std::string init = write_init(tmp.path, config);
   for (const std::int32_t batch : {1, 2}) {
     CAPTURE(batch);
@@ -108,7 +98,7 @@ TEST_CASE("oomb-train --device cuda: three steps (--batch 1 and 2) match the CPU
 
 TEST_CASE("oomb-train --device cuda: checkpoint round trip CPU -> GPU -> CPU continues within tolerance") {
   temp_dir tmp("cuda-round-trip");
-  const std::string config = write_config(tmp.path, 64);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
   const std::string init = write_init(tmp.path, config);
   oomb_trainer::training_run whole(options(config, tmp.path / "whole", "cpu", init));
   std::vector<double> losses;
@@ -149,7 +139,7 @@ TEST_CASE("oomb-train --device cuda: checkpoint round trip CPU -> GPU -> CPU con
 
 TEST_CASE("oomb-train --device cuda: resume on the GPU continues within tolerance of the uninterrupted GPU run") {
   temp_dir tmp("cuda-resume");
-  const std::string config = write_config(tmp.path, 64);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
   const std::string init = write_init(tmp.path, config);
   oomb_trainer::training_run whole(options(config, tmp.path / "whole", "cuda", init), {}, oomb_trainer::cuda_trainer_factory());
   std::vector<double> losses;
@@ -183,7 +173,7 @@ TEST_CASE("oomb-train --device cuda: resume on the GPU continues within toleranc
 
 TEST_CASE("oomb-train --device cuda: a forced optimizer split trains as the all-GPU run; its checkpoints load bit for bit") {
   temp_dir tmp("cuda-split");
-  const std::string config = write_config(tmp.path, 64);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
   const std::string init = write_init(tmp.path, config);
   // 2 MiB of state on the GPU: the embedding's (0.9 MB) and layer 0's first few tensors; the
   // rest in pinned host memory, streamed every step (the pieces themselves: test_optim.cu).
@@ -250,20 +240,20 @@ TEST_CASE("oomb-train --device cuda: a forced optimizer split trains as the all-
 
 TEST_CASE("oomb-train --device cuda: a NaN weight stops the run at its step, before the update, the checkpoint intact") {
   temp_dir tmp("cuda-nan");
-  const std::string config = write_config(tmp.path, 64);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
   training_test::check_non_finite_stop(options(config, tmp.path / "unused", "cuda"), oomb_trainer::cuda_trainer_factory(), tmp);
 }
 
 TEST_CASE("oomb-train --device cuda: a checkpoint of another shape is refused before anything is allocated") {
   temp_dir tmp("cuda-shape");
-  const std::string config = write_config(tmp.path, 64);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
   training_test::check_mismatched_checkpoint(options(config, tmp.path / "unused", "cuda"),
                                              oomb_trainer::cuda_trainer_factory(), tmp);
 }
 
 TEST_CASE("oomb-train --device cuda: a head_dim the kernels do not take is refused before anything is written") {
   temp_dir tmp("cuda-head-dim");
-  const std::string config = write_config(tmp.path, 32);
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 32);
   const fs::path out = tmp.path / "out";
   CHECK_THROWS_WITH_AS(oomb_trainer::training_run(options(config, out, "cuda"), {}, oomb_trainer::cuda_trainer_factory()),
                        doctest::Contains("head_dim 32 is not supported (the attention kernels take 64 and 128)"),
