@@ -396,7 +396,7 @@ struct device_model {
     // The fp32 draw goes into the gradients' memory, which the steps zero anyway: no master copy
     // is held while the steps are timed (a fwd_bwd step has no optimizer).
     oomb::cuda_stream stream;
-    oomb_trainer::gpu::init_qwen2(grads, weights, seed, stream.view());
+    oomb_trainer::gpu::init_hf(grads, weights, seed, stream.view());
     OOMB_CUDA_CHECK(cudaStreamSynchronize(stream.get()), "initialising the weights");
     grads.zero();
   }

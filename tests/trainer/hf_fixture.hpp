@@ -20,7 +20,7 @@ namespace trainer_test {
 
 struct hf_fixture {
   oomb_trainer::model_config config;
-  oomb_trainer::qwen2_params<double> weights;
+  oomb_trainer::model_params<double> weights;
   oomb_trainer::sequence seq;
   double loss = 0;  ///< transformers' float64 loss
   oomb_trainer::safetensors_file gradients;
@@ -28,7 +28,7 @@ struct hf_fixture {
   /// The fixture in folder `dir`.
   static hf_fixture load(const std::string& dir) {
     const auto cfg = oomb_trainer::load_model_config(dir + "/config.json");
-    oomb_trainer::qwen2_params<double> p(cfg);
+    oomb_trainer::model_params<double> p(cfg);
     oomb_trainer::load_weights(dir, p.named());
     const auto reader = oomb_trainer::token_reader::open(dir + "/tokens.bin", static_cast<std::uint32_t>(cfg.vocab_size));
     oomb_trainer::sequence seq;

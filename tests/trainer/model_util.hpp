@@ -24,7 +24,7 @@ inline oomb_trainer::model_config tiny_config(std::int32_t hq, std::int32_t hkv,
   c.num_key_value_heads = hkv;
   c.head_dim = d;
   c.vocab_size = vocab;
-  c.rope_theta = 10000.0;
+  c.rope.theta = 10000.0;
   c.rms_norm_eps = 1e-6;
   c.tie_word_embeddings = tied;
   c.max_position_embeddings = 1 << 20;

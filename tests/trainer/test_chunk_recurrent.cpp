@@ -15,7 +15,7 @@
 namespace {
 
 using oomb_trainer::chunk_options;
-using oomb_trainer::qwen2_params;
+using oomb_trainer::model_params;
 using trainer_test::chunked_run;
 using trainer_test::run_chunked;
 using double_trainer = trainer_test::compiled_trainer<oomb_trainer::cpu_ops<double>>;
@@ -38,7 +38,7 @@ TEST_CASE("chunk-recurrent: gradients equal full-sequence backprop; offload is b
           CAPTURE(N);
           CAPTURE(chunk);
           const auto cfg = trainer_test::tiny_config(h.hq, h.hkv, tied, 4, 2, 13);
-          qwen2_params<double> p(cfg);
+          model_params<double> p(cfg);
           oomb_trainer::init_perturbed(p, 100 + cases);
           const auto seq = trainer_test::random_sequence(N, cfg.vocab_size, 200 + cases, /*masked=*/cases % 3 == 0);
           ++cases;
@@ -84,7 +84,7 @@ TEST_CASE("chunk-recurrent: gradients equal full-sequence backprop; offload is b
 
 TEST_CASE("chunk-recurrent: one window per layer, token-major pages, and offload with sparse selection") {
   const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 2, 13);
-  qwen2_params<double> p(cfg);
+  model_params<double> p(cfg);
   oomb_trainer::init_perturbed(p, 7);
   const auto seq = trainer_test::random_sequence(150, cfg.vocab_size, 8);
   const std::vector<double> full = trainer_test::run_full_sequence(p, seq).grads;
@@ -118,7 +118,7 @@ TEST_CASE("chunk-recurrent: one window per layer, token-major pages, and offload
 
 TEST_CASE("chunk-recurrent: keeping stage 1's attention outputs changes no bit, in place, streamed and sparse") {
   const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 3, 13);
-  qwen2_params<double> p(cfg);
+  model_params<double> p(cfg);
   oomb_trainer::init_perturbed(p, 17);
   const auto seq = trainer_test::random_sequence(83, cfg.vocab_size, 18, /*masked=*/true);  // a partial last chunk
   chunk_options base;
@@ -139,7 +139,7 @@ TEST_CASE("chunk-recurrent: keeping stage 1's attention outputs changes no bit, 
     chunk_options keep = opt;
     keep.keep_attention_outputs = true;
     double_trainer trainer(cfg, keep, seq.size());
-    qwen2_params<double> g(cfg);
+    model_params<double> g(cfg);
     for (int step = 0; step < 2; ++step) {  // the blocks of step 1 are all released: step 2 reuses them
       g.zero();
       CHECK(trainer.loss_and_grad(p, g, seq) == recomputed.loss);
@@ -157,7 +157,7 @@ TEST_CASE("chunk-recurrent: keeping stage 1's attention outputs changes no bit, 
 
 TEST_CASE("chunk-recurrent: stage 1 fills the far tier chunk by chunk, stage 2 returns each chunk's pages as it finishes") {
   const auto cfg = trainer_test::tiny_config(4, 2, true, 4, 3, 13);
-  qwen2_params<double> p(cfg), g(cfg);
+  model_params<double> p(cfg), g(cfg);
   oomb_trainer::init_perturbed(p, 17);
   const auto seq = trainer_test::random_sequence(100, cfg.vocab_size, 18);  // chunks of 32: 32, 32, 32, 4 tokens
   for (bool offload : {false, true}) {
@@ -191,7 +191,7 @@ TEST_CASE("chunk-recurrent: Belady eviction fed the stage-2 window order changes
   using lru = double_trainer;
   using belady = trainer_test::compiled_trainer<oomb_trainer::cpu_ops<double>, oomb::belady_eviction>;
   const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 3, 13);
-  qwen2_params<double> p(cfg);
+  model_params<double> p(cfg);
   oomb_trainer::init_perturbed(p, 27);
   const auto seq = trainer_test::random_sequence(300, cfg.vocab_size, 28);
   struct shape {
@@ -207,7 +207,7 @@ TEST_CASE("chunk-recurrent: Belady eviction fed the stage-2 window order changes
     opt.near_pages = s.near;
     opt.window_pages = s.window;
     auto run = [&](auto& trainer, std::vector<double>& grads) {
-      qwen2_params<double> g(cfg);
+      model_params<double> g(cfg);
       trainer.loss_and_grad(p, g, seq);
       grads.assign(g.data(), g.data() + g.size());
       return trainer.kv_residency();
@@ -227,13 +227,13 @@ TEST_CASE("chunk-recurrent: Belady eviction fed the stage-2 window order changes
 TEST_CASE("chunk-recurrent: bf16 K/V pages and fp32 gradient pages: offload and sparse-all still bit for bit, error of bf16 rounding") {
   using paged = trainer_test::compiled_trainer<oomb_trainer::cpu_ops<double, oomb::bf16, float>>;
   const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 2, 13);
-  qwen2_params<double> p(cfg);
+  model_params<double> p(cfg);
   oomb_trainer::init_perturbed(p, 37);
   const auto seq = trainer_test::random_sequence(83, cfg.vocab_size, 38);
   const trainer_test::gradient_run full = trainer_test::run_full_sequence(p, seq);
   auto run = [&](const chunk_options& o, std::vector<double>& grads) {
     paged trainer(cfg, o, seq.size());
-    qwen2_params<double> g(cfg);
+    model_params<double> g(cfg);
     const double loss = trainer.loss_and_grad(p, g, seq);
     grads.assign(g.data(), g.data() + g.size());
     return loss;

@@ -22,7 +22,7 @@ namespace {
 
 using oomb_trainer::chunk_options;
 using oomb_trainer::page_home_format;
-using oomb_trainer::qwen2_params;
+using oomb_trainer::model_params;
 using trainer_test::chunked_run;
 using trainer_test::run_chunked;
 // oomb-train --device cpu's trainer.
@@ -32,7 +32,7 @@ using float_trainer = trainer_test::compiled_trainer<oomb_trainer::cpu_ops<float
 
 TEST_CASE("grad homes: bf16 homes differ from fp32 homes, within the bound of one bf16 rounding per write-back") {
   const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 2, 13);
-  qwen2_params<double> p(cfg);
+  model_params<double> p(cfg);
   oomb_trainer::init_perturbed(p, 41);
   const std::int64_t N = 160;  // 10 chunks of one page: a page's gradient is added to by up to 9 chunks
   const auto seq = trainer_test::random_sequence(N, cfg.vocab_size, 42);
@@ -90,7 +90,7 @@ TEST_CASE("grad homes: bf16 homes differ from fp32 homes, within the bound of on
 
 TEST_CASE("grad homes: the float trainer (oomb-train --device cpu) runs bf16 homes; in place and unknown formats are refused") {
   const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 2, 13);
-  qwen2_params<float> p(cfg), g(cfg);
+  model_params<float> p(cfg), g(cfg);
   oomb_trainer::init_perturbed(p, 5);
   chunk_options o;
   o.chunk = 16;

@@ -1,7 +1,8 @@
-// Both training paths against the HF fixtures (tools/fixtures/make_hf_fixture.py: a random
-// transformers Qwen2ForCausalLM with GQA and perturbed biases/norms, loss and float64 gradients):
-// loss and every gradient tensor, norm-wise <= 1e-9 in double. The fixture computes RoPE as the
-// trainer does (angles in double, cos/sin rounded to fp32), as rope.hpp does.
+// Both training paths against the HF fixtures (tools/fixtures/make_hf_fixture.py: random
+// transformers models of each family and RoPE type, with GQA and perturbed biases/norms, loss and
+// float64 gradients): loss and every gradient tensor, norm-wise <= 1e-9 in double. The fixture
+// computes RoPE as the trainer does (frequencies and angles in double, cos/sin times the attention
+// factor rounded to fp32), as cpu/rope.hpp does.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
@@ -60,4 +61,15 @@ TEST_CASE("HF fixture: loss and every gradient of both paths match transformers 
 
 TEST_CASE("HF fixture: loss and every gradient of both paths match transformers in double (head_dim 64, GQA 2)") {
   check_against_fixture("hf_d64");
+}
+
+TEST_CASE("HF fixture: llama with attention and MLP biases") { check_against_fixture("hf_llama"); }
+
+TEST_CASE("HF fixture: mistral, head_dim 16 != hidden / heads") { check_against_fixture("hf_mistral"); }
+
+TEST_CASE("HF fixture: qwen3 with q/k norms, head_dim 16, tied") { check_against_fixture("hf_qwen3"); }
+
+TEST_CASE("HF fixture: RoPE scaling linear, yarn, llama3, longrope (long factors)") {
+  for (const char* name : {"hf_rope_linear", "hf_rope_yarn", "hf_rope_llama3", "hf_rope_longrope"})
+    check_against_fixture(name);
 }

@@ -30,7 +30,7 @@ model_config tiny_config() {
   c.num_key_value_heads = 1;
   c.head_dim = 4;
   c.vocab_size = 10;
-  c.rope_theta = 1e4;
+  c.rope.theta = 1e4;
   c.rms_norm_eps = 1e-6;
   c.tie_word_embeddings = false;
   c.max_position_embeddings = 64;
@@ -314,7 +314,7 @@ TEST_CASE("load_checkpoint validates before reading: config, tensors, shapes, st
   adamw<double> ro(r.params);
 
   auto other = tiny_config();
-  other.rope_theta = 1e6;
+  other.rope.theta = 1e6;
   expect_error([&] { (void)load_checkpoint(dir, other, r.params, ro.state_tensors()); },
                {"config.json", "'rope_theta' differs"});
 

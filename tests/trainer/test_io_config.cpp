@@ -44,7 +44,7 @@ TEST_CASE("config: Qwen2.5-0.5B (transformers 4 layout) and a transformers 5 con
   CHECK(c.num_key_value_heads == 2);
   CHECK(c.head_dim == 64);
   CHECK(c.vocab_size == 151936);
-  CHECK(c.rope_theta == 1e6);
+  CHECK(c.rope.theta == 1e6);
   CHECK(c.rms_norm_eps == 1e-6);
   CHECK(c.tie_word_embeddings);
   CHECK(c.max_position_embeddings == 32768);
@@ -52,7 +52,7 @@ TEST_CASE("config: Qwen2.5-0.5B (transformers 4 layout) and a transformers 5 con
   const auto t = parse_model_config(json::parse(tiny_v5), "tiny.json");
   CHECK(t.hidden_size == 32);
   CHECK(t.head_dim == 8);
-  CHECK(t.rope_theta == 10000.0);
+  CHECK(t.rope.theta == 10000.0);
   CHECK(!t.tie_word_embeddings);
 
   // to_json round trip, through a file.
@@ -99,11 +99,20 @@ TEST_CASE("config: each unsupported or inconsistent field is rejected by name") 
     const char* named;
   };
   const bad_case cases[] = {
-      {"rope_scaling", json{{"type", "yarn"}, {"factor", 4.0}}, "'rope_scaling'"},
+      {"rope_scaling", json{{"type", "dynamic"}, {"factor", 4.0}}, "'rope_scaling.rope_type' = \"dynamic\" cannot be trained"},
+      {"rope_scaling", json{{"type", "su"}, {"factor", 4.0}}, "'rope_scaling.rope_type' = \"su\" is unsupported"},
+      {"rope_scaling", json{{"type", "linear"}}, "needs field 'rope_scaling.factor'"},
+      {"rope_scaling", json{{"type", "linear"}, {"factor", 2.0}, {"beta_fast", 3.0}}, "'rope_scaling.beta_fast' is not a parameter"},
+      {"rope_scaling", json{{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}}, "needs field 'rope_scaling.high_freq_factor'"},
+      {"rope_scaling", json{{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0}, {"high_freq_factor", 1.0}}, "must exceed"},
+      {"rope_scaling", json{{"rope_type", "longrope"}, {"short_factor", json::array({1.0})}, {"long_factor", json::array({1.0})}}, "has 1 values, the model needs head_dim / 2 = 32"},
+      {"rope_scaling", json{{"rope_type", "yarn"}, {"factor", -4.0}}, "'rope_scaling.factor' must be finite and positive"},
+      {"rope_scaling", json{{"rope_type", "yarn"}, {"partial_rotary_factor", 0.5}}, "'rope_scaling.partial_rotary_factor' = 0.5 is unsupported"},
+      {"rope_scaling", json::array(), "'rope_scaling' must be an object"},
       {"use_sliding_window", true, "'use_sliding_window'"},
       {"hidden_act", "gelu", "'hidden_act'"},
       {"attention_dropout", 0.1, "'attention_dropout'"},
-      {"model_type", "llama", "'model_type'"},
+      {"model_type", "gemma", "'model_type' = \"gemma\" is unsupported"},
       {"head_dim", 128, "'head_dim' = 128"},
       {"num_key_value_heads", 4, "'num_key_value_heads' = 4 does not divide"},
       {"num_attention_heads", 13, "'num_attention_heads' = 13 does not divide"},
@@ -116,7 +125,7 @@ TEST_CASE("config: each unsupported or inconsistent field is rejected by name") 
       {"rope_theta", -1.0, "'rope_theta' must be finite and positive"},
       {"tie_word_embeddings", 1, "'tie_word_embeddings' must be true or false"},
       {"layer_types", json::array({"full_attention", "sliding_attention"}), "'layer_types'"},
-      {"rope_parameters", json{{"rope_type", "linear"}, {"factor", 2.0}}, "'rope_parameters.rope_type'"},
+      {"rope_parameters", json{{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 5.0}}, "disagrees"},
       {"rope_parameters", json{{"rope_type", "default"}, {"rope_theta", 1e6}, {"factor", 2.0}},
        "'rope_parameters.factor'"},
       {"rope_parameters", json{{"rope_type", "default"}, {"rope_theta", 1e4}}, "disagrees"},

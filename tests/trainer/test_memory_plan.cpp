@@ -91,7 +91,7 @@ TEST_CASE("memory plan: pages, pools, near slots and activations are what the CP
     const memory_plan plan = oomb_trainer::plan_memory(cfg, o, rc.tokens, cpu_target());
     REQUIRE(plan.gpu.empty());  // the CPU trainer holds everything in host memory
 
-    oomb_trainer::qwen2_params<float> p(cfg), g(cfg);
+    oomb_trainer::model_params<float> p(cfg), g(cfg);
     oomb_trainer::init_perturbed(p, 7);
     cpu_trainer_chunked trainer(cfg, o, rc.tokens);
     trainer.loss_and_grad(p, g, trainer_test::random_sequence(rc.tokens, cfg.vocab_size, 3));
@@ -126,7 +126,7 @@ TEST_CASE("memory plan: bf16 gradient homes are 2 bytes an element, as the CPU t
   CHECK(bf16.on_host(plan_part::kv_pages) == fp32.on_host(plan_part::kv_pages));
   CHECK(bf16.describe().find("; bf16)") != std::string::npos);
 
-  oomb_trainer::qwen2_params<float> p(cfg), g(cfg);
+  oomb_trainer::model_params<float> p(cfg), g(cfg);
   oomb_trainer::init_perturbed(p, 7);
   cpu_trainer_chunked trainer(cfg, o, 200);
   trainer.loss_and_grad(p, g, trainer_test::random_sequence(200, cfg.vocab_size, 3));
@@ -161,7 +161,7 @@ TEST_CASE("memory plan: kept attention outputs are the blocks the CPU trainer re
       o.near_pages = 2;
       o.keep_attention_outputs = true;
       const memory_plan plan = oomb_trainer::plan_memory(cfg, o, tokens, cpu_target());
-      oomb_trainer::qwen2_params<float> p(cfg), g(cfg);
+      oomb_trainer::model_params<float> p(cfg), g(cfg);
       oomb_trainer::init_perturbed(p, 7);
       cpu_trainer_chunked trainer(cfg, o, tokens);
       trainer.loss_and_grad(p, g, trainer_test::random_sequence(tokens, cfg.vocab_size, 3));
@@ -182,7 +182,7 @@ TEST_CASE("memory plan: page-sparse attention touches at most the dense plan's g
   o.budget = 2;
   const std::int64_t tokens = 400;
   const memory_plan plan = oomb_trainer::plan_memory(cfg, o, tokens, cpu_target());
-  oomb_trainer::qwen2_params<float> p(cfg), g(cfg);
+  oomb_trainer::model_params<float> p(cfg), g(cfg);
   oomb_trainer::init_perturbed(p, 5);
   cpu_trainer_chunked trainer(cfg, o, tokens);
   trainer.loss_and_grad(p, g, trainer_test::random_sequence(tokens, cfg.vocab_size, 9));

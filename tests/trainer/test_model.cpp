@@ -31,7 +31,7 @@ TEST_CASE("model: full-sequence gradients equal finite differences for every ten
       CAPTURE(tied);
       CAPTURE(masked);
       const auto cfg = trainer_test::tiny_config(2, 1, tied);
-      oomb_trainer::qwen2_params<double> p(cfg);
+      oomb_trainer::model_params<double> p(cfg);
       oomb_trainer::init_perturbed(p, 5);
       const auto seq = trainer_test::random_sequence(13, cfg.vocab_size, 6, masked);
       const trainer_test::gradient_run analytic = trainer_test::run_full_sequence(p, seq);

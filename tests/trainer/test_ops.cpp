@@ -111,9 +111,12 @@ TEST_CASE("ops: linear with and without bias") {
 TEST_CASE("ops: RoPE rotate-half at absolute positions") {
   const std::int32_t heads = 3, d = 8, n = 5;
   const double theta = 10000.0;
-  const oomb_trainer::cpu::rope_table<double> tab(1000, n, d, theta);
+  oomb_trainer::rope_config plain;
+  plain.theta = theta;
+  const auto freqs = oomb_trainer::rope_frequencies_for(plain, d, 1000 + n);
+  const oomb_trainer::cpu::rope_table<double> tab(1000, n, freqs);
   // Rows of a table starting later are the same bits as the matching rows of one starting at 0.
-  const oomb_trainer::cpu::rope_table<double> whole(0, 1000 + n, d, theta);
+  const oomb_trainer::cpu::rope_table<double> whole(0, 1000 + n, freqs);
   for (std::int64_t t = 0; t < n; ++t)
     for (std::int32_t i = 0; i < d / 2; ++i) {
       CHECK(tab.cos[static_cast<std::size_t>(t * 4 + i)] == whole.cos[static_cast<std::size_t>((1000 + t) * 4 + i)]);
@@ -140,10 +143,19 @@ TEST_CASE("ops: RoPE rotate-half at absolute positions") {
   oomb_trainer::cpu::rope_backward(n, heads, d, dx.data(), tab);
   CHECK(rel_err(dx, numeric_grad(x, loss)) < 1e-8);
   // float and double tables hold the same fp32 values.
-  const oomb_trainer::cpu::rope_table<float> tf(1000, n, d, theta);
+  const oomb_trainer::cpu::rope_table<float> tf(1000, n, freqs);
   for (std::size_t i = 0; i < tf.cos.size(); ++i) {
     CHECK(static_cast<double>(tf.cos[i]) == tab.cos[i]);
     CHECK(static_cast<double>(tf.sin[i]) == tab.sin[i]);
+  }
+  // The attention factor (yarn, longrope) scales cos and sin before they are rounded to fp32.
+  auto scaled = freqs;
+  scaled.attention_factor = 1.25;
+  const oomb_trainer::cpu::rope_table<double> ts(1000, n, scaled);
+  for (std::size_t i = 0; i < ts.cos.size(); ++i) {
+    const double a = double(1000 + std::int64_t(i) / (d / 2)) * freqs.inv_freq[i % std::size_t(d / 2)];
+    CHECK(ts.cos[i] == double(static_cast<float>(std::cos(a) * 1.25)));
+    CHECK(ts.sin[i] == double(static_cast<float>(std::sin(a) * 1.25)));
   }
 }
 

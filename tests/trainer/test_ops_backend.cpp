@@ -31,7 +31,7 @@ struct types_only {
   using grad_type = float;
   template <class X>
   using buffer = std::vector<X>;
-  using params_type = oomb_trainer::qwen2_params<float>;
+  using params_type = oomb_trainer::model_params<float>;
   using grads_type = params_type;
   using rope_type = oomb_trainer::cpu::rope_table<float>;
   using residency_backend = oomb::host_backend;

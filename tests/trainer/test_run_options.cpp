@@ -325,7 +325,7 @@ TEST_CASE("run options: --schedule and AdamW's betas and epsilon parse, are chec
   };
   const auto plain = weights_after("plain", {}), betas = weights_after("betas", {"--adam-beta1", "0.5"}),
              eps = weights_after("eps", {"--adam-epsilon", "1e-2"});
-  auto same = [](const oomb_trainer::qwen2_params<float>& a, const oomb_trainer::qwen2_params<float>& b) {
+  auto same = [](const oomb_trainer::model_params<float>& a, const oomb_trainer::model_params<float>& b) {
     return std::equal(a.data(), a.data() + a.size(), b.data());
   };
   CHECK_FALSE(same(plain, betas));

@@ -19,7 +19,7 @@
 namespace {
 
 using oomb_trainer::chunk_options;
-using oomb_trainer::qwen2_params;
+using oomb_trainer::model_params;
 using oomb_trainer::selection_mask;
 using trainer_test::chunked_run;
 using trainer_test::gradient_run;
@@ -76,7 +76,7 @@ TEST_CASE("sparse reference: chunk-recurrent sparse gradients equal the full seq
         CAPTURE(h.hkv);
         CAPTURE(tied);
         const auto cfg = trainer_test::tiny_config(h.hq, h.hkv, tied, 4, 2, 13);
-        qwen2_params<double> p(cfg);
+        model_params<double> p(cfg);
         oomb_trainer::init_perturbed(p, 300 + cases, 0.5);  // attention far from uniform
         const auto seq = trainer_test::random_sequence(N, cfg.vocab_size, 400 + cases, /*masked=*/cases % 2 == 0);
         ++cases;
@@ -132,7 +132,7 @@ TEST_CASE("sparse reference: chunk-recurrent sparse gradients equal the full seq
 
 TEST_CASE("sparse reference: a mask selecting every page is dense, bit for bit; bad masks are named") {
   const auto cfg = trainer_test::tiny_config(4, 2, false, 4, 2, 13);
-  qwen2_params<double> p(cfg);
+  model_params<double> p(cfg);
   oomb_trainer::init_perturbed(p, 51);
   const auto seq = trainer_test::random_sequence(83, cfg.vocab_size, 52);
   chunk_options opt;

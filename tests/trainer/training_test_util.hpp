@@ -49,7 +49,7 @@ inline std::string file_bytes(const std::string& path) {
 /// `name` set to NaN (everything else, moments and state included, as saved).
 inline void write_poisoned_checkpoint(const std::string& from, const std::string& to, const oomb_trainer::model_config& c,
                                       const std::string& name) {
-  oomb_trainer::qwen2_params<float> p(c);
+  oomb_trainer::model_params<float> p(c);
   std::vector<float> m(p.size()), v(p.size());
   const auto moments = oomb_trainer::moment_tensors(p.layout(), m.data(), v.data());
   const oomb_trainer::trainer_state st = oomb_trainer::load_checkpoint(from, c, p.named(), moments);
@@ -74,7 +74,7 @@ inline void check_non_finite_stop(oomb_trainer::train_options o, const oomb_trai
   o.resume = tmp / "poisoned";
   o.stop_after = 0;
   oomb_trainer::training_run run(o, {}, device);
-  const oomb_trainer::qwen2_params<float> before = run.weights();
+  const oomb_trainer::model_params<float> before = run.weights();
   std::string message;
   try {
     run.run();
@@ -90,7 +90,7 @@ inline void check_non_finite_stop(oomb_trainer::train_options o, const oomb_trai
   CHECK(message.find("nan") != std::string::npos);
   CHECK(message.find("stopped before the optimizer update") != std::string::npos);
   CHECK(run.steps_taken() == 1);
-  const oomb_trainer::qwen2_params<float> after = run.weights();
+  const oomb_trainer::model_params<float> after = run.weights();
   CHECK(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);  // NaN included
   CHECK(file_bytes(saved + "/model.safetensors") == model_before);
   CHECK(file_bytes(saved + "/optimizer.safetensors") == optimizer_before);
@@ -103,7 +103,7 @@ inline void check_mismatched_checkpoint(oomb_trainer::train_options o, const oom
   const oomb_trainer::model_config c = oomb_trainer::load_model_config(o.config);
   oomb_trainer::model_config other = c;
   other.intermediate_size += 16;
-  oomb_trainer::qwen2_params<float> p(other);
+  oomb_trainer::model_params<float> p(other);
   std::vector<float> m(p.size()), v(p.size());
   oomb_trainer::trainer_state st;
   st.step = 1;

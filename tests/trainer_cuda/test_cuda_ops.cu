@@ -48,7 +48,7 @@ using oomb_trainer::cuda_ops;
 using oomb_trainer::cuda_offload_ops;
 using oomb_trainer::cuda_pageable_offload_ops;
 using oomb_trainer::model_config;
-using oomb_trainer::qwen2_params;
+using oomb_trainer::model_params;
 // The CPU reference, compiled once in oomb_trainer_test_support (tests/trainer/support/).
 using cpu_reference = trainer_test::compiled_trainer<cpu_ops<double>>;
 
@@ -62,8 +62,8 @@ model_config config(std::int32_t hq, std::int32_t hkv, bool tied, std::int32_t d
 }
 
 /// Random weights whose every parameter matters, rounded to bf16 (the values the CPU and GPU runs share).
-qwen2_params<double> bf16_weights(const model_config& c, std::uint64_t seed) {
-  qwen2_params<double> p(c);
+model_params<double> bf16_weights(const model_config& c, std::uint64_t seed) {
+  model_params<double> p(c);
   oomb_trainer::init_perturbed(p, seed, /*std_dev=*/0.05);
   for (std::size_t i = 0; i < p.size(); ++i) p.data()[i] = static_cast<float>(oomb::bf16(static_cast<float>(p.data()[i])));
   return p;
@@ -73,20 +73,20 @@ qwen2_params<double> bf16_weights(const model_config& c, std::uint64_t seed) {
 /// the selections it made, as full_sequence.hpp's mask.
 struct gpu_step {
   double loss = 0;
-  qwen2_params<double> grads;
+  model_params<double> grads;
   oomb_trainer::selection_mask mask;
   oomb_trainer::op_seconds op_time{};
   oomb::residency_stats grad_tier{};  ///< the gradient pages' residency (offload)
 };
 
 template <class Backend>
-gpu_step run_gpu(const qwen2_params<double>& host, const chunk_options& opt, const oomb_trainer::sequence& seq) {
+gpu_step run_gpu(const model_params<double>& host, const chunk_options& opt, const oomb_trainer::sequence& seq) {
   const model_config& cfg = host.config();
   oomb_trainer::gpu::device_params<oomb::bf16> weights(cfg);
   oomb_trainer::gpu::copy_to_device(host, weights);
   oomb_trainer::gpu::device_params<float> grads(cfg);
   chunk_recurrent<Backend> gpu(cfg, opt, seq.size());
-  gpu_step r{gpu.loss_and_grad(weights, grads, seq), qwen2_params<double>(cfg), {}, {}};
+  gpu_step r{gpu.loss_and_grad(weights, grads, seq), model_params<double>(cfg), {}, {}};
   if (opt.offload) {  // pages really moved, both ways
     CHECK(gpu.last_stats().bytes_to_near > 0);
     CHECK(gpu.last_stats().bytes_to_far > 0);
@@ -100,7 +100,7 @@ gpu_step run_gpu(const qwen2_params<double>& host, const chunk_options& opt, con
 
 /// The loss within `loss_tol` and every gradient tensor within `grad_tol` (norm-wise relative) of
 /// the reference; returns the largest gradient error.
-double expect_step_close(const gpu_step& got, double want_loss, const qwen2_params<double>& want_grads,
+double expect_step_close(const gpu_step& got, double want_loss, const model_params<double>& want_grads,
                          double loss_tol = loss_tolerance, double grad_tol = grad_tolerance) {
   ops_test::expect_close("loss", std::abs(got.loss - want_loss) / std::abs(want_loss), loss_tol);
   const auto want = want_grads.named();
@@ -119,14 +119,36 @@ double expect_step_close(const gpu_step& got, double want_loss, const qwen2_para
 template <class Backend = cuda_ops>
 void compare(const model_config& cfg, const chunk_options& opt, std::int64_t tokens, bool masked, std::uint64_t seed,
              double grad_tol = grad_tolerance) {
-  const qwen2_params<double> host = bf16_weights(cfg, seed);
+  const model_params<double> host = bf16_weights(cfg, seed);
   const oomb_trainer::sequence seq = trainer_test::random_sequence(tokens, cfg.vocab_size, seed + 1, masked);
 
-  qwen2_params<double> cpu_grads(cfg);
+  model_params<double> cpu_grads(cfg);
   cpu_reference cpu(cfg, opt, tokens);
   const double cpu_loss = cpu.loss_and_grad(host, cpu_grads, seq);
 
   expect_step_close(run_gpu<Backend>(host, opt, seq), cpu_loss, cpu_grads, loss_tolerance, grad_tol);
+}
+
+/// A model of another family on the kernels' head_dim 64: llama with attention and MLP biases and
+/// llama3 RoPE scaling, or qwen3 with q/k norms, an o bias, head_dim != hidden / heads and yarn.
+model_config family_config(oomb_trainer::model_family f) {
+  model_config c = config(4, 2, /*tied=*/f == oomb_trainer::model_family::qwen3);
+  c.family = f;
+  c.rope.theta = 10000.0;
+  c.rope.original_max_position_embeddings = 64;
+  c.rope.factor = 4.0;
+  if (f == oomb_trainer::model_family::llama) {
+    c.qkv_bias = c.o_bias = c.mlp_bias = true;
+    c.rope.kind = oomb_trainer::rope_kind::llama3;
+    c.rope.low_freq_factor = 1.0;
+    c.rope.high_freq_factor = 4.0;
+  } else {
+    c.qkv_bias = c.o_bias = true;
+    c.qk_norm = true;
+    c.hidden_size = 192;  // 4 heads of 64: q is wider than the residual stream
+    c.rope.kind = oomb_trainer::rope_kind::yarn;
+  }
+  return c;
 }
 
 template <class Backend>
@@ -135,6 +157,21 @@ void build(const model_config& cfg, const chunk_options& opt) {
 }
 
 }  // namespace
+
+TEST_CASE("cuda backend: llama (attention and MLP biases, llama3 RoPE) and qwen3 (q/k norms, o bias, head_dim != hidden / "
+          "heads, yarn) against the CPU, in place and offload") {
+  for (const auto f : {oomb_trainer::model_family::llama, oomb_trainer::model_family::qwen3}) {
+    CAPTURE(oomb_trainer::model_family_name(f));
+    chunk_options opt;
+    opt.chunk = 32;
+    opt.page = 16;
+    opt.window_pages = 2;
+    compare(family_config(f), opt, 150, /*masked=*/false, 71);
+    opt.offload = true;
+    opt.near_pages = 4;
+    compare<cuda_offload_ops>(family_config(f), opt, 150, /*masked=*/true, 72);
+  }
+}
 
 TEST_CASE("cuda backend: GQA group 2, tied embeddings, one-page windows, a partial last chunk") {
   chunk_options opt;
@@ -210,13 +247,13 @@ TEST_CASE("cuda backend: stage 1's attention outputs kept for stage 2, in place 
   const model_config cfg = config(4, 2, /*tied=*/false);
   model_config three = cfg;
   three.num_hidden_layers = 3;
-  const qwen2_params<double> host = bf16_weights(three, 41);
+  const model_params<double> host = bf16_weights(three, 41);
   const oomb_trainer::sequence seq = trainer_test::random_sequence(100, three.vocab_size, 42, /*masked=*/false);
   chunk_options opt;
   opt.chunk = 32;
   opt.page = 16;
   opt.window_pages = 2;
-  qwen2_params<double> cpu_grads(three);
+  model_params<double> cpu_grads(three);
   cpu_reference cpu(three, opt, seq.size());
   const double cpu_loss = cpu.loss_and_grad(host, cpu_grads, seq);
   const gpu_step recomputed = run_gpu<cuda_ops>(host, opt, seq);
@@ -238,7 +275,7 @@ TEST_CASE("cuda backend: stage 1's attention outputs kept for stage 2, in place 
 // what the GPU's bf16 compute explains (grad_tolerance), as every GPU-CPU comparison here.
 TEST_CASE("cuda backend, offload: bf16 gradient homes against fp32 homes and against the CPU's bf16 homes") {
   const model_config cfg = config(4, 2, /*tied=*/true);
-  const qwen2_params<double> host = bf16_weights(cfg, 61);
+  const model_params<double> host = bf16_weights(cfg, 61);
   const std::int64_t N = 160;
   const oomb_trainer::sequence seq = trainer_test::random_sequence(N, cfg.vocab_size, 62, /*masked=*/false);
   chunk_options opt;
@@ -250,7 +287,7 @@ TEST_CASE("cuda backend, offload: bf16 gradient homes against fp32 homes and aga
   const gpu_step fp32 = run_gpu<cuda_offload_ops>(host, opt, seq), fp32_again = run_gpu<cuda_offload_ops>(host, opt, seq);
   opt.grad_homes = oomb_trainer::page_home_format::bf16;
   const gpu_step bf16 = run_gpu<cuda_offload_ops>(host, opt, seq);
-  qwen2_params<double> cpu_grads(cfg);
+  model_params<double> cpu_grads(cfg);
   cpu_reference cpu(cfg, opt, N);
   const double cpu_loss = cpu.loss_and_grad(host, cpu_grads, seq);
   opt.grad_homes = oomb_trainer::page_home_format::bf16_stochastic;
@@ -287,7 +324,7 @@ TEST_CASE("cuda backend, offload: bf16 gradient homes against fp32 homes and aga
 TEST_CASE("cuda backend, offload: pageable homes against pinned homes (K/V, gradients, kept outputs, bf16 gradient "
           "homes) and against the CPU") {
   const model_config cfg = config(4, 2, /*tied=*/true);
-  const qwen2_params<double> host = bf16_weights(cfg, 71);
+  const model_params<double> host = bf16_weights(cfg, 71);
   const oomb_trainer::sequence seq = trainer_test::random_sequence(160, cfg.vocab_size, 72, /*masked=*/true);
   chunk_options opt;
   opt.chunk = 16;
@@ -369,14 +406,14 @@ std::pair<std::int64_t, std::int64_t> selected_of_past(const oomb_trainer::selec
 /// (so a GPU backward that ignored the selection would fail).
 template <class Backend>
 void compare_partial(const model_config& cfg, const chunk_options& opt, std::int64_t tokens, std::uint64_t seed) {
-  const qwen2_params<double> host = bf16_weights(cfg, seed);
+  const model_params<double> host = bf16_weights(cfg, seed);
   const oomb_trainer::sequence seq = trainer_test::random_sequence(tokens, cfg.vocab_size, seed + 1);
   const gpu_step gpu = run_gpu<Backend>(host, opt, seq);
   const std::pair<std::int64_t, std::int64_t> sel = selected_of_past(gpu.mask);
   MESSAGE("selected " << sel.first << " of " << sel.second << " past pages over the step");
   CHECK(sel.first > 0);
   CHECK(2 * sel.first < sel.second);
-  qwen2_params<double> masked(cfg), dense(cfg);
+  model_params<double> masked(cfg), dense(cfg);
   const double masked_loss = oomb_trainer::full_sequence_loss_and_grad(host, masked, seq, &gpu.mask);
   expect_step_close(gpu, masked_loss, masked);
   oomb_trainer::full_sequence_loss_and_grad(host, dense, seq);
@@ -393,7 +430,7 @@ TEST_CASE("cuda backend, sparse: a budget covering every page runs the dense win
   // with atomics (in no fixed order) and rounded to bf16, so gradients agree within 2e-3, an order
   // inside the 3e-2 bf16 bound, not bit for bit.
   const model_config cfg = config(4, 2, /*tied=*/false);
-  const qwen2_params<double> host = bf16_weights(cfg, 71);
+  const model_params<double> host = bf16_weights(cfg, 71);
   const oomb_trainer::sequence seq = trainer_test::random_sequence(300, cfg.vocab_size, 72);
   chunk_options dense;
   dense.chunk = 128;
@@ -434,7 +471,7 @@ namespace {
 /// A step timed by the op clock against the same step untimed: the same loss bit for bit, every
 /// kind of op timed (selection only when sparse, else none), their sum within the step.
 void check_op_clock(const model_config& cfg, chunk_options opt, std::int64_t tokens, std::uint64_t seed) {
-  const qwen2_params<double> host = bf16_weights(cfg, seed);
+  const model_params<double> host = bf16_weights(cfg, seed);
   const oomb_trainer::sequence seq = trainer_test::random_sequence(tokens, cfg.vocab_size, seed + 1, false);
   const gpu_step plain = run_gpu<cuda_ops>(host, opt, seq);
 
@@ -669,7 +706,7 @@ void check_against_hf_fixture(const std::string& name, const oomb_trainer::chunk
   oomb_trainer::gpu::device_params<float> grads(cfg);
   oomb_trainer::chunk_recurrent<Backend> trainer(cfg, opt, seq.size());
   const double loss = trainer.loss_and_grad(weights, grads, seq);
-  oomb_trainer::qwen2_params<double> got(cfg);
+  oomb_trainer::model_params<double> got(cfg);
   oomb_trainer::gpu::copy_to_host(grads, got);
 
   ops_test::expect_close("loss", std::abs(loss - ref_loss) / std::abs(ref_loss), loss_tolerance);

@@ -37,11 +37,11 @@ namespace {
 namespace fs = std::filesystem;
 using training_test::temp_dir;
 
-/// init_qwen2's weights of `config` (seed 1234) as an HF folder: both devices' --init.
+/// init_hf's weights of `config` (seed 1234) as an HF folder: both devices' --init.
 std::string write_init(const fs::path& dir, const std::string& config) {
   const oomb_trainer::model_config c = oomb_trainer::load_model_config(config);
-  oomb_trainer::qwen2_params<float> p(c);
-  oomb_trainer::init_qwen2(p, 1234);
+  oomb_trainer::model_params<float> p(c);
+  oomb_trainer::init_hf(p, 1234);
   const auto path = (dir / "init").string();
   oomb_trainer::save_checkpoint(path, c, p.named(), std::vector<oomb_trainer::named_tensor<float>>{}, {});
   return path;
@@ -115,7 +115,7 @@ TEST_CASE("oomb-train --device cuda: checkpoint round trip CPU -> GPU -> CPU con
     oomb_trainer::training_run gpu(o2, {}, oomb_trainer::cuda_trainer_factory());
     REQUIRE(gpu.steps_taken() == 1);
     const auto loaded = gpu.weights();
-    oomb_trainer::qwen2_params<float> saved(loaded.config());
+    oomb_trainer::model_params<float> saved(loaded.config());
     std::vector<float> m(saved.size()), v(saved.size());
     oomb_trainer::load_checkpoint(o2.resume, saved.config(), saved.named(),
                                   oomb_trainer::moment_tensors(saved.layout(), m.data(), v.data()));
@@ -147,7 +147,7 @@ TEST_CASE("oomb-train --device cuda: resume on the GPU continues within toleranc
 
   auto oa = options(config, tmp.path / "part", "cuda", init);
   oa.stop_after = 1;
-  oomb_trainer::qwen2_params<float> at_save(oomb_trainer::load_model_config(config));
+  oomb_trainer::model_params<float> at_save(oomb_trainer::load_model_config(config));
   {
     oomb_trainer::training_run first(oa, {}, oomb_trainer::cuda_trainer_factory());
     const double loss = first.step().loss;
@@ -211,7 +211,7 @@ TEST_CASE("oomb-train --device cuda: a forced optimizer split trains as the all-
   // saved again to the same bytes; the next step within the resume tolerance.
   auto first = split_options(tmp.path / "part", init);
   first.stop_after = 1;
-  oomb_trainer::qwen2_params<float> at_save(oomb_trainer::load_model_config(config));
+  oomb_trainer::model_params<float> at_save(oomb_trainer::load_model_config(config));
   {
     oomb_trainer::training_run run(first, {}, oomb_trainer::cuda_trainer_factory());
     run.step();

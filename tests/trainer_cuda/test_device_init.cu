@@ -1,4 +1,4 @@
-// gpu::init_qwen2 (cuda/device_init.cuh): init_qwen2's distribution on the GPU, tensor by
+// gpu::init_hf (cuda/device_init.cuh): init_hf's distribution on the GPU, tensor by
 // tensor (norms 1, biases 0, matrices N(0, 0.02^2) drawn at their layout offsets, tied and
 // untied), the same bits with or without a compute copy, the compute copy = bf16(master).
 // SPDX-License-Identifier: Apache-2.0
@@ -28,7 +28,7 @@ std::vector<X> download(const gpu::device_params<X>& p) {
 
 }  // namespace
 
-TEST_CASE("gpu::init_qwen2: norms 1, biases 0, matrices N(0, 0.02^2) at their layout offsets, padding 0") {
+TEST_CASE("gpu::init_hf: norms 1, biases 0, matrices N(0, 0.02^2) at their layout offsets, padding 0") {
   for (const bool tied : {false, true}) {
     CAPTURE(tied);
     oomb_trainer::model_config c = trainer_test::tiny_config(/*hq=*/4, /*hkv=*/2, tied, /*d=*/64, /*layers=*/2, /*vocab=*/1000);
@@ -37,13 +37,13 @@ TEST_CASE("gpu::init_qwen2: norms 1, biases 0, matrices N(0, 0.02^2) at their la
     gpu::device_params<float> master(c);
     gpu::device_params<bf16> compute(c);
     const std::uint64_t seed = 1234;
-    gpu::init_qwen2(master, compute, seed, stream.view());
+    gpu::init_hf(master, compute, seed, stream.view());
     const std::vector<float> m = download(master);
     const std::vector<bf16> w = download(compute);
 
     // One matrix drawn alone at its offset: the same bits as inside the whole model.
     const oomb_trainer::param_layout& layout = master.layout();
-    const oomb_trainer::param_entry& q = layout.entries()[layout.layer_entry(1, 1)];  // layer 1 q_proj
+    const oomb_trainer::param_entry& q = layout.entries()[layout.layer_entry(1, oomb_trainer::layer_tensor::q_w)];  // layer 1 q_proj
     device_array<float> alone(q.numel);
     device_array<bf16> alone_w(q.numel);
     gpu::ops::normal_init(std::int64_t(q.numel), q.offset, seed, 0.02f, alone.get(), alone_w.get(), stream.view());
@@ -85,8 +85,8 @@ TEST_CASE("gpu::init_qwen2: norms 1, biases 0, matrices N(0, 0.02^2) at their la
 
     // Master alone (no compute copy: drawn through a scratch) gives the same bits; another seed does not.
     gpu::device_params<float> again(c), other(c);
-    gpu::init_qwen2(again, seed, stream.view());
-    gpu::init_qwen2(other, seed + 1, stream.view());
+    gpu::init_hf(again, seed, stream.view());
+    gpu::init_hf(other, seed + 1, stream.view());
     CHECK(trainer_test::same_bits(download(again), m));
     const std::vector<float> o = download(other);
     std::size_t equal = 0;

@@ -85,6 +85,8 @@ TEST_CASE("rmsnorm: forward and backward equal the CPU op; dw is deterministic")
   check_rmsnorm<float>(150, 200, 21);   // rows not a multiple of the 8-row chunk, H not of 256
   check_rmsnorm<bf16>(70, 896, 22);     // Qwen2.5-0.5B's hidden size, bf16 dy
   check_rmsnorm<float>(3, 3584, 23);    // 7B's
+  check_rmsnorm<bf16>(70 * 4, 128, 24);  // qwen3's per-head q/k norms: n * heads rows of head_dim
+  check_rmsnorm<bf16>(33 * 7, 64, 25);
 }
 
 TEST_CASE("rmsnorm: bad arguments are refused") {
@@ -102,7 +104,9 @@ TEST_CASE("rope: forward and backward equal the CPU op at far positions, fp32 ta
   test_stream stream;
   const std::int64_t n = 37;
   const std::int32_t heads = 3, d = 64;
-  const cpu::rope_table<float> table(4'000'000, n, d, 1e6);
+  oomb_trainer::rope_config plain;
+  plain.theta = 1e6;
+  const cpu::rope_table<float> table(4'000'000, n, oomb_trainer::rope_frequencies_for(plain, d, 4'000'000 + n));
   device_array<float> cos_d(table.cos), sin_d(table.sin);
   const ops::rope_table_view view{cos_d.get(), sin_d.get(), n, d / 2};
 
@@ -128,6 +132,42 @@ TEST_CASE("rope: forward and backward equal the CPU op at far positions, fp32 ta
                        doctest::Contains("table is for head_dim 64"), oomb::invalid_argument);
   CHECK_THROWS_WITH_AS(ops::rope_forward(n + 1, heads, d, x.get(), view, stream.view()),
                        doctest::Contains("holds 37 positions"), oomb::invalid_argument);
+}
+
+TEST_CASE("rope: scaled tables (linear, yarn with its attention factor, llama3, longrope) on the GPU equal the CPU op") {
+  test_stream stream;
+  const std::int64_t n = 29, first = 200'000;
+  const std::int32_t heads = 2, d = 128;
+  oomb_trainer::rope_config r;
+  r.theta = 5e5;
+  r.factor = 8.0;
+  r.original_max_position_embeddings = 8192;
+  r.low_freq_factor = 1.0;
+  r.high_freq_factor = 4.0;
+  for (int i = 0; i < d / 2; ++i) {
+    r.short_factor.push_back(1.0 + 0.01 * i);
+    r.long_factor.push_back(1.0 + 0.2 * i);
+  }
+  for (const auto kind : {oomb_trainer::rope_kind::linear, oomb_trainer::rope_kind::yarn, oomb_trainer::rope_kind::llama3,
+                          oomb_trainer::rope_kind::longrope}) {
+    CAPTURE(oomb_trainer::rope_kind_name(kind));
+    r.kind = kind;
+    const auto f = oomb_trainer::rope_frequencies_for(r, d, first + n);
+    if (kind == oomb_trainer::rope_kind::yarn || kind == oomb_trainer::rope_kind::longrope) CHECK(f.attention_factor > 1.0);
+    const cpu::rope_table<float> table(first, n, f);
+    device_array<float> cos_d(table.cos), sin_d(table.sin);
+    const ops::rope_table_view view{cos_d.get(), sin_d.get(), n, d / 2};
+    const auto xb = random_bf16(std::size_t(n) * heads * d, 33);
+    std::vector<float> fwd = to_float(xb), bwd = to_float(xb);
+    cpu::rope_forward(n, heads, d, fwd.data(), table);
+    cpu::rope_backward(n, heads, d, bwd.data(), table);
+    device_array<bf16> x(xb);
+    ops::rope_forward(n, heads, d, x.get(), view, stream.view());
+    expect_close("scaled rope forward (bf16)", rel_err(to_float(x.download()), fwd), tol_bf16);
+    x.upload(xb);
+    ops::rope_backward(n, heads, d, x.get(), view, stream.view());
+    expect_close("scaled rope backward (bf16)", rel_err(to_float(x.download()), bwd), tol_bf16);
+  }
 }
 
 TEST_CASE("swiglu: forward and backward equal the CPU op") {

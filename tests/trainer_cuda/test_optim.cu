@@ -156,7 +156,7 @@ TEST_CASE("adamw_state: a split state (host part streamed in pieces) updates to 
   // Splits: everything on the host, mid-layer, only the last tensor on the host, none; pieces
   // that cross tensor boundaries and wrap the three-slot ring many times, and one larger than the
   // host part.
-  const std::size_t mid = 1 + oomb_trainer::param_layout::per_layer + 5;
+  const std::size_t mid = layout.layer_entry(1, oomb_trainer::layer_tensor::v_w);  // inside layer 1
   for (const std::size_t on_gpu : {std::size_t(0), mid, entries.size() - 1, entries.size()}) {
     for (const std::size_t piece : {std::size_t(61), std::size_t(1000), n}) {
       CAPTURE(on_gpu);

@@ -87,6 +87,7 @@ class chunk_recurrent {
     if constexpr (has_op_clock_v<B>) be_.take_op_seconds();
     T* x = x_.data();
     T* dx = dx_.data();
+    const rope_frequencies freqs = rope_frequencies_for(cfg_.rope, D_.d, N);
     std::vector<std::int32_t> targets(static_cast<std::size_t>(opt_.chunk));
 
     // ---- stage 1: fill the cache, no gradients ----
@@ -95,7 +96,7 @@ class chunk_recurrent {
       const std::int64_t p0 = std::int64_t(c) * opt_.chunk;
       const std::int64_t n = std::min<std::int64_t>(opt_.chunk, N - p0);
       attn_.append(n);
-      const auto rope = be_.rope(p0, n, D_.d, cfg_.rope_theta);
+      const auto rope = be_.rope(p0, n, freqs);
       be_.embedding_forward(n, D_.H, cfg_.vocab_size, seq.tokens.data() + p0, p.embed(), x);
       auto& a = acts_[0];
       a.n = n;
@@ -123,7 +124,7 @@ class chunk_recurrent {
       const std::int64_t p0 = std::int64_t(c) * opt_.chunk;
       const std::int64_t n = std::min<std::int64_t>(opt_.chunk, N - p0);
       attn_.expect_recompute(c);
-      const auto rope = be_.rope(p0, n, D_.d, cfg_.rope_theta);
+      const auto rope = be_.rope(p0, n, freqs);
       be_.embedding_forward(n, D_.H, cfg_.vocab_size, seq.tokens.data() + p0, p.embed(), x);
       for (std::int32_t l = 0; l < L; ++l) {
         auto& a = acts_[static_cast<std::size_t>(l)];

@@ -102,7 +102,7 @@ class training_run {
   std::int64_t steps_taken() const noexcept { return step_; }
   bool done() const noexcept { return step_ >= o_.steps; }
   /// The master weights as a host copy (tests).
-  qwen2_params<float> weights() const { return trainer_->weights(); }
+  model_params<float> weights() const { return trainer_->weights(); }
   /// The memory plan the run was checked against (empty with --full-backprop).
   const std::optional<memory_plan>& memory() const noexcept { return plan_; }
 

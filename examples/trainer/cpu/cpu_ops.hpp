@@ -87,8 +87,8 @@ class cpu_ops {
   using grad_type = G;
   template <class X>
   using buffer = std::vector<X>;
-  using params_type = qwen2_params<T>;
-  using grads_type = qwen2_params<T>;
+  using params_type = model_params<T>;
+  using grads_type = model_params<T>;
   using rope_type = cpu::rope_table<T>;
   using residency_backend = oomb::host_backend;
   /// The residency backend of a tier of X pages over bf16 homes (page_tier, --grad-homes bf16).
@@ -128,8 +128,8 @@ class cpu_ops {
   void embedding_backward(std::int64_t n, std::int32_t H, const std::int32_t* tokens, const T* dx, T* dtable) {
     cpu::embedding_backward(n, H, tokens, dx, dtable);
   }
-  rope_type rope(std::int64_t first, std::int64_t count, std::int32_t d, double theta) const {
-    return rope_type(first, count, d, theta);
+  rope_type rope(std::int64_t first, std::int64_t count, const rope_frequencies& f) const {
+    return rope_type(first, count, f);
   }
   void rope_forward(std::int64_t n, std::int32_t heads, std::int32_t d, T* x, const rope_type& r) {
     cpu::rope_forward(n, heads, d, x, r);

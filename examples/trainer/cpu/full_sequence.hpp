@@ -64,7 +64,7 @@ struct selection_mask {
 /// Returns the sequence's loss (mean over counted targets) and ADDS its gradient into `grads`.
 /// With `mask`, attention sees only the keys it marks visible.
 template <class T>
-double full_sequence_loss_and_grad(const qwen2_params<T>& p, qwen2_params<T>& grads, const sequence& seq,
+double full_sequence_loss_and_grad(const model_params<T>& p, model_params<T>& grads, const sequence& seq,
                                    const selection_mask* mask = nullptr) {
   seq.validate();
   const auto& c = p.config();
@@ -76,7 +76,7 @@ double full_sequence_loss_and_grad(const qwen2_params<T>& p, qwen2_params<T>& gr
   const std::int64_t counted = seq.counted_targets();
   OOMB_EXPECTS(counted > 0, "full_sequence: the loss mask leaves no target");
   const T scale = T(1) / T(counted);
-  const auto rope = be.rope(0, N, D.d, c.rope_theta);
+  const auto rope = be.rope(0, N, rope_frequencies_for(c.rope, D.d, N));
   const T attn_scale = T(1) / std::sqrt(T(D.d));
   auto visible_in = [&](std::int32_t l) {
     return [mask, l](std::int64_t i, std::int64_t j) { return mask->visible(l, i, j); };

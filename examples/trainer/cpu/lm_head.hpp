@@ -26,7 +26,7 @@ struct head_scratch {
 /// SUM of the counted rows' losses (natural log) and, when `grads` is not null, adds the gradient
 /// of scale * sum into grads and WRITES dx [n][H].
 template <class T>
-T head_forward_backward(const qwen2_params<T>& p, qwen2_params<T>* grads, std::int64_t n, const T* x,
+T head_forward_backward(const model_params<T>& p, model_params<T>* grads, std::int64_t n, const T* x,
                         const std::int32_t* targets, T scale, T* dx, head_scratch<T>& s) {
   const auto& c = p.config();
   const std::int32_t H = c.hidden_size, V = c.vocab_size;

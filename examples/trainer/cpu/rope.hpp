@@ -2,12 +2,13 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // Dimension i < d/2 of a head pairs with dimension i + d/2 and both rotate by the angle
-// pos * theta^(-2i/d). Angles, cos and sin are computed in double and rounded to fp32 (the design
-// brief's rule), in every build: a double model holds the same fp32 values as doubles, so the float
-// and double models rotate by exactly the same numbers, and the HF fixture
-// (tools/fixtures/make_hf_fixture.py, which overrides HF's fp32 angle computation to do the same)
-// matches at 1e-9. Both training paths use
-// the same tables, so the chunk-recurrent vs full-sequence checks are unaffected by the rounding.
+// pos * inv_freq[i] (model/rope_frequencies.hpp: theta^(-2i/d) for plain RoPE, rescaled by the
+// context-extension types), with cos and sin multiplied by the attention factor. Angles, cos and
+// sin are computed in double and rounded to fp32 (the design brief's rule), in every build: a
+// double model holds the same fp32 values as doubles, so the float and double models rotate by
+// exactly the same numbers, and the HF fixtures (tools/fixtures/make_hf_fixture.py, which
+// overrides HF's fp32 computation to do the same) match at 1e-9. Both training paths use the same
+// tables, so the chunk-recurrent vs full-sequence checks are unaffected by the rounding.
 #pragma once
 
 #include <cmath>
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include <oomb/core/error.hpp>
+
+#include "trainer/model/rope_frequencies.hpp"
 
 namespace oomb_trainer::cpu {
 
@@ -27,21 +30,18 @@ struct rope_table {
   std::vector<T> cos, sin;  ///< [n][half]
 
   rope_table() = default;
-  rope_table(std::int64_t first, std::int64_t count, std::int32_t head_dim, double theta)
-      : first_pos(first), n(count), half(head_dim / 2) {
-    OOMB_EXPECTS(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim must be even and positive, got ", head_dim);
-    OOMB_EXPECTS(theta > 0, "rope: theta must be positive, got ", theta);
+  rope_table(std::int64_t first, std::int64_t count, const rope_frequencies& f)
+      : first_pos(first), n(count), half(f.head_dim() / 2) {
+    OOMB_EXPECTS(half > 0, "rope: no frequencies");
     OOMB_EXPECTS(first >= 0 && count >= 0, "rope: bad position range [", first, ", ", first + count, ")");
-    std::vector<double> inv_freq(static_cast<std::size_t>(half));
-    for (std::int32_t i = 0; i < half; ++i)
-      inv_freq[static_cast<std::size_t>(i)] = 1.0 / std::pow(theta, double(2 * i) / double(head_dim));
     cos.resize(static_cast<std::size_t>(n * half));
     sin.resize(cos.size());
     for (std::int64_t t = 0; t < n; ++t)
       for (std::int32_t i = 0; i < half; ++i) {
-        const double angle = double(first + t) * inv_freq[static_cast<std::size_t>(i)];
-        cos[static_cast<std::size_t>(t * half + i)] = static_cast<T>(static_cast<float>(std::cos(angle)));
-        sin[static_cast<std::size_t>(t * half + i)] = static_cast<T>(static_cast<float>(std::sin(angle)));
+        const double angle = double(first + t) * f.inv_freq[static_cast<std::size_t>(i)];
+        const std::size_t at = static_cast<std::size_t>(t * half + i);
+        cos[at] = static_cast<T>(static_cast<float>(std::cos(angle) * f.attention_factor));
+        sin[at] = static_cast<T>(static_cast<float>(std::sin(angle) * f.attention_factor));
       }
   }
 };

@@ -130,16 +130,16 @@ class basic_cuda_ops {
   class rope_type {
    public:
     rope_type(oomb::upload_ring& ring, oomb::cuda_stream_view stream, std::int64_t first, std::int64_t count,
-              std::int32_t d, double theta)
+              const rope_frequencies& f)
         : ring_(&ring), stream_(stream) {
-      const cpu::rope_table<float> host(first, count, d, theta);
+      const cpu::rope_table<float> host(first, count, f);
       std::vector<float> both(host.cos);
       both.insert(both.end(), host.sin.begin(), host.sin.end());
       table_ = ring.upload(both.data(), both.size(), stream);
       view_.cos = table_.data;
       view_.sin = table_.data + host.cos.size();
       view_.n = count;
-      view_.half = d / 2;
+      view_.half = host.half;
     }
     rope_type(const rope_type&) = delete;
     rope_type& operator=(const rope_type&) = delete;
@@ -199,8 +199,8 @@ class basic_cuda_ops {
     gpu::ops::embedding_backward(n, H, vocab_, t.data, dx, dtable, workspace(bytes), bytes, compute());
     ring().release(t, compute());
   }
-  rope_type rope(std::int64_t first, std::int64_t count, std::int32_t d, double theta) {
-    return rope_type(ring(), compute(), first, count, d, theta);
+  rope_type rope(std::int64_t first, std::int64_t count, const rope_frequencies& f) {
+    return rope_type(ring(), compute(), first, count, f);
   }
   void rope_forward(std::int64_t n, std::int32_t heads, std::int32_t d, bf16* x, const rope_type& r) {
     const op_scope scope(*this, op_kind::elementwise, "elementwise/rope_forward");

@@ -1,11 +1,11 @@
-// oomb trainer — a Qwen2 model's tensors in device memory: the CUDA backend's params_type
+// oomb trainer — a model's tensors in device memory: the CUDA backend's params_type
 // (bf16 compute weights) and grads_type (fp32 gradients), and the device trainer's fp32 master
 // weights and AdamW moments.
 // SPDX-License-Identifier: Apache-2.0
 //
 // The layout is the host's param_layout (HF order and names, 16-element alignment), so a tensor
 // sits at the same offset on both sides and one copy moves the whole model. The accessors are
-// qwen2_params's, returning device pointers.
+// model_params's, returning device pointers.
 #pragma once
 
 #include <cstddef>
@@ -51,15 +51,8 @@ class device_params {
   X* final_norm() noexcept { return at(layout_.final_norm_entry()); }
   const X* final_norm() const noexcept { return const_cast<device_params*>(this)->final_norm(); }
 
-  layer_params<X> layer(std::int32_t l) noexcept {
-    X* p[param_layout::per_layer];
-    for (int k = 0; k < param_layout::per_layer; ++k) p[k] = at(layout_.layer_entry(l, k));
-    return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
-  }
-  layer_params<const X> layer(std::int32_t l) const noexcept {
-    const auto m = const_cast<device_params*>(this)->layer(l);
-    return {m.input_norm, m.q_w, m.q_b, m.k_w, m.k_b, m.v_w, m.v_b, m.o_w, m.post_norm, m.gate_w, m.up_w, m.down_w};
-  }
+  layer_params<X> layer(std::int32_t l) noexcept { return layout_.layer_at(data_.data(), l); }
+  layer_params<const X> layer(std::int32_t l) const noexcept { return layout_.layer_at(data_.data(), l); }
 
  private:
   X* at(std::size_t entry) noexcept { return data_.data() + layout_.entries()[entry].offset; }
@@ -74,7 +67,7 @@ class device_params {
 
 /// dev = host, converted element by element (to bf16: rounded to nearest even). Synchronous.
 template <class X, class H>
-void copy_to_device(const qwen2_params<H>& host, device_params<X>& dev) {
+void copy_to_device(const model_params<H>& host, device_params<X>& dev) {
   OOMB_EXPECTS(host.size() == dev.size(), "copy_to_device: the host model has ", host.size(), " elements, the device one ",
                dev.size());
   OOMB_CUDA_CHECK(cudaDeviceSynchronize(), "copy_to_device");
@@ -90,7 +83,7 @@ void copy_to_device(const qwen2_params<H>& host, device_params<X>& dev) {
 
 /// host = dev, converted element by element. Synchronous (waits for the work that produced dev).
 template <class X, class H>
-void copy_to_host(const device_params<X>& dev, qwen2_params<H>& host) {
+void copy_to_host(const device_params<X>& dev, model_params<H>& host) {
   OOMB_EXPECTS(host.size() == dev.size(), "copy_to_host: the host model has ", host.size(), " elements, the device one ",
                dev.size());
   OOMB_CUDA_CHECK(cudaDeviceSynchronize(), "copy_to_host");

@@ -1,13 +1,16 @@
-// oomb trainer — a Qwen2 model's parameters: one allocation carved into tensors with HF names.
+// oomb trainer — a decoder's parameters: one allocation carved into tensors with HF names.
 // SPDX-License-Identifier: Apache-2.0
 //
 // The same class holds weights and gradients (and could hold optimizer moments): the layout depends
-// only on the config, so a gradient is "the parameters' shape, zeroed". Tensors appear in HF's
-// order and under HF's names; with tied embeddings there is no lm_head tensor and the head reads
-// (and its gradient adds into) model.embed_tokens.weight.
+// only on the config, so a gradient is "the parameters' shape, zeroed". Tensors appear under HF's
+// names; with tied embeddings there is no lm_head tensor and the head reads (and its gradient adds
+// into) model.embed_tokens.weight. Which tensors a layer has depends on the family
+// (io/config.hpp): q/k/v biases, an o bias, MLP biases, q/k norms; a tensor the model lacks is a
+// null pointer in layer_params.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -29,7 +32,16 @@ struct param_entry {
   std::size_t numel = 0;
 };
 
-/// Pointers to one decoder layer's tensors (HF layout: linear weights are [out][in]).
+/// The tensors a decoder layer may have, in the order they are laid out (for qwen2: the order of
+/// every earlier version of this trainer, so seeded initialisations stay the same).
+enum class layer_tensor : int {
+  input_norm, q_w, q_b, k_w, k_b, v_w, v_b, q_norm, k_norm, o_w, o_b, post_norm,
+  gate_w, gate_b, up_w, up_b, down_w, down_b,
+};
+inline constexpr int layer_tensors = 18;
+
+/// Pointers to one decoder layer's tensors (HF layout: linear weights are [out][in]); null where
+/// the model has no such tensor.
 template <class T>
 struct layer_params {
   T* input_norm;  ///< [H]
@@ -39,42 +51,61 @@ struct layer_params {
   T* k_b;         ///< [hkv * d]
   T* v_w;         ///< [hkv * d][H]
   T* v_b;         ///< [hkv * d]
+  T* q_norm;      ///< [d] (qwen3)
+  T* k_norm;      ///< [d] (qwen3)
   T* o_w;         ///< [H][hq * d]
+  T* o_b;         ///< [H]
   T* post_norm;   ///< [H]
   T* gate_w;      ///< [I][H]
+  T* gate_b;      ///< [I]
   T* up_w;        ///< [I][H]
+  T* up_b;        ///< [I]
   T* down_w;      ///< [H][I]
+  T* down_b;      ///< [H]
 };
 
-/// Where each tensor of a model of config `c` lives, in HF order.
+/// Where each tensor of a model of config `c` lives.
 class param_layout {
  public:
-  static constexpr int per_layer = 12;
-
   explicit param_layout(const model_config& c) {
     OOMB_EXPECTS(c.num_hidden_layers > 0 && c.hidden_size > 0 && c.vocab_size > 0 &&
                      c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.head_dim > 0 &&
                      c.intermediate_size > 0,
                  "param_layout: every size of the config must be positive");
-    const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-    const std::int64_t qd = std::int64_t(c.num_attention_heads) * c.head_dim;
-    const std::int64_t kvd = std::int64_t(c.num_key_value_heads) * c.head_dim;
+    const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, d = c.head_dim;
+    const std::int64_t qd = std::int64_t(c.num_attention_heads) * d;
+    const std::int64_t kvd = std::int64_t(c.num_key_value_heads) * d;
     add("model.embed_tokens.weight", {V, H});
+    slots_.assign(std::size_t(c.num_hidden_layers) * layer_tensors, -1);
     for (std::int32_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      add(p + "input_layernorm.weight", {H});
-      add(p + "self_attn.q_proj.weight", {qd, H});
-      add(p + "self_attn.q_proj.bias", {qd});
-      add(p + "self_attn.k_proj.weight", {kvd, H});
-      add(p + "self_attn.k_proj.bias", {kvd});
-      add(p + "self_attn.v_proj.weight", {kvd, H});
-      add(p + "self_attn.v_proj.bias", {kvd});
-      add(p + "self_attn.o_proj.weight", {H, qd});
-      add(p + "post_attention_layernorm.weight", {H});
-      add(p + "mlp.gate_proj.weight", {I, H});
-      add(p + "mlp.up_proj.weight", {I, H});
-      add(p + "mlp.down_proj.weight", {H, I});
+      auto put = [&](layer_tensor k, const std::string& name, std::vector<std::int64_t> shape) {
+        slots_[std::size_t(l) * layer_tensors + std::size_t(k)] = static_cast<std::int32_t>(entries_.size());
+        add(p + name, std::move(shape));
+      };
+      using k = layer_tensor;
+      put(k::input_norm, "input_layernorm.weight", {H});
+      put(k::q_w, "self_attn.q_proj.weight", {qd, H});
+      if (c.qkv_bias) put(k::q_b, "self_attn.q_proj.bias", {qd});
+      put(k::k_w, "self_attn.k_proj.weight", {kvd, H});
+      if (c.qkv_bias) put(k::k_b, "self_attn.k_proj.bias", {kvd});
+      put(k::v_w, "self_attn.v_proj.weight", {kvd, H});
+      if (c.qkv_bias) put(k::v_b, "self_attn.v_proj.bias", {kvd});
+      if (c.qk_norm) {
+        put(k::q_norm, "self_attn.q_norm.weight", {d});
+        put(k::k_norm, "self_attn.k_norm.weight", {d});
+      }
+      put(k::o_w, "self_attn.o_proj.weight", {H, qd});
+      if (c.o_bias) put(k::o_b, "self_attn.o_proj.bias", {H});
+      put(k::post_norm, "post_attention_layernorm.weight", {H});
+      put(k::gate_w, "mlp.gate_proj.weight", {I, H});
+      if (c.mlp_bias) put(k::gate_b, "mlp.gate_proj.bias", {I});
+      put(k::up_w, "mlp.up_proj.weight", {I, H});
+      if (c.mlp_bias) put(k::up_b, "mlp.up_proj.bias", {I});
+      put(k::down_w, "mlp.down_proj.weight", {H, I});
+      if (c.mlp_bias) put(k::down_b, "mlp.down_proj.bias", {H});
     }
+    final_norm_ = entries_.size();
     add("model.norm.weight", {H});
     tied_ = c.tie_word_embeddings;
     if (!tied_) add("lm_head.weight", {V, H});
@@ -87,9 +118,29 @@ class param_layout {
   std::int32_t layers() const noexcept { return layers_; }
 
   std::size_t embed_offset() const { return entries_[0].offset; }
-  std::size_t layer_entry(std::int32_t l, int k) const { return 1 + std::size_t(l) * per_layer + std::size_t(k); }
-  std::size_t final_norm_entry() const { return 1 + std::size_t(layers_) * per_layer; }
+  /// True when layer tensor `k` exists (the same in every layer).
+  bool has(layer_tensor k) const noexcept { return slots_[std::size_t(k)] >= 0; }
+  /// The entry of tensor `k` of layer `l`; throws invalid_argument when the model has none.
+  std::size_t layer_entry(std::int32_t l, layer_tensor k) const {
+    OOMB_EXPECTS(l >= 0 && l < layers_, "param_layout: no layer ", l);
+    const std::int32_t e = slots_[std::size_t(l) * layer_tensors + std::size_t(k)];
+    OOMB_EXPECTS(e >= 0, "param_layout: the model's layers have no tensor ", int(k));
+    return std::size_t(e);
+  }
+  std::size_t final_norm_entry() const { return final_norm_; }
   std::size_t lm_head_offset() const { return tied_ ? embed_offset() : entries_.back().offset; }
+
+  /// The tensors of layer `l` in the allocation at `base` (host or device memory).
+  template <class X>
+  layer_params<X> layer_at(X* base, std::int32_t l) const noexcept {
+    std::array<X*, layer_tensors> p{};
+    for (int k = 0; k < layer_tensors; ++k) {
+      const std::int32_t e = slots_[std::size_t(l) * layer_tensors + std::size_t(k)];
+      p[std::size_t(k)] = e < 0 ? nullptr : base + entries_[std::size_t(e)].offset;
+    }
+    return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+            p[9], p[10], p[11], p[12], p[13], p[14], p[15], p[16], p[17]};
+  }
 
   /// Index of the tensor called `name`; throws invalid_argument when there is none.
   std::size_t find(const std::string& name) const {
@@ -112,6 +163,8 @@ class param_layout {
   }
 
   std::vector<param_entry> entries_;
+  std::vector<std::int32_t> slots_;  // [layer][layer_tensor] -> entry, -1: none
+  std::size_t final_norm_ = 0;
   std::size_t total_ = 0;
   bool tied_ = false;
   std::int32_t layers_ = 0;
@@ -124,11 +177,11 @@ inline std::uint64_t parameter_count(const param_layout& l) {
   return n;
 }
 
-/// All tensors of a Qwen2 model in one zero-initialised allocation.
+/// All tensors of a model in one zero-initialised allocation.
 template <class T>
-class qwen2_params {
+class model_params {
  public:
-  explicit qwen2_params(const model_config& c) : config_(c), layout_(c), data_(layout_.total(), T(0)) {}
+  explicit model_params(const model_config& c) : config_(c), layout_(c), data_(layout_.total(), T(0)) {}
 
   const model_config& config() const noexcept { return config_; }
   const param_layout& layout() const noexcept { return layout_; }
@@ -143,17 +196,10 @@ class qwen2_params {
   T* lm_head() noexcept { return data_.data() + layout_.lm_head_offset(); }
   const T* lm_head() const noexcept { return data_.data() + layout_.lm_head_offset(); }
   T* final_norm() noexcept { return at(layout_.final_norm_entry()); }
-  const T* final_norm() const noexcept { return const_cast<qwen2_params*>(this)->final_norm(); }
+  const T* final_norm() const noexcept { return const_cast<model_params*>(this)->final_norm(); }
 
-  layer_params<T> layer(std::int32_t l) noexcept {
-    T* p[param_layout::per_layer];
-    for (int k = 0; k < param_layout::per_layer; ++k) p[k] = at(layout_.layer_entry(l, k));
-    return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
-  }
-  layer_params<const T> layer(std::int32_t l) const noexcept {
-    const auto m = const_cast<qwen2_params*>(this)->layer(l);
-    return {m.input_norm, m.q_w, m.q_b, m.k_w, m.k_b, m.v_w, m.v_b, m.o_w, m.post_norm, m.gate_w, m.up_w, m.down_w};
-  }
+  layer_params<T> layer(std::int32_t l) noexcept { return layout_.layer_at(data_.data(), l); }
+  layer_params<const T> layer(std::int32_t l) const noexcept { return layout_.layer_at(data_.data(), l); }
 
   /// Every tensor under its HF name (for checkpoints, the optimizer, gradient dumps).
   std::vector<named_tensor<T>> named() {
@@ -201,9 +247,10 @@ class normal_sampler {
   bool has_spare_ = false;
 };
 
-/// HF's Qwen2 initialisation: matrices and the embedding ~ N(0, std^2), biases 0, norm weights 1.
+/// HF's initialisation (every family here): matrices and the embedding ~ N(0, std^2), biases 0,
+/// norm weights 1.
 template <class T>
-void init_qwen2(qwen2_params<T>& p, std::uint64_t seed, double std_dev = 0.02) {
+void init_hf(model_params<T>& p, std::uint64_t seed, double std_dev = 0.02) {
   normal_sampler normal(seed);
   for (auto& t : p.named()) {
     const bool norm = t.name.find("norm") != std::string::npos;
@@ -216,7 +263,7 @@ void init_qwen2(qwen2_params<T>& p, std::uint64_t seed, double std_dev = 0.02) {
 /// A model in which every parameter matters (tests): matrices ~ N(0, std^2), biases ~ N(0, std^2),
 /// norm weights 1 + N(0, 0.1^2).
 template <class T>
-void init_perturbed(qwen2_params<T>& p, std::uint64_t seed, double std_dev = 0.2) {
+void init_perturbed(model_params<T>& p, std::uint64_t seed, double std_dev = 0.2) {
   normal_sampler normal(seed);
   for (auto& t : p.named()) {
     const bool norm = t.name.find("norm") != std::string::npos;

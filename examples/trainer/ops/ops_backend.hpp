@@ -19,9 +19,10 @@
 //                               its storage when large enough; contents unspecified after growth)
 //   params_type, grads_type     the model's compute weights and its parameter gradients in
 //                               compute memory (element types may differ: bf16 weights, fp32
-//                               gradients on a GPU), each with qwen2_params's accessors (config,
+//                               gradients on a GPU), each with model_params's accessors (config,
 //                               embed, lm_head, final_norm, layer(l) -> layer_params<X>)
-//   rope_type                   cos/sin of a run of positions, made by rope(first, count, d, theta)
+//   rope_type                   cos/sin of a run of positions, made by rope(first, count, freqs)
+//                               (freqs: model/rope_frequencies.hpp)
 // residency (algo/page_tier.hpp streams pages with them)
 //   residency_backend           an oomb residency backend (is_residency_backend_v)
 //   far_memory(), near_memory() the resources of the homes and of the near slots
@@ -37,6 +38,7 @@
 // stages itself)
 //   embedding_forward(n, H, vocab, tokens, table, x)    embedding_backward(n, H, tokens, dx, dtable)
 //   rmsnorm_forward(n, H, x, w, eps, y, rstd)           rmsnorm_backward(n, H, x, w, rstd, dy, dx, dw)
+//       (rows of H; also q/k norms: n * heads rows of head_dim)
 //   linear_forward(n, in, out, x, W, b, y)              linear_backward(n, in, out, x, W, dy, dx, dW, db)
 //   rope_forward(n, heads, d, x, rope)                  rope_backward(n, heads, d, dx, rope)
 //   swiglu_forward(n, g, u, h)                          swiglu_backward(n, g, u, dh, dg, du)

@@ -28,7 +28,7 @@ cpu_trainer::cpu_trainer(const trainer_setup& s)
 
 cpu_trainer::~cpu_trainer() = default;
 
-void cpu_trainer::init(std::uint64_t seed) { init_qwen2(params_, seed); }
+void cpu_trainer::init(std::uint64_t seed) { init_hf(params_, seed); }
 
 void cpu_trainer::load_weights(const std::string& path) { oomb_trainer::load_weights(path, params_.named()); }
 

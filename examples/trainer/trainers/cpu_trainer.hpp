@@ -32,14 +32,14 @@ class cpu_trainer final : public trainer {
                     const std::function<void(const chunk_progress&)>& progress) override;
   chunk_step_stats last_stats() const override { return stats_; }
   tier_memory memory() const override;
-  qwen2_params<float> weights() const override { return params_; }
+  model_params<float> weights() const override { return params_; }
   std::string describe() const override { return "cpu"; }
 
  private:
   class chunked;  // chunk_recurrent<cpu_ops<T>, oomb::belady_eviction>, in cpu_trainer.cpp
 
   model_config config_;
-  qwen2_params<T> params_, grads_;
+  model_params<T> params_, grads_;
   adamw<T> optimizer_;
   std::unique_ptr<chunked> chunked_;  // empty with full backprop
   chunk_step_stats stats_;

@@ -70,13 +70,13 @@ class cuda_trainer final : public trainer {
         chunked_(s.config, s.chunk, s.max_tokens), partials_(gpu::ops::grad_norm_partials), norm_and_scale_(2) {}
 
   void init(std::uint64_t seed) override {
-    gpu::init_qwen2(grads_, compute_, seed, stream_);
+    gpu::init_hf(grads_, compute_, seed, stream_);
     state_.set_masters(grads_.data(), stream_);
     state_.zero_moments(stream_);
   }
 
   void load_weights(const std::string& path) override {
-    qwen2_params<float> staged(config_);
+    model_params<float> staged(config_);
     oomb_trainer::load_weights(path, staged.named());
     gpu::copy_to_device(staged, grads_);
     gpu::refresh_compute(grads_, compute_, stream_);
@@ -118,7 +118,7 @@ class cuda_trainer final : public trainer {
       gpu::ops::scale(n, 1.0f / static_cast<float>(batch.size()), grads_.data(), stream_.view());
     }
     if (!s.dump_grads.empty()) {
-      qwen2_params<float> g = host_copy(grads_);
+      model_params<float> g = host_copy(grads_);
       dump_gradients(s.dump_grads, g.named(), {{"step", std::to_string(s.step)}, {"loss", fmt::format("{:.9g}", r.loss)}});
     }
     float* norm = norm_and_scale_.data();
@@ -147,8 +147,8 @@ class cuda_trainer final : public trainer {
 
   chunk_step_stats last_stats() const override { return stats_; }
   tier_memory memory() const override { return chunked_.memory(); }
-  qwen2_params<float> weights() const override {
-    qwen2_params<float> h(config_);
+  model_params<float> weights() const override {
+    model_params<float> h(config_);
     state_.masters_to_host(h.data(), stream_);
     return h;
   }
@@ -168,8 +168,8 @@ class cuda_trainer final : public trainer {
   const optimizer_split& optimizer_state_split() const noexcept { return state_.split(); }
 
  private:
-  qwen2_params<float> host_copy(const gpu::device_params<float>& d) const {
-    qwen2_params<float> h(config_);
+  model_params<float> host_copy(const gpu::device_params<float>& d) const {
+    model_params<float> h(config_);
     gpu::copy_to_host(d, h);
     return h;
   }
@@ -190,7 +190,7 @@ class cuda_trainer final : public trainer {
   chunk_recurrent<B, oomb::belady_eviction> chunked_;  // the CPU's policy with --offload
   gpu::device_buffer<float> partials_, norm_and_scale_;
   chunk_step_stats stats_;
-  std::optional<qwen2_params<float>> non_finite_grads_;  // the failure message's staging
+  std::optional<model_params<float>> non_finite_grads_;  // the failure message's staging
 };
 
 }  // namespace oomb_trainer

@@ -88,7 +88,7 @@ class trainer {
   virtual chunk_step_stats last_stats() const = 0;
   virtual tier_memory memory() const = 0;
   /// The fp32 master weights as a host copy (tests, small models: it is the whole model).
-  virtual qwen2_params<float> weights() const = 0;
+  virtual model_params<float> weights() const = 0;
   /// What the banner says runs where.
   virtual std::string describe() const = 0;
 };

@@ -7,10 +7,10 @@
 
 namespace trainer_test {
 
-chunked_run run_chunked(const oomb_trainer::qwen2_params<double>& p, const oomb_trainer::sequence& seq,
+chunked_run run_chunked(const oomb_trainer::model_params<double>& p, const oomb_trainer::sequence& seq,
                         const oomb_trainer::chunk_options& opt) {
   compiled_trainer<oomb_trainer::cpu_ops<double>> trainer(p.config(), opt, seq.size());
-  oomb_trainer::qwen2_params<double> g(p.config());
+  oomb_trainer::model_params<double> g(p.config());
   chunked_run r;
   r.loss = trainer.loss_and_grad(p, g, seq);
   r.grads.assign(g.data(), g.data() + g.size());
@@ -27,9 +27,9 @@ chunked_run run_chunked(const oomb_trainer::qwen2_params<double>& p, const oomb_
   return r;
 }
 
-gradient_run run_full_sequence(const oomb_trainer::qwen2_params<double>& p, const oomb_trainer::sequence& seq,
+gradient_run run_full_sequence(const oomb_trainer::model_params<double>& p, const oomb_trainer::sequence& seq,
                                const oomb_trainer::selection_mask* mask) {
-  oomb_trainer::qwen2_params<double> g(p.config());
+  oomb_trainer::model_params<double> g(p.config());
   gradient_run r;
   r.loss = oomb_trainer::full_sequence_loss_and_grad(p, g, seq, mask);
   r.grads.assign(g.data(), g.data() + g.size());

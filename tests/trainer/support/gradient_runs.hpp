@@ -29,12 +29,12 @@ struct chunked_run : gradient_run {
 
 /// A fresh chunk_recurrent<cpu_ops<double>> with `opt` over `seq`. Checks that every far page
 /// went back to its pool.
-chunked_run run_chunked(const oomb_trainer::qwen2_params<double>& p, const oomb_trainer::sequence& seq,
+chunked_run run_chunked(const oomb_trainer::model_params<double>& p, const oomb_trainer::sequence& seq,
                         const oomb_trainer::chunk_options& opt);
 
 /// Full-sequence backprop over `seq` (full_sequence_loss_and_grad, which throws what it throws);
 /// with `mask`, attention sees only what it marks visible.
-gradient_run run_full_sequence(const oomb_trainer::qwen2_params<double>& p, const oomb_trainer::sequence& seq,
+gradient_run run_full_sequence(const oomb_trainer::model_params<double>& p, const oomb_trainer::sequence& seq,
                                const oomb_trainer::selection_mask* mask = nullptr);
 
 }  // namespace trainer_test

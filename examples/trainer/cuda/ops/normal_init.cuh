@@ -2,7 +2,7 @@
 // parameter depends only on the seed and its index in the model's parameter space, never on the
 // launch shape or on how tensors are split into calls, so a 7B model initialises in milliseconds
 // on the device instead of a minute on one host core, and the same (seed, index) always gives the
-// same weight. (The CPU trainer's init_qwen2 draws from mt19937_64 in order: other numbers, the
+// same weight. (The CPU trainer's init_hf draws from mt19937_64 in order: other numbers, the
 // same distribution.)
 // SPDX-License-Identifier: Apache-2.0
 //
