@@ -2,17 +2,26 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // Layout of a checkpoint folder (see docs/formats.md):
-//   config.json              the model's HF Qwen2 config (to_json(model_config))
+//   config.json              the model's HF config (to_json(model_config)), "dtype" = the weights'
 //   model.safetensors        the weights under their HF names; F32 for a float model, F64 for a
 //                            double one (lossless either way, so resume is bit-exact)
 //   optimizer.safetensors    the optimizer's tensors under the caller's names (AdamW:
 //                            "<param>.exp_avg", "<param>.exp_avg_sq"), same dtype rule
 //   trainer_state.json       step, data position, RNG state, caller's extra fields
+//   tokenizer files, generation_config.json   copied from checkpoint_options::companion_source
+// With checkpoint_layout::hf the weights are an HF model folder's instead (io/hf_export.hpp: BF16
+// by default, sharded past a size limit, with model.safetensors.index.json), the optimizer state
+// stays in the trainer's dtype, and model_only leaves out optimizer and trainer state (an export).
+// Every file gets ordinary permissions (0666 less the umask), the folder 0777 less the umask.
 // Atomicity: the folder is written as "<dir>.tmp-XXXXXX" beside the target, every file fsynced,
 // then swapped in for `dir` in one rename (atomic_directory). A crash at any point leaves the
 // previous checkpoint (or none) at `dir`, never a mix of two; only a stray .tmp- folder remains.
 #pragma once
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -29,6 +38,7 @@
 #include "trainer/io/atomic_write.hpp"
 #include "trainer/io/checkpoint_reader.hpp"
 #include "trainer/io/config.hpp"
+#include "trainer/io/hf_export.hpp"
 #include "trainer/io/json_util.hpp"
 #include "trainer/io/named_tensor.hpp"
 #include "trainer/io/safetensors.hpp"
@@ -85,8 +95,21 @@ inline trainer_state parse_trainer_state(const nlohmann::json& j, const std::str
 }
 
 struct checkpoint_options {
-  /// Dtype of model.safetensors and optimizer.safetensors; default: F32 for float, F64 for double.
+  /// The folder's layout: the trainer's (model.safetensors as the weights are trained) or an HF
+  /// model folder (sharded safetensors in `tensor_dtype`, BF16 by default).
+  checkpoint_layout layout = checkpoint_layout::oomb;
+  /// Dtype of the weights; with the oomb layout of optimizer.safetensors too (with the hf layout the
+  /// optimizer state stays in the trainer's dtype). Default: oomb, F32 for float and F64 for double
+  /// (lossless); hf, BF16.
   std::optional<dtype> tensor_dtype;
+  /// hf: the most bytes of one shard (a larger tensor gets a shard of its own); default
+  /// save_pretrained's 50 GB.
+  std::uint64_t max_shard_bytes = hf_default_max_shard_bytes;
+  /// A folder whose tokenizer and generation files (hf_companion_files()) are copied into the
+  /// checkpoint when it holds them; empty: none.
+  std::string companion_source;
+  /// Only the model (config, weights, companions): no optimizer.safetensors, no trainer_state.json.
+  bool model_only = false;
   /// Called with each file's name once it is complete in the temporary folder (progress; tests
   /// throw or _exit from it to simulate a crash mid-checkpoint).
   std::function<void(const std::string& file)> after_file;
@@ -108,14 +131,15 @@ bool has_data(const streamed_tensor<T>& t) {
   return t.copy_out && t.copy_in;
 }
 
-/// Reads tensor t from f: in place, or for a streamed one through a buffer of that tensor.
-template <class T>
-void read_tensor(const safetensors_file& f, const named_tensor<T>& t) {
+/// Reads tensor t from f (a safetensors_file or a checkpoint_reader): in place, or for a streamed
+/// one through a buffer of that tensor.
+template <class Source, class T>
+void read_tensor(const Source& f, const named_tensor<T>& t) {
   f.read(t.name, t.shape, t.data);
 }
-template <class T>
-void read_tensor(const safetensors_file& f, const streamed_tensor<T>& t) {
-  const std::vector<T> host = f.read<T>(t.name, t.shape);
+template <class Source, class T>
+void read_tensor(const Source& f, const streamed_tensor<T>& t) {
+  const std::vector<T> host = f.template read<T>(t.name, t.shape);
   t.copy_in(host.data());
 }
 
@@ -140,6 +164,35 @@ inline nlohmann::json read_json_file(const std::string& path, const char* what) 
 inline void write_json_file(const std::string& path, const nlohmann::json& j) {
   const std::string text = j.dump(2) + "\n";
   write_file_atomically(path, text.data(), text.size());
+}
+
+/// Gives every file in `dir` the permissions creat() would (0666 less the umask): atomic_file's
+/// temporaries are 0600 and copies keep their source's (a read-only HF cache's 0444).
+inline void set_ordinary_file_permissions(const std::string& dir) {
+  const mode_t mode = 0666 & ~process_umask();
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    OOMB_CHECK(::chmod(e.path().c_str(), mode) == 0, oomb::error, e.path().string(), ": cannot set its permissions: ",
+               std::strerror(errno));
+  }
+}
+
+/// The weights' tensors (the reader's) must be exactly those of `list`, with their shapes.
+template <class Tensor>
+void check_reader_matches(const checkpoint_reader& r, const std::vector<Tensor>& list) {
+  for (const auto& t : list) {
+    const tensor_info& info = r.info(t.name);  // names the file and tensor when missing
+    OOMB_CHECK(info.shape == t.shape, oomb::format_error, r.file_of(t.name), ": tensor '", t.name, "' has shape ",
+               shape_string(info.shape), ", expected ", shape_string(t.shape));
+  }
+  const std::vector<std::string> names = r.names();
+  if (names.size() != list.size()) {
+    for (const auto& name : names) {
+      bool known = false;
+      for (const auto& t : list) known = known || t.name == name;
+      OOMB_CHECK(known, oomb::format_error, r.file_of(name), ": tensor '", name, "' is not a tensor of this model");
+    }
+  }
 }
 
 /// The file must hold exactly the tensors of `list`, with their shapes and a floating dtype.
@@ -172,30 +225,39 @@ void save_checkpoint(const std::string& dir, const model_config& config, const s
   detail::check_tensor_list(weights, "save_checkpoint: weights");
   detail::check_tensor_list(optimizer_state, "save_checkpoint: optimizer state");
   OOMB_EXPECTS(!weights.empty(), "save_checkpoint: no weights");
-  const dtype dt = options.tensor_dtype.value_or(detail::native_dtype<typename Tensor::value_type>());
-  auto done = [&](const char* file) {
+  const bool hf = options.layout == checkpoint_layout::hf;
+  const dtype native = detail::native_dtype<typename Tensor::value_type>();
+  const dtype dt = options.tensor_dtype.value_or(hf ? dtype::bf16 : native);
+  const dtype optimizer_dt = hf ? native : dt;
+  auto done = [&](const std::string& file) {
     if (options.after_file) options.after_file(file);
   };
 
   atomic_directory out(dir);
-  detail::write_json_file(out.file("config.json"), to_json(config));
+  detail::write_json_file(out.file("config.json"), hf_config_json(to_json(config), dt));
   done("config.json");
-  {
+  if (hf) {
+    write_hf_weights(out.temporary_path(), weights, dt, options.max_shard_bytes, done);
+  } else {
     safetensors_writer w;
     for (const auto& t : weights) w.add(t, dt);
     w.set_metadata("format", "pt");  // what transformers expects of a model.safetensors
     w.write(out.file("model.safetensors"));
+    done("model.safetensors");
   }
-  done("model.safetensors");
-  if (!optimizer_state.empty()) {
-    safetensors_writer w;
-    for (const auto& t : optimizer_state) w.add(t, dt);
-    w.set_metadata("format", "oomb-optimizer");
-    w.write(out.file("optimizer.safetensors"));
-    done("optimizer.safetensors");
+  for (const auto& name : copy_hf_companions(options.companion_source, out.temporary_path())) done(name);
+  if (!options.model_only) {
+    if (!optimizer_state.empty()) {
+      safetensors_writer w;
+      for (const auto& t : optimizer_state) w.add(t, optimizer_dt);
+      w.set_metadata("format", "oomb-optimizer");
+      w.write(out.file("optimizer.safetensors"));
+      done("optimizer.safetensors");
+    }
+    detail::write_json_file(out.file("trainer_state.json"), to_json(state));
+    done("trainer_state.json");
   }
-  detail::write_json_file(out.file("trainer_state.json"), to_json(state));
-  done("trainer_state.json");
+  detail::set_ordinary_file_permissions(out.temporary_path());
   out.commit();
 }
 
@@ -204,10 +266,12 @@ inline model_config read_checkpoint_config(const std::string& dir) {
   return load_model_config((std::filesystem::path(dir) / "config.json").string());
 }
 
-/// Loads a checkpoint folder into the caller's tensors and returns its trainer state. Its config
-/// must equal `config`, model.safetensors must hold exactly `weights` (names, shapes) and, when
+/// Loads a checkpoint folder (either layout) into the caller's tensors and returns its trainer
+/// state. Its config must equal `config`, the weights (model.safetensors, or the shards of
+/// model.safetensors.index.json) must be exactly `weights` (names, shapes) and, when
 /// `optimizer_state` is not empty, optimizer.safetensors exactly those. Everything is validated
-/// before any tensor is read; an error names the file and the tensor or field. Tensor as
+/// before any tensor is read; an error names the file and the tensor or field. Weights stored in
+/// another dtype are converted (check_exact_weights refuses that where it matters). Tensor as
 /// save_checkpoint's.
 template <class Tensor>
 trainer_state load_checkpoint(const std::string& dir, const model_config& config, const std::vector<Tensor>& weights,
@@ -226,11 +290,14 @@ trainer_state load_checkpoint(const std::string& dir, const model_config& config
              "' differs from the model being loaded into");
 
   const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
+  OOMB_CHECK(fs::exists(state_path, ec), oomb::format_error, state_path, ": missing: ", dir,
+             " is a model folder without training state (an --export, or a model from elsewhere), not a checkpoint "
+             "to continue; --init takes its weights");
   const trainer_state state =
       parse_trainer_state(detail::read_json_file(state_path, "trainer state"), state_path);
 
-  const auto model = safetensors_file::open((fs::path(dir) / "model.safetensors").string());
-  detail::check_file_matches(model, weights);
+  const checkpoint_reader model(dir);
+  detail::check_reader_matches(model, weights);
   std::optional<safetensors_file> optim;
   if (!optimizer_state.empty()) {
     optim = safetensors_file::open((fs::path(dir) / "optimizer.safetensors").string());
@@ -240,6 +307,24 @@ trainer_state load_checkpoint(const std::string& dir, const model_config& config
   if (optim)
     for (const auto& t : optimizer_state) detail::read_tensor(*optim, t);
   return state;
+}
+
+/// Throws unless checkpoint folder `dir` stores its weights in the dtype a trainer of T trains in
+/// (F32 for float, F64 for double): only then does a run continue from it exactly. Weights saved in
+/// BF16 (an HF folder's default, --save-dtype bfloat16) are the master weights rounded. `what`
+/// starts the message (e.g. "--resume DIR").
+template <class T>
+void check_exact_weights(const std::string& dir, const std::string& what) {
+  const dtype native = detail::native_dtype<T>();
+  const checkpoint_reader r(dir);
+  for (const auto& name : r.names()) {
+    const dtype stored = r.info(name).type;
+    OOMB_CHECK(stored == native, oomb::invalid_argument, what, ": its weights are ", dtype_name(stored), " (tensor '", name,
+               "' in ", r.file_of(name), "), not the ", dtype_name(native), " the trainer keeps: they are the master "
+               "weights rounded (--save-dtype ", stored == dtype::bf16 ? "bfloat16" : dtype_name(stored),
+               "), and a run cannot continue from them exactly. Resume from a checkpoint saved with --save-dtype float32 "
+               "(or --save-format oomb), or start a new run from these weights with --init (a fresh optimizer)");
+  }
 }
 
 /// Loads model weights from any checkpoint checkpoint_reader opens (an HF folder, sharded or not,
