@@ -138,7 +138,7 @@ int main() {
   measure("rmsnorm_backward (bf16 x, fp32 dy, dx +=)", "n4096 H3584", 14.0 * nH, "gb_per_s",
           [&] { ops::rmsnorm_backward(n, H, x, w, rstd, dy, dx, dw, ws, rms_ws, st); });
 
-  const oomb_trainer::cpu::rope_table<float> table(1 << 20, n, d, 1e6);
+  const oomb_trainer::cpu::rope_table<float> table(1 << 20, n, oomb_trainer::plain_rope_frequencies(d, 1e6));
   float* cos_t = alloc<float>(table.cos.size());
   float* sin_t = alloc<float>(table.sin.size());
   check(cudaMemcpy(cos_t, table.cos.data(), table.cos.size() * 4, cudaMemcpyHostToDevice), "cos");

@@ -1,4 +1,4 @@
-// oomb-train: chunk-recurrent training of a Qwen2 model on the CPU or a GPU (see --help).
+// oomb-train: chunk-recurrent training of an HF decoder on the CPU or a GPU (see --help).
 // SPDX-License-Identifier: Apache-2.0
 #include <csignal>
 #include <cstdio>

@@ -547,7 +547,7 @@ TEST_CASE("memory plan: the host limit comes from MemAvailable, never MemTotal; 
 }
 
 // The table of docs/trainer.md ("Memory plan"): OOMB_PRINT_PLAN_TABLE=1 test_trainer -tc='*table*'
-TEST_CASE("memory plan: the table for Qwen2.5 0.5B and 7B at 128K, 1M and 4M tokens with offload") {
+TEST_CASE("memory plan: the table for Qwen2.5 0.5B and 7B, Llama-3.1-8B and Qwen3-8B at 128K, 1M and 4M tokens with offload") {
   using oomb_trainer::optimizer_placement;
   std::string table =
       "| model | chunk | optimizer placement | tokens | GPU | GPU growth per 10K tokens (pinned homes) | GPU growth, pageable "
@@ -562,7 +562,9 @@ TEST_CASE("memory plan: the table for Qwen2.5 0.5B and 7B at 128K, 1M and 4M tok
   };
   for (const row r : {row{"qwen2.5-0.5b", 16384, optimizer_placement::split, "split"},
                       row{"qwen2.5-7b", 4096, optimizer_placement::host, "host"},
-                      row{"qwen2.5-7b", 4096, optimizer_placement::split, "split"}}) {
+                      row{"qwen2.5-7b", 4096, optimizer_placement::split, "split"},
+                      row{"llama-3.1-8b", 4096, optimizer_placement::split, "split"},
+                      row{"qwen3-8b", 4096, optimizer_placement::split, "split"}}) {
     const auto cfg = real_config((std::string(r.model) + ".json").c_str());
     plan_target t = cuda_target(139 * GiB, 128 * GiB);
     t.optimizer = r.placement;

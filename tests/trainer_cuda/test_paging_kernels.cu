@@ -81,7 +81,7 @@ void check_write(const geometry& g, bool rotate, std::uint64_t seed) {
   const auto k = random_bf16(rows, seed, -2.0, 2.0), v = random_bf16(rows, seed + 1, -2.0, 2.0);
   const auto pool0 = random_bf16(static_cast<std::size_t>(g.pool_pages * g.shape().pair_elements()), seed + 2);
   const auto ids = shuffled_ids(g, seed + 3);
-  const cpu::rope_table<float> table(1'000'003, g.n, g.d, 1e6);  // far positions: large angles
+  const cpu::rope_table<float> table(1'000'003, g.n, oomb_trainer::plain_rope_frequencies(g.d, 1e6));  // far positions: large angles
 
   std::vector<bf16> want = pool0;
   reference_write(g, to_float(k), to_float(v), ids, rotate ? &table : nullptr, want);

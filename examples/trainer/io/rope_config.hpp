@@ -129,10 +129,11 @@ inline rope_config parse_rope_config(const nlohmann::json& j, std::int32_t head_
     }
   std::optional<rope_config> first;
   std::string first_key;
-  for (const auto& [key, block] : blocks) {
+  for (const auto& place : blocks) {
+    const std::string& key = place.first;  // (a lambda below captures it: no structured binding in C++17)
     rope_config b;
     b.theta = r.theta;
-    const json& p = *block;
+    const json& p = *place.second;
     auto name = [&](const std::string& k) { return key + "." + k; };
     // The kind first: it explains the other fields better than they do themselves.
     std::string type = "default";

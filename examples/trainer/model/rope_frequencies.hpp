@@ -107,4 +107,11 @@ inline rope_frequencies rope_frequencies_for(const rope_config& r, std::int32_t 
   return f;
 }
 
+/// Plain RoPE of base `theta` (tests and benchmarks that need no config).
+inline rope_frequencies plain_rope_frequencies(std::int32_t head_dim, double theta) {
+  rope_config r;
+  r.theta = theta;
+  return rope_frequencies_for(r, head_dim, 0);
+}
+
 }  // namespace oomb_trainer

@@ -531,6 +531,11 @@ inline memory_plan plan_memory(const model_config& c, const chunk_options& opt, 
     const std::uint64_t state = p.on_gpu(plan_part::optimizer), rest = p.gpu_total() - state;
     const std::uint64_t room = target.gpu_bytes > rest ? target.gpu_bytes - rest : 0;
     on_gpu = split_fitting(layout, room, target.optimizer_gpu_cap);
+    // The host part costs the GPU too (the driver's mapping of its pinned bytes): while the split
+    // plan overshoots, one tensor fewer stays on the GPU (a tensor outweighs the mapping's change).
+    while (!on_gpu.all_on_gpu() && on_gpu.gpu_bytes() > 0 &&
+           !detail::plan_at(c, opt, tokens, target, on_gpu).gpu_fits())
+      on_gpu = split_fitting(layout, on_gpu.gpu_bytes() - 1, target.optimizer_gpu_cap);
     const bool capped = target.optimizer_gpu_cap < room;
     if (on_gpu.all_on_gpu()) {
       why = "it fits beside the rest";
