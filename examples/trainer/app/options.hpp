@@ -14,6 +14,7 @@
 
 #include "trainer/algo/chunk_options.hpp"
 #include "trainer/app/sparse_flags.hpp"
+#include "trainer/io/hf_export.hpp"
 #include "trainer/optim/schedule.hpp"
 #include "trainer/trainers/memory_plan.hpp"
 
@@ -43,6 +44,10 @@ struct train_options {
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;  ///< adamw_options' defaults
   std::uint64_t seed = 1234;
   std::int64_t save_every = 0;  ///< 0: only at the end
+  checkpoint_layout save_format = checkpoint_layout::oomb;  ///< --save-format: the checkpoint-<step> folders' layout
+  std::string save_dtype;         ///< --save-dtype of HF folders: "bfloat16" or "float32"; empty: bfloat16
+  std::uint64_t save_shard_size = 0;  ///< --save-shard-size of HF folders; 0: hf_default_max_shard_bytes
+  std::string export_dir;         ///< --export: an HF model folder written when the run reaches --steps
   std::int64_t stop_after = 0;  ///< stop (and save) after this many steps of this run; 0: run to --steps
   std::int32_t kv_keys = 8, kv_values = 6, kv_queries = 8;  ///< --synthetic kv-recall's shape
   bool keep_attention_outputs = false;  ///< stage 2 reads stage 1's attention outputs instead of attending again
@@ -58,6 +63,9 @@ struct train_options {
   bool help = false;
 
   double effective_min_lr() const noexcept { return min_lr >= 0 ? min_lr : lr / 10; }
+  /// The weights' dtype in HF folders (--save-dtype, bfloat16 by default).
+  dtype hf_dtype() const { return save_dtype.empty() ? dtype::bf16 : parse_save_dtype(save_dtype); }
+  std::uint64_t hf_shard_bytes() const noexcept { return save_shard_size > 0 ? save_shard_size : hf_default_max_shard_bytes; }
 };
 
 inline const char* help_text() {
@@ -69,7 +77,8 @@ usage: oomb-train --config model.json (--data tokens.bin | --synthetic NAME) --s
                   --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
                   [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop] [--device cpu|cuda]
                   [--keep-attention-outputs] [--plan] [--host-memory BYTES] [--gpu-memory BYTES]
-                  [--optimizer-gpu-memory BYTES]
+                  [--optimizer-gpu-memory BYTES] [--save-format oomb|hf] [--save-dtype bfloat16|float32]
+                  [--save-shard-size S] [--export DIR]
 
 model and data
   --config FILE         HF config.json of a Qwen2 model (configs/tiny.json, configs/qwen2.5-0.5b.json, ...)
@@ -155,6 +164,20 @@ output
                         optimizer.safetensors, trainer_state.json) with checkpoint -> the latest; an
                         --out holding another run's log is refused unless --resume continues it
   --save-every N        write a checkpoint every N steps (default: at the end only)
+  --save-format F       the checkpoint folders' layout: oomb (default; the weights in F32, resumable bit
+                        for bit) or hf: an HF model folder that transformers' from_pretrained loads as it
+                        is (--save-dtype weights, sharded past --save-shard-size with
+                        model.safetensors.index.json, "dtype" set in config.json), with
+                        optimizer.safetensors and trainer_state.json beside it. --resume takes an hf
+                        folder only with float32 weights (bfloat16 ones are the masters rounded)
+  --save-dtype D        the weights' dtype in HF folders (--save-format hf, --export): bfloat16 (default;
+                        rounded to nearest even) or float32 (the master weights)
+  --save-shard-size S   most bytes of one safetensors shard in HF folders (default 50GB, save_pretrained's;
+                        5GB = 5e9 bytes, 4GiB = 4 x 2^30); a model that fits in one is one model.safetensors
+  --export DIR          when the run reaches --steps, also write the model as an HF folder at DIR: config,
+                        --save-dtype weights, tokenizer files (no optimizer or trainer state); DIR must be
+                        new or hold an earlier export. Every checkpoint and export carries the tokenizer
+                        files and generation_config.json of the --init (or --resume) folder
   --keep-last K         checkpoint-<step> folders kept, the newest (default 2)
   --stop-after N        stop after N steps of this run (a checkpoint is written): an interruption;
                         SIGINT / SIGTERM do the same at the next step boundary (exit 130 / 143)
@@ -219,6 +242,16 @@ inline oomb::attention::kernel_choice parse_attention_kernels(const std::string&
 inline const char* attention_kernels_name(oomb::attention::kernel_choice k) noexcept {
   return k == oomb::attention::kernel_choice::portable ? "portable" : "automatic";
 }
+
+/// --save-format oomb|hf.
+inline checkpoint_layout parse_save_format(const std::string& flag, const std::string& v) {
+  if (v == "oomb") return checkpoint_layout::oomb;
+  if (v == "hf") return checkpoint_layout::hf;
+  OOMB_FAIL(oomb::invalid_argument, flag, ": unknown format '", v, "' (known: oomb, hf)");
+}
+
+/// The --save-format name (options.json, the banner).
+inline const char* save_format_name(checkpoint_layout l) noexcept { return l == checkpoint_layout::hf ? "hf" : "oomb"; }
 
 /// The chunk-recurrent options the flags ask for (what training_run gives the device trainer).
 inline chunk_options chunk_options_of(const train_options& o) {
@@ -295,6 +328,10 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--clip") o.clip = detail::parse_double(f, value());
     else if (f == "--seed") o.seed = static_cast<std::uint64_t>(i64(0));
     else if (f == "--save-every") o.save_every = i64(0);
+    else if (f == "--save-format") o.save_format = parse_save_format(f, value());
+    else if (f == "--save-dtype") o.save_dtype = hf_dtype_name(parse_save_dtype(value(), f));
+    else if (f == "--save-shard-size") o.save_shard_size = parse_shard_size(value(), f);
+    else if (f == "--export") o.export_dir = value();
     else if (f == "--stop-after") o.stop_after = i64(0);
     else if (f == "--kv-keys") o.kv_keys = i32(1);
     else if (f == "--kv-values") o.kv_values = i32(2);
@@ -341,6 +378,10 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(!o.keep_attention_outputs || !o.full_backprop, "--keep-attention-outputs is chunk-recurrent's (not --full-backprop)");
   OOMB_EXPECTS(o.optimizer_gpu_memory < 0 || o.device == "cuda", "--optimizer-gpu-memory places the optimizer state on a GPU: "
                "it needs --device cuda");
+  const bool hf_folders = o.save_format == checkpoint_layout::hf || !o.export_dir.empty();
+  OOMB_EXPECTS(hf_folders || o.save_dtype.empty(), "--save-dtype sets the weights' dtype of HF folders (--save-format hf or ",
+               "--export); oomb checkpoints keep the float32 master weights");
+  OOMB_EXPECTS(hf_folders || o.save_shard_size == 0, "--save-shard-size shards HF folders (--save-format hf or --export)");
   if (o.sparse && o.chunk > 0 && o.page > 0) {
     const chunk_options co = chunk_options_of(o);
     OOMB_EXPECTS(!sparse_covers_past(co, o.seq_len), sparse_covers_past_reason(co, o.seq_len), "; leave out --sparse-budget");

@@ -102,6 +102,37 @@ void prune_checkpoints(const std::filesystem::path& out, std::int32_t keep, cons
     if (found[i].second.filename() != current) fs::remove_all(found[i].second);
 }
 
+/// Where a checkpoint's tokenizer and generation files come from: the --init folder (or the folder
+/// of an --init file), else the --resume folder; when that folder is gone (an older checkpoint
+/// pruned by --keep-last), the run's latest checkpoint, which holds the copies.
+std::string companion_source_of(const train_options& o) {
+  namespace fs = std::filesystem;
+  const std::string from = hf_companion_source(!o.init.empty() ? o.init : o.resume);
+  std::error_code ec;
+  if (from.empty() || fs::is_directory(from, ec)) return from;
+  const fs::path latest = fs::path(o.out) / "checkpoint";
+  return fs::is_directory(latest, ec) ? latest.string() : std::string();
+}
+
+/// How the checkpoint-<step> folders are written (--save-format, --save-dtype, --save-shard-size).
+checkpoint_options checkpoint_options_of(const train_options& o) {
+  checkpoint_options c;
+  c.layout = o.save_format;
+  if (o.save_format == checkpoint_layout::hf) c.tensor_dtype = o.hf_dtype();
+  c.max_shard_bytes = o.hf_shard_bytes();
+  c.companion_source = companion_source_of(o);
+  return c;
+}
+
+/// How --export is written: an HF model folder without optimizer or trainer state.
+checkpoint_options export_options_of(const train_options& o) {
+  checkpoint_options c = checkpoint_options_of(o);
+  c.layout = checkpoint_layout::hf;
+  c.tensor_dtype = o.hf_dtype();
+  c.model_only = true;
+  return c;
+}
+
 /// Host memory the far tier holds with a GPU and offload (pinned or pageable, --home-memory): page
 /// homes, kept outputs.
 std::uint64_t home_host_bytes(const tier_memory& m) {
@@ -157,6 +188,9 @@ nlohmann::json options_json(const train_options& o) {
           {"adam_epsilon", o.adam_epsilon},
           {"clip", o.clip},             {"seed", o.seed},
           {"save_every", o.save_every}, {"keep_last", o.keep_last},
+          {"save_format", save_format_name(o.save_format)},
+          {"save_dtype", o.save_format == checkpoint_layout::hf || !o.export_dir.empty() ? hf_dtype_name(o.hf_dtype()) : "float32"},
+          {"save_shard_size", o.hf_shard_bytes()}, {"export", o.export_dir},
           {"stop_after", o.stop_after}, {"kv_keys", o.kv_keys},
           {"kv_values", o.kv_values},   {"kv_queries", o.kv_queries},
           {"host_memory", o.host_memory}, {"gpu_memory", o.gpu_memory},
@@ -215,7 +249,8 @@ void check_checkpoint_matches(const std::string& dir, const model_config& c) {
     moments.push_back({e.name + ".exp_avg", e.shape, nullptr});
     moments.push_back({e.name + ".exp_avg_sq", e.shape, nullptr});
   }
-  detail::check_file_matches(safetensors_file::open((fs::path(dir) / "model.safetensors").string()), weights);
+  detail::check_reader_matches(checkpoint_reader(dir), weights);  // model.safetensors or an HF folder's shards
+  check_exact_weights<float>(dir, "--resume " + dir);
   detail::check_file_matches(safetensors_file::open((fs::path(dir) / "optimizer.safetensors").string()), moments);
 }
 
@@ -229,6 +264,7 @@ training_run::training_run(train_options o, std::function<void(const std::string
   if (!o_.full_backprop) plan_ = checked_memory_plan(cfg_, setup.chunk, o_.seq_len, plan_target_of(o_, device));
   if (plan_ && plan_->device == "cuda") setup.optimizer_gpu_tensors = plan_->optimizer_groups_on_gpu;
   check_out_is_ours(o_);
+  if (!o_.export_dir.empty()) check_hf_export_target(o_.export_dir);
   if (!o_.resume.empty()) {
     check_checkpoint_matches(o_.resume, cfg_);
     check_resume_identity(o_.resume, o_);
@@ -348,6 +384,18 @@ int training_run::run(const volatile std::sig_atomic_t* stop) {
   }
   if (print_ && !o_.full_backprop && taken > 0) print_(memory_summary(kv_high, grad_high));
   save();
+  if (done() && !o_.export_dir.empty()) {  // the finished model; an interrupted run exports when it finishes
+    namespace fs = std::filesystem;
+    trainer_state st;
+    st.step = step_;
+    st.data_position = data_position_;
+    const fs::path parent = fs::path(o_.export_dir).parent_path();
+    if (!parent.empty()) fs::create_directories(parent);
+    trainer_->set_save_options(export_options_of(o_));
+    trainer_->save(o_.export_dir, st);
+    if (print_)
+      print_(fmt::format("export: {} (HF model folder, {} weights, step {})", o_.export_dir, hf_dtype_name(o_.hf_dtype()), step_));
+  }
   return signal;
 }
 
@@ -371,6 +419,7 @@ void training_run::save() {
   st.extra = run_identity(o_);
   const fs::path out(o_.out);
   const std::string name = fmt::format("checkpoint-{}", step_);
+  trainer_->set_save_options(checkpoint_options_of(o_));
   trainer_->save((out / name).string(), st);
   point_latest_at(out, name);
   prune_checkpoints(out, o_.keep_last, name);
@@ -400,6 +449,12 @@ std::string training_run::banner() const {
                              plan_->optimizer_summary())
                : fmt::format("\n  memory plan: host {} of {}", human_bytes(double(plan_->host_total())),
                              human_bytes(double(plan_->host_allowed.bytes)));
+  if (o_.save_format == checkpoint_layout::hf)
+    plan += fmt::format("\n  checkpoints: HF model folders, {} weights{}", hf_dtype_name(o_.hf_dtype()),
+                        o_.hf_dtype() == dtype::f32 ? " (resumable)" : " (not resumable: --save-dtype float32 is)");
+  if (!o_.export_dir.empty())
+    plan += fmt::format("\n  export at step {}: {} (HF model folder, {} weights)", o_.steps, o_.export_dir,
+                        hf_dtype_name(o_.hf_dtype()));
   return fmt::format("oomb-train: {} layers, hidden {}, {} heads / {} KV heads, vocab {}, {} parameters\n"
                      "  device: {}\n  {}, {}\n  data: {}; steps {} from {}{}",
                      c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size,

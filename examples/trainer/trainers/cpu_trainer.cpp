@@ -37,7 +37,7 @@ trainer_state cpu_trainer::load(const std::string& dir) {
 }
 
 void cpu_trainer::save(const std::string& dir, const trainer_state& state) {
-  save_checkpoint(dir, config_, params_.named(), optimizer_.state_tensors(), state);
+  save_checkpoint(dir, config_, params_.named(), optimizer_.state_tensors(), state, save_options());
 }
 
 step_measure cpu_trainer::step(const std::vector<sequence>& batch, const step_settings& s,

@@ -94,7 +94,7 @@ class cuda_trainer final : public trainer {
 
   void save(const std::string& dir, const trainer_state& state) override {
     const gpu::adamw_checkpoint_view view(state_);
-    save_checkpoint(dir, config_, view.masters(), view.moments(), state);
+    save_checkpoint(dir, config_, view.masters(), view.moments(), state, save_options());
   }
 
   step_measure step(const std::vector<sequence>& batch, const step_settings& s,

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <oomb/core/error.hpp>
@@ -75,8 +76,13 @@ class trainer {
   virtual void load_weights(const std::string& path) = 0;
   /// Weights and moments from a checkpoint folder (--resume); returns its state.
   virtual trainer_state load(const std::string& dir) = 0;
-  /// Writes a checkpoint folder (weights and moments as F32, the same files on every device).
+  /// Writes a checkpoint folder as save_options() say (by default the oomb layout: weights and
+  /// moments as F32, the same files on every device).
   virtual void save(const std::string& dir, const trainer_state& state) = 0;
+  /// How save() writes its folder: layout, weights' dtype, shard size, where the tokenizer files
+  /// come from (--save-format, --save-dtype, --save-shard-size, --export: training_run sets them).
+  void set_save_options(checkpoint_options o) { save_options_ = std::move(o); }
+  const checkpoint_options& save_options() const noexcept { return save_options_; }
 
   /// One optimizer step over `batch` (see step_measure). Throws non_finite_error, naming the step
   /// and what was not finite, before any weight or moment changes.
@@ -91,6 +97,9 @@ class trainer {
   virtual model_params<float> weights() const = 0;
   /// What the banner says runs where.
   virtual std::string describe() const = 0;
+
+ private:
+  checkpoint_options save_options_;
 };
 
 /// A device's memory as its driver reports it (cudaMemGetInfo): the whole device, every process.
