@@ -359,3 +359,56 @@ TEST_CASE("run options: the step line and the log carry the tokens seen and the 
   CHECK(oomb_trainer::human_duration(18420) == "5h07m");
   CHECK(oomb_trainer::human_duration(42.4) == "42 s");
 }
+
+TEST_CASE("run options: --rope-theta and --rope-scaling override the config, reach the model and every saved config.json") {
+  temp_dir tmp("rope");
+  // tiny.json: max_position_embeddings 1M, plain RoPE. A 64-token run of each kind.
+  std::vector<std::string> lines;
+  auto train = [&](const std::string& tag, std::vector<std::string> extra) {
+    lines.clear();
+    oomb_trainer::training_run run(parse_train_options(run_args(tmp / tag, extra)),
+                                   [&](const std::string& line) { lines.push_back(line); });
+    run.run();
+    return oomb_trainer::load_model_config((fs::path(tmp / tag) / "checkpoint" / "config.json").string());
+  };
+  const auto plain = train("plain", {});
+  CHECK(plain.rope.kind == oomb_trainer::rope_kind::plain);
+  CHECK(plain.max_position_embeddings == 1048576);
+  const auto yarn = train("yarn", {"--rope-scaling", R"({"rope_type":"yarn","factor":4,"original_max_position_embeddings":16})",
+                                   "--rope-theta", "5e5"});
+  CHECK(yarn.rope.kind == oomb_trainer::rope_kind::yarn);
+  CHECK(yarn.rope.factor == 4.0);
+  CHECK(yarn.rope.original_max_position_embeddings == 16);
+  CHECK(yarn.rope.theta == 5e5);
+  CHECK(std::any_of(lines.begin(), lines.end(),
+                    [](const std::string& l) { return l.find("RoPE: yarn (theta 500000.0, factor 4.0, from 16 tokens)") != std::string::npos; }));
+  // The rest of the saved config is the source file's.
+  const auto source = nlohmann::json::parse(std::ifstream(tiny));
+  const auto saved = nlohmann::json::parse(std::ifstream(fs::path(tmp / "yarn") / "checkpoint" / "config.json"));
+  for (const auto& item : source.items())
+    if (item.key() != "rope_theta" && item.key() != "rope_scaling") CHECK(saved.at(item.key()) == item.value());
+  // The override changes what is trained: another loss than the plain run at step 1.
+  const auto loss_of = [&](const std::string& tag) { return log_lines(fs::path(tmp / tag) / "log.jsonl").at(0).at("loss").get<double>(); };
+  CHECK(loss_of("yarn") != loss_of("plain"));
+  CHECK(train("none", {"--rope-scaling", "none"}).rope == plain.rope);
+
+  // Past max_position_embeddings with plain RoPE: a note, and the saved config says the new length.
+  const std::string small = tmp / "small.json";
+  auto j = source;
+  j["max_position_embeddings"] = 32;
+  std::ofstream(small) << j.dump(2);
+  const auto longer = train("longer", {"--config", small});
+  CHECK(longer.max_position_embeddings == 64);
+  CHECK(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.find("note: --seq-len 64 is beyond the config's max_position_embeddings 32 with plain RoPE") != std::string::npos;
+  }));
+
+  CHECK_THROWS_WITH_AS(train("dyn", {"--rope-scaling", R"({"rope_type":"dynamic","factor":2})"}),
+                       doctest::Contains("\"dynamic\" cannot be trained"), oomb::format_error);
+  CHECK_THROWS_WITH_AS(train("arr", {"--rope-scaling", "[1]"}), doctest::Contains("--rope-scaling takes a JSON object"),
+                       oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(train("bad", {"--rope-scaling", "{yarn"}), doctest::Contains("malformed JSON"), oomb::format_error);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--rope-theta", "-1"})), doctest::Contains("--rope-theta must be positive"),
+                       oomb::invalid_argument);
+  CHECK(oomb_trainer::options_json(parse_train_options(run_args("o", {"--rope-theta", "2e6"})))["rope_theta"] == 2e6);
+}

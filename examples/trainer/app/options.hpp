@@ -24,6 +24,8 @@ namespace oomb_trainer {
 struct train_options {
   std::string config, data, synthetic, init, resume, out, dump_grads;
   std::int64_t seq_len = 0;
+  double rope_theta = 0.0;   ///< --rope-theta: overrides the config's; 0: the config's
+  std::string rope_scaling;  ///< --rope-scaling: a JSON object as HF's rope_scaling, or "none"; empty: the config's
   std::int32_t batch = 1;  ///< sequences per optimizer step (gradient accumulation)
   std::int32_t chunk = 0;
   std::int32_t page = 16;
@@ -69,19 +71,22 @@ struct train_options {
 };
 
 inline const char* help_text() {
-  return R"(oomb-train — chunk-recurrent training of a Qwen2 model on the CPU (or a GPU: --device), with oomb's paged KV cache,
-gradient mirror, offload (far tier: host pool, near tier: fixed slots) and page-sparse attention.
+  return R"(oomb-train — chunk-recurrent training of an HF decoder (qwen2, llama, mistral, qwen3) on the CPU (or a GPU:
+--device), with oomb's paged KV cache, gradient mirror, offload (far tier: host pool, near tier: fixed slots) and
+page-sparse attention.
 
 usage: oomb-train --config model.json (--data tokens.bin | --synthetic NAME) --seq-len N [--batch B] --chunk C
                   --page P [--sparse-budget B --sink S --local L --tile Q --scoring K] [--offload --near-pages K]
                   --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
+                  [--rope-theta T] [--rope-scaling JSON]
                   [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop] [--device cpu|cuda]
                   [--keep-attention-outputs] [--plan] [--host-memory BYTES] [--gpu-memory BYTES]
                   [--optimizer-gpu-memory BYTES] [--save-format oomb|hf] [--save-dtype bfloat16|float32]
                   [--save-shard-size S] [--export DIR]
 
 model and data
-  --config FILE         HF config.json of a Qwen2 model (configs/tiny.json, configs/qwen2.5-0.5b.json, ...)
+  --config FILE         HF config.json of a qwen2, llama, mistral or qwen3 model (configs/tiny.json,
+                        configs/qwen2.5-7b.json, configs/llama-3.1-8b.json, configs/qwen3-8b.json, ...)
   --data FILE           token file (OOMBTOKS header, uint32 ids); samples are consecutive windows of N tokens
   --synthetic NAME      built-in task instead of --data: kv-recall (records in the first chunk, queried
                         in later ones; the loss counts answer tokens only)
@@ -95,7 +100,15 @@ model and data
   --seed N              initialisation and synthetic data seed (default 1234)
 
 sequence and memory
-  --seq-len N           tokens per sequence
+  --seq-len N           tokens per sequence. Beyond the config's max_position_embeddings with plain
+                        RoPE a note says the positions are extrapolated; every saved config.json says
+                        max_position_embeddings = N
+  --rope-theta T        RoPE's base, overriding the config's (ABF: a larger base for a longer context)
+  --rope-scaling JSON   RoPE scaling, overriding the config's, as HF writes rope_scaling, e.g.
+                        '{"rope_type":"yarn","factor":4,"original_max_position_embeddings":32768}';
+                        types linear, yarn, llama3, longrope (long factors when --seq-len exceeds
+                        original_max_position_embeddings, short ones otherwise); "none": plain RoPE.
+                        Both overrides go into every saved config.json
   --batch B             sequences per optimizer step (default 1): their gradients are accumulated and
                         the step's loss is the mean of the sequences' mean losses
   --chunk C             tokens per chunk: a multiple of the page size
@@ -302,6 +315,11 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--out") o.out = value();
     else if (f == "--dump-grads") o.dump_grads = value();
     else if (f == "--seq-len") o.seq_len = i64(2);
+    else if (f == "--rope-theta") {
+      o.rope_theta = detail::parse_double(f, value());
+      OOMB_EXPECTS(std::isfinite(o.rope_theta) && o.rope_theta > 0, "--rope-theta must be positive, got ", o.rope_theta);
+    }
+    else if (f == "--rope-scaling") o.rope_scaling = value();
     else if (f == "--batch") o.batch = i32(1);
     else if (f == "--chunk") o.chunk = i32(1);
     else if (f == "--page") o.page = i32(1);

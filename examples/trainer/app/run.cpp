@@ -27,9 +27,28 @@ trainer_setup setup_of(const train_options& o, const model_config& c) {
   return s;
 }
 
+/// --config with --rope-theta and --rope-scaling applied, and max_position_embeddings raised to
+/// --seq-len where it is shorter, so every saved config.json describes the model as trained.
+model_config run_config(const train_options& o) {
+  model_config c = load_model_config(o.config);
+  if (!o.rope_scaling.empty()) {
+    nlohmann::json j = {{"rope_theta", c.rope.theta}};
+    if (o.rope_scaling != "none") {
+      j["rope_scaling"] = detail::parse_json_bounded(o.rope_scaling.data(), o.rope_scaling.data() + o.rope_scaling.size(),
+                                                     8, "--rope-scaling", "RoPE scaling");
+      OOMB_EXPECTS(j["rope_scaling"].is_object(), "--rope-scaling takes a JSON object (as HF's rope_scaling) or none, got ",
+                   o.rope_scaling);
+    }
+    c.rope = parse_rope_config(j, c.head_dim, c.max_position_embeddings, "--rope-scaling");
+  }
+  if (o.rope_theta > 0) c.rope.theta = o.rope_theta;
+  c.max_position_embeddings = std::max(c.max_position_embeddings, o.seq_len);
+  return c;
+}
+
 /// The model's config, once the device asked for is known to run it (before anything is allocated).
 model_config checked_config(const train_options& o, const trainer_factory& device) {
-  model_config c = load_model_config(o.config);
+  model_config c = run_config(o);
   if (o.device == "cpu") return c;
   OOMB_EXPECTS(device.name == o.device && device.require && device.make, "--device ", o.device,
                ": this oomb-train was built without CUDA (configure with -DOOMB_ENABLE_CUDA=ON); use --device cpu");
@@ -170,6 +189,8 @@ nlohmann::json options_json(const train_options& o) {
           {"synthetic", o.synthetic},   {"init", o.init},
           {"resume", o.resume},         {"out", o.out},
           {"seq_len", o.seq_len},       {"batch", o.batch},
+          {"rope_theta", o.rope_theta > 0 ? nlohmann::json(o.rope_theta) : nlohmann::json()},
+          {"rope_scaling", o.rope_scaling.empty() ? nlohmann::json() : nlohmann::json(o.rope_scaling)},
           {"chunk", o.chunk},           {"page", o.page},
           {"sparse", o.sparse},         {"sparse_budget", o.budget},
           {"sink", o.sink},             {"local", o.local},
@@ -309,7 +330,7 @@ std::string training_run::plan_text(const train_options& o, const trainer_factor
   const memory_plan p = plan(o, device);
   std::string s = p.describe();
   if (!p.fits()) {
-    const model_config c = load_model_config(o.config);
+    const model_config c = run_config(o);
     const std::int64_t largest = largest_fitting_tokens(c, setup_of(o, c).chunk, plan_target_of(o, device));
     s += fmt::format("does not fit: the largest --seq-len that fits is {} tokens\n", largest);
   }
@@ -455,11 +476,21 @@ std::string training_run::banner() const {
   if (!o_.export_dir.empty())
     plan += fmt::format("\n  export at step {}: {} (HF model folder, {} weights)", o_.steps, o_.export_dir,
                         hf_dtype_name(o_.hf_dtype()));
-  return fmt::format("oomb-train: {} layers, hidden {}, {} heads / {} KV heads, vocab {}, {} parameters\n"
-                     "  device: {}\n  {}, {}\n  data: {}; steps {} from {}{}",
-                     c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size,
-                     parameter_count(param_layout(c)), trainer_->describe(), batch, mode,
-                     o_.synthetic.empty() ? o_.data : "synthetic " + o_.synthetic, o_.steps, step_, plan);
+  // Past the pre-training length with plain RoPE the positions are extrapolated: allowed (with a
+  // larger --rope-theta it is how ABF extends a context; random-weight benchmarks need no more),
+  // but said, since a scaled RoPE is what most context extensions of a checkpoint want.
+  const std::int64_t trained_positions = load_model_config(o_.config).max_position_embeddings;
+  std::string note;
+  if (o_.seq_len > trained_positions && !c.rope.scaled())
+    note = fmt::format("\n  note: --seq-len {} is beyond the config's max_position_embeddings {} with plain RoPE{}: "
+                       "positions past {} are extrapolated (--rope-scaling extends the context by a scaled RoPE)",
+                       o_.seq_len, trained_positions, o_.rope_theta > 0 ? " (--rope-theta given)" : "", trained_positions);
+  return fmt::format("oomb-train: {} model, {} layers, hidden {}, {} heads / {} KV heads of {}, vocab {}, {} parameters\n"
+                     "  RoPE: {}{}\n  device: {}\n  {}, {}\n  data: {}; steps {} from {}{}",
+                     model_family_name(c.family), c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
+                     c.num_key_value_heads, c.head_dim, c.vocab_size, parameter_count(param_layout(c)), c.rope.describe(),
+                     note, trainer_->describe(), batch, mode, o_.synthetic.empty() ? o_.data : "synthetic " + o_.synthetic,
+                     o_.steps, step_, plan);
 }
 
 void training_run::sample_gpu() {
