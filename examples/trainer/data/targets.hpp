@@ -5,6 +5,12 @@
 // divided by their number (docs/trainer.md, "The model"): position p (< N - 1) predicts token
 // p + 1, and counts unless a mask says otherwise. mask[j] (j in [1, N)) says whether predicting
 // token j counts; mask[0] is ignored; an empty mask counts all N - 1 targets.
+//
+// doc_starts: where each document of a packed sequence begins (--packing documents,
+// data/token_sequences.hpp): 0 first, strictly increasing, below N; padding at the end of a
+// sequence is a document of its own. Empty: the sequence is one stream. The attention does not
+// read it yet (documents of a packed sequence attend each other's keys, positions do not restart);
+// the loss already leaves out every target that crosses a boundary (the mask is 0 there).
 #pragma once
 
 #include <cstdint>
@@ -18,12 +24,21 @@ namespace oomb_trainer {
 struct sequence {
   std::vector<std::int32_t> tokens;
   std::vector<std::uint8_t> mask;
+  std::vector<std::int32_t> doc_starts;  ///< documents of a packed sequence (see the file comment)
 
   std::int64_t size() const noexcept { return static_cast<std::int64_t>(tokens.size()); }
   void validate() const {
     OOMB_EXPECTS(tokens.size() >= 2, "a training sequence needs at least 2 tokens, got ", tokens.size());
     OOMB_EXPECTS(mask.empty() || mask.size() == tokens.size(), "loss mask of ", mask.size(),
                  " entries for ", tokens.size(), " tokens");
+    for (std::size_t d = 0; d < doc_starts.size(); ++d) {
+      const std::int32_t s = doc_starts[d];
+      OOMB_EXPECTS(d > 0 || s == 0, "document starts of a sequence: the first is ", s, ", expected 0");
+      OOMB_EXPECTS(d == 0 || s > doc_starts[d - 1], "document starts of a sequence: document ", d, " starts at ", s,
+                   ", not after document ", d - 1, "'s start ", d > 0 ? doc_starts[d - 1] : 0);
+      OOMB_EXPECTS(s < size(), "document starts of a sequence: document ", d, " starts at ", s, ", past its ", size(),
+                   " tokens");
+    }
   }
   bool counts(std::int64_t j) const noexcept { return mask.empty() || mask[static_cast<std::size_t>(j)] != 0; }
   /// Number of counted targets (the loss's divisor).
