@@ -14,6 +14,7 @@
 
 #include "trainer/algo/chunk_options.hpp"
 #include "trainer/app/sparse_flags.hpp"
+#include "trainer/data/token_sequences.hpp"
 #include "trainer/io/hf_export.hpp"
 #include "trainer/optim/schedule.hpp"
 #include "trainer/trainers/memory_plan.hpp"
@@ -23,6 +24,7 @@ namespace oomb_trainer {
 /// Everything oomb-train takes (see help_text()).
 struct train_options {
   std::string config, data, synthetic, init, resume, out, dump_grads;
+  packing_kind packing = packing_kind::none;  ///< --packing: consecutive windows of --data, or its documents packed
   std::int64_t seq_len = 0;
   double rope_theta = 0.0;   ///< --rope-theta: overrides the config's; 0: the config's
   std::string rope_scaling;  ///< --rope-scaling: a JSON object as HF's rope_scaling, or "none"; empty: the config's
@@ -75,7 +77,8 @@ inline const char* help_text() {
 --device), with oomb's paged KV cache, gradient mirror, offload (far tier: host pool, near tier: fixed slots) and
 page-sparse attention.
 
-usage: oomb-train --config model.json (--data tokens.bin | --synthetic NAME) --seq-len N [--batch B] --chunk C
+usage: oomb-train --config model.json (--data tokens.bin [--packing documents] | --synthetic NAME) --seq-len N
+                  [--batch B] --chunk C
                   --page P [--sparse-budget B --sink S --local L --tile Q --scoring K] [--offload --near-pages K]
                   --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
                   [--rope-theta T] [--rope-scaling JSON]
@@ -87,7 +90,17 @@ usage: oomb-train --config model.json (--data tokens.bin | --synthetic NAME) --s
 model and data
   --config FILE         HF config.json of a qwen2, llama, mistral or qwen3 model (configs/tiny.json,
                         configs/qwen2.5-7b.json, configs/llama-3.1-8b.json, configs/qwen3-8b.json, ...)
-  --data FILE           token file (OOMBTOKS header, uint32 ids); samples are consecutive windows of N tokens
+  --data FILE           token file (OOMBTOKS, docs/formats.md; tools/prepare_data.py makes one from JSONL text
+                        or chat): version 1 (ids) or 2 (ids, document starts, an optional loss mask: only
+                        the targets it marks count, e.g. a chat's assistant tokens). Without --packing,
+                        samples are consecutive windows of N tokens; a window with no counted target is
+                        skipped
+  --packing P           how --data becomes sequences: none (default: consecutive windows) or documents
+                        (version 2 files): whole documents in a seeded shuffled order (--seed), packed
+                        while the next fits, the rest of the sequence padding (masked out); a document
+                        longer than N is cut into windows of N. No target across a document boundary
+                        counts. Per-document attention is not implemented yet: documents in a packed
+                        sequence attend each other's keys (and positions do not restart)
   --synthetic NAME      built-in task instead of --data: kv-recall (records in the first chunk, queried
                         in later ones; the loss counts answer tokens only)
   --kv-keys K, --kv-values M, --kv-queries Q
@@ -97,7 +110,7 @@ model and data
                         (default: HF's initialisation, N(0, 0.02) matrices, seeded by --seed)
   --resume DIR          continue from a checkpoint folder written by --out (weights, AdamW moments,
                         step, data position); reproduces the uninterrupted losses bit for bit
-  --seed N              initialisation and synthetic data seed (default 1234)
+  --seed N              initialisation, synthetic data and --packing order seed (default 1234)
 
 sequence and memory
   --seq-len N           tokens per sequence. Beyond the config's max_position_embeddings with plain
@@ -309,6 +322,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     if (f == "--help" || f == "-h") o.help = true;
     else if (f == "--config") o.config = value();
     else if (f == "--data") o.data = value();
+    else if (f == "--packing") o.packing = parse_packing(f, value());
     else if (f == "--synthetic") o.synthetic = value();
     else if (f == "--init") o.init = value();
     else if (f == "--resume") o.resume = value();
@@ -373,6 +387,8 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   if (o.help) return o;
   OOMB_EXPECTS(!o.config.empty(), "--config is required (see --help)");
   OOMB_EXPECTS(o.data.empty() != o.synthetic.empty(), "give exactly one of --data and --synthetic");
+  OOMB_EXPECTS(o.packing == packing_kind::none || !o.data.empty(), "--packing ", packing_name(o.packing),
+               " packs the documents of a --data token file (--synthetic makes its own sequences)");
   OOMB_EXPECTS(o.synthetic.empty() || o.synthetic == "kv-recall", "--synthetic: unknown task '", o.synthetic,
                "' (known: kv-recall)");
   OOMB_EXPECTS(o.seq_len >= 2, "--seq-len is required (>= 2)");

@@ -186,6 +186,7 @@ std::string human_bytes(double b) {
 
 nlohmann::json options_json(const train_options& o) {
   return {{"config", o.config},         {"data", o.data},
+          {"packing", packing_name(o.packing)},
           {"synthetic", o.synthetic},   {"init", o.init},
           {"resume", o.resume},         {"out", o.out},
           {"seq_len", o.seq_len},       {"batch", o.batch},
@@ -219,7 +220,8 @@ nlohmann::json options_json(const train_options& o) {
 }
 
 nlohmann::json run_identity(const train_options& o) {
-  return {{"seed", o.seed}, {"synthetic", o.synthetic}, {"data", o.data}, {"seq_len", o.seq_len},
+  return {{"seed", o.seed}, {"synthetic", o.synthetic}, {"data", o.data}, {"packing", packing_name(o.packing)},
+          {"seq_len", o.seq_len},
           {"batch", o.batch}, {"chunk", o.chunk}, {"page", o.page}};
 }
 
@@ -309,8 +311,8 @@ training_run::training_run(train_options o, std::function<void(const std::string
     ko.queries_per_chunk = o_.kv_queries;
     task_.emplace(cfg_.vocab_size, o_.seq_len, o_.chunk, o_.seed, ko);
   } else {
-    tokens_.emplace(token_reader::open(o_.data, static_cast<std::uint32_t>(cfg_.vocab_size)),
-                    static_cast<std::size_t>(o_.seq_len), false, data_position_);
+    tokens_.emplace(token_reader::open(o_.data, static_cast<std::uint32_t>(cfg_.vocab_size)), o_.seq_len, o_.packing,
+                    o_.seed, data_position_);
   }
   fs::create_directories(o_.out);
   detail::write_json_file((fs::path(o_.out) / "options.json").string(), options_json(o_));
@@ -339,9 +341,10 @@ std::string training_run::plan_text(const train_options& o, const trainer_factor
 
 sequence training_run::next_sequence() {
   if (task_) return task_->make(data_position_++);
-  sequence s;
-  s.tokens = tokens_->next();
+  sequence s = tokens_->next();
   data_position_ = tokens_->position();
+  batch_padding_ += tokens_->last_padding();
+  batch_skipped_ += tokens_->last_skipped();
   return s;
 }
 
@@ -349,6 +352,7 @@ step_record training_run::step() {
   OOMB_EXPECTS(!done(), "training_run: all ", o_.steps, " steps are taken");
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<sequence> batch;
+  batch_padding_ = batch_skipped_ = 0;
   for (std::int32_t i = 0; i < o_.batch; ++i) batch.push_back(next_sequence());
   step_settings s;
   s.step = step_;
@@ -366,6 +370,8 @@ step_record training_run::step() {
   r.grad_norm = m.grad_norm;
   r.lr = s.lr;
   r.tokens = meter_.total;
+  r.padding_tokens = batch_padding_;
+  r.sequences_skipped = batch_skipped_;
   r.chunked = trainer_->last_stats();
   r.memory = trainer_->memory();
   sample_gpu();
@@ -485,11 +491,18 @@ std::string training_run::banner() const {
     note = fmt::format("\n  note: --seq-len {} is beyond the config's max_position_embeddings {} with plain RoPE{}: "
                        "positions past {} are extrapolated (--rope-scaling extends the context by a scaled RoPE)",
                        o_.seq_len, trained_positions, o_.rope_theta > 0 ? " (--rope-theta given)" : "", trained_positions);
+  // Packing without the per-document mask is what many trainers do; ours will gain the mask (the
+  // sequences carry doc_starts for it). Until then the run says what its attention does.
+  if (o_.packing == packing_kind::documents)
+    note += "\n  note: --packing documents: per-document attention is not implemented yet: documents in a packed "
+            "sequence attend each other's keys, and positions do not restart at a document (no target across a "
+            "document boundary counts in the loss)";
   return fmt::format("oomb-train: {} model, {} layers, hidden {}, {} heads / {} KV heads of {}, vocab {}, {} parameters\n"
                      "  RoPE: {}{}\n  device: {}\n  {}, {}\n  data: {}; steps {} from {}{}",
                      model_family_name(c.family), c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
                      c.num_key_value_heads, c.head_dim, c.vocab_size, parameter_count(param_layout(c)), c.rope.describe(),
-                     note, trainer_->describe(), batch, mode, o_.synthetic.empty() ? o_.data : "synthetic " + o_.synthetic,
+                     note, trainer_->describe(), batch, mode,
+                     tokens_ ? o_.data + " (" + tokens_->describe() + ")" : "synthetic " + o_.synthetic,
                      o_.steps, step_, plan);
 }
 
@@ -530,7 +543,8 @@ void training_run::log(const step_record& r) {
   const auto& s = r.chunked;
   const std::int64_t near = m.near_kv_slots + m.near_grad_slots;
   const std::int64_t far = std::int64_t(s.kv_pages_high_water) + s.grad_pages_high_water;
-  const std::string loss_name = task_ ? "answer loss" : "loss";
+  const bool data_mask = tokens_ && tokens_->reader().has_mask();  // the token file's loss mask (e.g. assistant tokens)
+  const std::string loss_name = task_ ? "answer loss" : data_mask ? "masked loss" : "loss";
   const double h2d = double(s.bytes_to_near) / r.seconds / 1e9, d2h = double(s.bytes_to_far) / r.seconds / 1e9;
   const bool homes_on_host = o_.device != "cpu" && o_.offload;
   if (print_) {
@@ -551,7 +565,7 @@ void training_run::log(const step_record& r) {
   }
   nlohmann::json j = {{"step", r.step + 1},
                       {"loss", r.loss},
-                      {"loss_kind", task_ ? "answer" : "all"},
+                      {"loss_kind", task_ ? "answer" : data_mask ? "mask" : "all"},
                       {"lr", r.lr},
                       {"grad_norm", r.grad_norm},
                       {"tokens", r.tokens},
@@ -560,6 +574,10 @@ void training_run::log(const step_record& r) {
                       {"sequences", o_.batch},
                       {"seconds", r.seconds},
                       {"tokens_per_second", r.tokens_per_second}};
+  if (tokens_) {
+    j["sequences_skipped"] = r.sequences_skipped;
+    if (o_.packing == packing_kind::documents) j["padding_tokens"] = r.padding_tokens;
+  }
   if (!o_.full_backprop) {
     j["stage1_seconds"] = s.stage1_seconds;
     j["stage2_seconds"] = s.stage2_seconds;

@@ -28,6 +28,7 @@
 
 #include "trainer/app/options.hpp"
 #include "trainer/data/synthetic.hpp"
+#include "trainer/data/token_sequences.hpp"
 #include "trainer/io/checkpoint.hpp"
 #include "trainer/io/config.hpp"
 #include "trainer/io/safetensors.hpp"
@@ -54,6 +55,8 @@ struct step_record {
   double loss = 0;  ///< mean over the batch of each sequence's mean loss
   double lr = 0, grad_norm = 0, seconds = 0, tokens_per_second = 0;
   std::int64_t tokens = 0;   ///< over the batch
+  std::int64_t padding_tokens = 0;     ///< --packing documents: the batch's padding (counted in `tokens`)
+  std::int64_t sequences_skipped = 0;  ///< --data: sequences passed over because no target of theirs counts
   std::int64_t tokens_seen = 0;  ///< over the run's steps so far, this one included (every step is --batch x --seq-len)
   double eta_seconds = 0;        ///< the steps left to --steps at this process's mean step time
   chunk_step_stats chunked;  ///< summed over the batch; zeros with --full-backprop
@@ -154,7 +157,8 @@ class training_run {
   std::int64_t step_ = 0;
   std::uint64_t data_position_ = 0;
   std::optional<kv_recall> task_;
-  std::optional<token_windows> tokens_;
+  std::optional<token_sequences> tokens_;
+  std::int64_t batch_padding_ = 0, batch_skipped_ = 0;  // of the batch being drawn (next_sequence)
   std::ofstream log_;
   bool dumped_ = false;
   step_meter meter_;
