@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -163,6 +164,47 @@ class chunk_recurrent {
     if constexpr (has_op_clock_v<B>) stats_.op_time = be_.take_op_seconds();
     stats_.attention_host = attn_.host_seconds();
     return stats_.loss;
+  }
+
+  /// Forward only (evaluation): stage 1 with every layer finished and the head's loss, no
+  /// gradient and no gradient page. Returns the loss of each position's prediction: entry t is the
+  /// loss of predicting token t + 1 (natural log), NaN where the loss mask does not count it (and
+  /// for the last token, which predicts nothing). The cache holds nothing afterwards.
+  std::vector<double> evaluate(const params_type& p, const sequence& seq,
+                               const std::function<void(const chunk_progress&)>& progress = {}) {
+    seq.validate();
+    const std::int64_t N = seq.size();
+    OOMB_EXPECTS(N <= max_tokens_, "chunk_recurrent: sequence of ", N, " tokens, built for at most ", max_tokens_);
+    const std::int32_t L = cfg_.num_hidden_layers;
+    const auto chunks = static_cast<std::int32_t>((N + opt_.chunk - 1) / opt_.chunk);
+    attn_.begin_step(chunks);
+    T* x = x_.data();
+    const rope_frequencies freqs = rope_frequencies_for(cfg_.rope, D_.d, N);
+    std::vector<std::int32_t> targets(static_cast<std::size_t>(opt_.chunk));
+    std::vector<double> losses(static_cast<std::size_t>(N), std::numeric_limits<double>::quiet_NaN());
+    auto& a = acts_[0];
+    for (std::int32_t c = 0; c < chunks; ++c) {
+      const std::int64_t p0 = std::int64_t(c) * opt_.chunk;
+      const std::int64_t n = std::min<std::int64_t>(opt_.chunk, N - p0);
+      attn_.append(n);
+      const auto rope = be_.rope(p0, n, freqs);
+      be_.embedding_forward(n, D_.H, cfg_.vocab_size, seq.tokens.data() + p0, p.embed(), x);
+      a.n = n;
+      for (std::int32_t l = 0; l < L; ++l)
+        block_forward(be_, D_, p.layer(l), rope, x, a, [&](block_acts<B>& b) {
+          attn_.write(l, c, n, b.k.data(), b.v.data());
+          if (opt_.sparse) attn_.select(l, c, n, b.q.data());
+          attn_.forward(l, c, p0, n, b.q.data(), b.o.data(), b.lse.data());
+        });
+      seq.targets(p0, n, targets.data());
+      be_.head_row_losses(p, n, x, targets.data(), losses.data() + p0);
+      for (std::int64_t t = 0; t < n; ++t)
+        if (targets[static_cast<std::size_t>(t)] < 0) losses[static_cast<std::size_t>(p0 + t)] = std::numeric_limits<double>::quiet_NaN();
+      if (progress) progress({1, c, chunks});
+    }
+    for (std::int32_t c = chunks; c-- > 0;) attn_.release_chunk(c);
+    attn_.drain();
+    return losses;
   }
 
   /// The ops backend the steps run on (its scratch, for the memory plan's tests).

@@ -41,6 +41,9 @@ struct train_options {
   home_memory homes = home_memory::pinned;  ///< --home-memory: where the homes live (offload, cuda)
   oomb::attention::kernel_choice attention_kernels = oomb::attention::kernel_choice::automatic;  ///< --attention-kernels
   std::int64_t steps = 0;
+  std::string eval_data;             ///< --eval-data: held-out token file (empty: none; synthetic runs hold out their own)
+  std::int64_t eval_every = 0;       ///< --eval-every: evaluate after every N steps (0: at the end only)
+  std::int32_t eval_sequences = 1;   ///< --eval-sequences: held-out sequences of --seq-len per evaluation
   double lr = 1e-3, min_lr = -1.0;  ///< min_lr < 0: lr / 10
   std::int64_t warmup = 0;
   double weight_decay = 0.0, clip = 1.0;
@@ -67,6 +70,8 @@ struct train_options {
   bool help = false;
 
   double effective_min_lr() const noexcept { return min_lr >= 0 ? min_lr : lr / 10; }
+  /// True when the run evaluates: --eval-data, or --eval-every on a --synthetic task.
+  bool evaluates() const noexcept { return !eval_data.empty() || (eval_every > 0 && !synthetic.empty()); }
   /// The weights' dtype in HF folders (--save-dtype, bfloat16 by default).
   dtype hf_dtype() const { return save_dtype.empty() ? dtype::bf16 : parse_save_dtype(save_dtype); }
   std::uint64_t hf_shard_bytes() const noexcept { return save_shard_size > 0 ? save_shard_size : hf_default_max_shard_bytes; }
@@ -183,6 +188,16 @@ optimisation
   --adam-beta1 B1, --adam-beta2 B2, --adam-epsilon E
                         AdamW's moment decays, each in [0, 1), and epsilon > 0 (defaults 0.9, 0.999, 1e-8)
   --clip G              clip the global gradient norm to G; 0 disables (default 1)
+
+evaluation (forward only: stage 1 with the loss, no backward, no gradient pages)
+  --eval-data FILE      held-out token file: its first --eval-sequences windows of --seq-len tokens.
+                        Logged as eval_loss and the loss by the predicted token's position (0-4K,
+                        4K-32K, 32K-128K, 128K-1M, 1M+) in log.jsonl and an "eval" line
+  --eval-every N        evaluate after every N steps (default: after the last step only); with
+                        --synthetic, held-out sequences of the task (never trained on), and the
+                        kv-recall answer accuracy (answers given p > 1/2)
+  --eval-sequences K    sequences per evaluation (default 1)
+  --steps 0             with an evaluation: evaluate the --init (or --resume) weights and stop
 
 output
   --out DIR             options.json (the effective options), log.jsonl (one JSON object per step) and
@@ -302,6 +317,7 @@ inline chunk_options chunk_options_of(const train_options& o) {
 
 /// Parses argv; throws oomb::invalid_argument naming the flag for anything wrong or missing.
 inline train_options parse_train_options(const std::vector<std::string>& args) {
+  bool has_steps = false;  // --steps 0 (evaluation only) must be said
   train_options o;
   std::string sparse_only;  // the last of --sink / --local / --tile / --scoring given
   constexpr std::int64_t i32max = std::numeric_limits<std::int32_t>::max();
@@ -348,7 +364,10 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--grad-homes") o.grad_homes = parse_grad_homes(f, value());
     else if (f == "--home-memory") o.homes = parse_home_memory(f, value());
     else if (f == "--attention-kernels") o.attention_kernels = parse_attention_kernels(f, value());
-    else if (f == "--steps") o.steps = i64(1);
+    else if (f == "--steps") { o.steps = i64(0); has_steps = true; }
+    else if (f == "--eval-data") o.eval_data = value();
+    else if (f == "--eval-every") o.eval_every = i64(1);
+    else if (f == "--eval-sequences") o.eval_sequences = i32(1);
     else if (f == "--lr") o.lr = detail::parse_double(f, value());
     else if (f == "--min-lr") o.min_lr = detail::parse_double(f, value());
     else if (f == "--warmup") o.warmup = i64(0);
@@ -393,7 +412,14 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
                "' (known: kv-recall)");
   OOMB_EXPECTS(o.seq_len >= 2, "--seq-len is required (>= 2)");
   OOMB_EXPECTS(o.chunk > 0 || o.full_backprop, "--chunk is required");
-  OOMB_EXPECTS(o.steps > 0, "--steps is required (> 0)");
+  const bool eval = o.evaluates();
+  OOMB_EXPECTS(o.steps > 0 || (eval && has_steps), "--steps is required (> 0; 0 with --eval-data or --eval-every: ",
+               "evaluate the --init or --resume weights and stop)");
+  OOMB_EXPECTS(eval || o.eval_sequences == 1, "--eval-sequences needs an evaluation (--eval-data FILE, or --eval-every N ",
+               "with --synthetic)");
+  OOMB_EXPECTS(!eval || !o.full_backprop, "evaluation runs chunk-recurrent stage 1: not with --full-backprop");
+  OOMB_EXPECTS(o.eval_data.empty() || !o.data.empty(), "--eval-data is a token file held out from --data; a --synthetic ",
+               "run holds out its own sequences (give --eval-every N)");
   OOMB_EXPECTS(!o.out.empty(), "--out is required");
   OOMB_EXPECTS(o.lr >= 0, "--lr must be >= 0, got ", o.lr);
   OOMB_EXPECTS(o.warmup <= o.steps, "--warmup ", o.warmup, " is longer than --steps ", o.steps);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <numeric>
 #include <utility>
 
 #include "trainer/trainers/cpu_trainer.hpp"
@@ -209,6 +210,8 @@ nlohmann::json options_json(const train_options& o) {
           {"adam_beta1", o.adam_beta1}, {"adam_beta2", o.adam_beta2},
           {"adam_epsilon", o.adam_epsilon},
           {"clip", o.clip},             {"seed", o.seed},
+          {"eval_data", o.eval_data},   {"eval_every", o.eval_every},
+          {"eval_sequences", o.eval_sequences},
           {"save_every", o.save_every}, {"keep_last", o.keep_last},
           {"save_format", save_format_name(o.save_format)},
           {"save_dtype", o.save_format == checkpoint_layout::hf || !o.export_dir.empty() ? hf_dtype_name(o.hf_dtype()) : "float32"},
@@ -279,7 +282,7 @@ void check_checkpoint_matches(const std::string& dir, const model_config& c) {
 
 training_run::training_run(train_options o, std::function<void(const std::string&)> print, trainer_factory device)
     : o_(std::move(o)), print_(std::move(print)), cfg_(checked_config(o_, device)),
-      schedule_(o_.schedule, o_.lr, o_.effective_min_lr(), o_.warmup, o_.steps),
+      schedule_(o_.schedule, o_.lr, o_.effective_min_lr(), o_.warmup, std::max<std::int64_t>(o_.steps, 1)),
       memory_use_(o_.device != "cpu" ? device.memory_use : std::function<device_memory_use()>{}) {
   namespace fs = std::filesystem;
   // Everything that can refuse the run does so here, before the state is allocated.
@@ -314,6 +317,12 @@ training_run::training_run(train_options o, std::function<void(const std::string
     tokens_.emplace(token_reader::open(o_.data, static_cast<std::uint32_t>(cfg_.vocab_size)), o_.seq_len, o_.packing,
                     o_.seed, data_position_);
   }
+  if (!o_.eval_data.empty()) {
+    eval_tokens_.emplace(token_reader::open(o_.eval_data, static_cast<std::uint32_t>(cfg_.vocab_size)));
+    const std::uint64_t need = std::uint64_t(o_.eval_sequences) * std::uint64_t(o_.seq_len);
+    OOMB_EXPECTS(eval_tokens_->size() >= need, "--eval-data ", o_.eval_data, " holds ", eval_tokens_->size(),
+                 " tokens: ", o_.eval_sequences, " sequences of ", o_.seq_len, " need ", need);
+  }
   fs::create_directories(o_.out);
   detail::write_json_file((fs::path(o_.out) / "options.json").string(), options_json(o_));
   const std::string log_path = (fs::path(o_.out) / "log.jsonl").string();
@@ -337,6 +346,50 @@ std::string training_run::plan_text(const train_options& o, const trainer_factor
     s += fmt::format("does not fit: the largest --seq-len that fits is {} tokens\n", largest);
   }
   return s;
+}
+
+sequence training_run::eval_sequence(std::int32_t i, std::vector<std::int64_t>* position) const {
+  const auto n = static_cast<std::size_t>(o_.seq_len);
+  position->resize(n);
+  std::iota(position->begin(), position->end(), std::int64_t(0));
+  if (task_) return task_->make(std::numeric_limits<std::uint64_t>::max() - std::uint64_t(i));  // never a training index
+  const std::uint64_t w0 = std::uint64_t(i) * n;
+  sequence s;
+  s.tokens = eval_tokens_->read(w0, n);
+  if (eval_tokens_->has_mask()) s.mask = eval_tokens_->read_mask(w0, n);
+  if (eval_tokens_->has_documents()) {
+    // Positions in the document; a prediction across a document start does not count.
+    const auto& starts = eval_tokens_->document_starts();
+    auto d = std::upper_bound(starts.begin(), starts.end(), w0) - 1;  // starts[0] == 0
+    if (s.mask.empty()) s.mask.assign(n, 1);
+    for (std::size_t t = 0; t < n; ++t) {
+      if (d + 1 != starts.end() && *(d + 1) == w0 + t) {
+        ++d;
+        s.mask[t] = 0;
+      }
+      (*position)[t] = std::int64_t(w0 + t - *d);
+    }
+  }
+  return s;
+}
+
+evaluation training_run::evaluate() {
+  OOMB_EXPECTS(o_.evaluates(), "training_run: the run has no evaluation (--eval-data, or --eval-every with --synthetic)");
+  const auto t0 = std::chrono::steady_clock::now();
+  evaluation e;
+  std::vector<std::int64_t> position;
+  for (std::int32_t i = 0; i < o_.eval_sequences; ++i) {
+    const sequence s = eval_sequence(i, &position);
+    e.add(trainer_->evaluate(s, {}), &position);
+  }
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool answers = task_.has_value();
+  nlohmann::json j = e.to_json(answers);
+  j["step"] = step_;
+  log_ << j.dump() << '\n';
+  log_.flush();
+  if (print_) print_(fmt::format("{} | after step {}", e.line(answers), step_));
+  return e;
 }
 
 sequence training_run::next_sequence() {
@@ -408,7 +461,13 @@ int training_run::run(const volatile std::sig_atomic_t* stop) {
     kv_high = std::max(kv_high, r.chunked.kv_pages_high_water);
     grad_high = std::max(grad_high, r.chunked.grad_pages_high_water);
     ++taken;
+    if (o_.evaluates() && o_.eval_every > 0 && step_ % o_.eval_every == 0) evaluate();
   }
+  if (o_.steps == 0) {  // evaluation only: nothing trained, nothing saved
+    evaluate();
+    return signal;
+  }
+  if (o_.evaluates() && done() && (o_.eval_every == 0 || step_ % o_.eval_every != 0)) evaluate();
   if (print_ && !o_.full_backprop && taken > 0) print_(memory_summary(kv_high, grad_high));
   save();
   if (done() && !o_.export_dir.empty()) {  // the finished model; an interrupted run exports when it finishes

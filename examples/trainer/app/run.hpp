@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "trainer/app/evaluation.hpp"
 #include "trainer/app/options.hpp"
 #include "trainer/data/synthetic.hpp"
 #include "trainer/data/token_sequences.hpp"
@@ -111,6 +113,14 @@ class training_run {
 
   /// The next training sequence (advances the data position).
   sequence next_sequence();
+  /// Held-out sequence i of the evaluation: window i of --eval-data (its loss mask; with
+  /// documents, no prediction across a document start counts), or the synthetic task's sequence
+  /// from an index training never reaches. `position` receives each token's position in its
+  /// document (in the sequence without documents).
+  sequence eval_sequence(std::int32_t i, std::vector<std::int64_t>* position) const;
+  /// A forward-only pass over the --eval-sequences held-out sequences; logs it (log.jsonl: an
+  /// object with "step" and the eval_* fields) and prints its line.
+  evaluation evaluate();
 
   /// One optimizer step: sample --batch sequences, the device trainer's step, log. A non-finite
   /// loss or gradient throws non_finite_error with nothing changed but the data position.
@@ -159,6 +169,7 @@ class training_run {
   std::optional<kv_recall> task_;
   std::optional<token_sequences> tokens_;
   std::int64_t batch_padding_ = 0, batch_skipped_ = 0;  // of the batch being drawn (next_sequence)
+  std::optional<token_reader> eval_tokens_;
   std::ofstream log_;
   bool dumped_ = false;
   step_meter meter_;

@@ -171,6 +171,14 @@ class cpu_ops {
     loss_ += static_cast<double>(head_forward_backward(p, grads, n, x, targets, scale, dx, head_));
   }
   double take_loss() noexcept { return std::exchange(loss_, 0.0); }
+  /// Forward only: each row's loss into the host array `out` (0 where targets[t] < 0); the step's
+  /// loss is unchanged.
+  void head_row_losses(const params_type& p, std::int64_t n, const T* x, const std::int32_t* targets, double* out) {
+    rows_.resize(static_cast<std::size_t>(n));
+    (void)head_forward_backward(p, static_cast<grads_type*>(nullptr), n, x, targets, T(1), static_cast<T*>(nullptr), head_,
+                                rows_.data());
+    for (std::int64_t t = 0; t < n; ++t) out[t] = static_cast<double>(rows_[static_cast<std::size_t>(t)]);
+  }
 
   // ---- page ops ----
   void write_pages(const oomb::page_pool_view<E>& pool, oomb::id_span where, std::int64_t n, const T* k, const T* v) {
@@ -301,6 +309,7 @@ class cpu_ops {
   oomb::host_stream copy_in_, copy_out_, compute_;
   oomb::host_resource far_, near_;
   head_scratch<T> head_;
+  std::vector<T> rows_;  // head_row_losses
   double loss_ = 0;  // added by head_loss_and_grad since the last take_loss
   std::vector<T> o_w_, lse_w_;
   std::int32_t indptr_[2] = {0, 0};

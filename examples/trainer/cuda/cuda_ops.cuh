@@ -265,41 +265,21 @@ class basic_cuda_ops {
   void head_loss_and_grad(const params_type& p, grads_type* grads, std::int64_t n, const bf16* x,
                           const std::int32_t* targets, float scale, bf16* dx) {
     const op_scope scope(*this, op_kind::head, "head/loss_and_grad");
-    const auto& c = p.config();
-    const std::int32_t H = c.hidden_size, V = c.vocab_size;
-    const auto eps = static_cast<float>(c.rms_norm_eps);
-    xf_.resize(static_cast<std::size_t>(n * H));
-    rstd_.resize(static_cast<std::size_t>(n));
-    rows_.resize(static_cast<std::size_t>(2 * n));
-    gpu::ops::rmsnorm_forward(n, H, x, p.final_norm(), eps, xf_.data(), rstd_.data(), compute());
-    const auto t = ring().upload(targets, static_cast<std::size_t>(n), compute());
-    gpu::ops::lm_head_ce_args a;
-    a.n = n;
-    a.H = H;
-    a.V = V;
-    a.x = xf_.data();
-    a.W = p.lm_head();
-    a.targets = t.data;
-    a.loss = rows_.data();
-    a.lse = rows_.data() + n;
-    a.bad_position = bad_.data() + bad_target;
-    a.scale = scale;
-    if (grads != nullptr) {
-      f32_[1].resize(static_cast<std::size_t>(n * H));
-      a.dx = f32_[1].data();
-      a.dW = grads->lm_head();
+    head(p, grads, n, x, targets, scale, dx);
+  }
+  /// Forward only: each row's loss into the host array `out` (0 where targets[t] < 0); the step's
+  /// loss is unchanged. Waits for the compute stream.
+  void head_row_losses(const params_type& p, std::int64_t n, const bf16* x, const std::int32_t* targets, double* out) {
+    {
+      const op_scope scope(*this, op_kind::head, "head/row_losses");
+      head(p, nullptr, n, x, targets, 1.0f, nullptr, /*add_to_loss=*/false);
     }
-    const auto plan = gpu::ops::plan_lm_head_ce(n, V, head_budget);
-    const std::size_t bytes = gpu::ops::lm_head_ce_workspace_bytes(plan);
-    gpu::ops::lm_head_cross_entropy(gemm_, plan, a, workspace(bytes), bytes, compute());
-    ring().release(t, compute());
-    gpu::ops::add_sum(n, rows_.data(), loss_.data(), compute());
-    if (grads == nullptr) return;
-    float* dx32 = zeroed(f32_[0], n * H);
-    const std::size_t nbytes = gpu::ops::rmsnorm_backward_workspace_bytes(n, H);
-    gpu::ops::rmsnorm_backward(n, H, x, p.final_norm(), rstd_.data(), static_cast<const float*>(a.dx), dx32,
-                               grads->final_norm(), workspace(nbytes), nbytes, compute());
-    gpu::ops::convert(n * H, static_cast<const float*>(dx32), dx, compute());
+    std::vector<float> rows(static_cast<std::size_t>(n));
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(rows.data(), rows_.data(), rows.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                    compute_.get()),
+                    "cuda_ops: reading the row losses");
+    OOMB_CUDA_CHECK(cudaStreamSynchronize(compute_.get()), "cuda_ops: the row losses");
+    for (std::int64_t t = 0; t < n; ++t) out[t] = targets[t] < 0 ? 0.0 : double(rows[static_cast<std::size_t>(t)]);
   }
   /// The loss added since the last take; waits for the compute stream, and throws if a kernel
   /// reported a token, target or page it could not use.
@@ -495,6 +475,45 @@ class basic_cuda_ops {
   };
 
  private:
+  /// The fused head: final norm, LM head, cross-entropy (the loss of each row in rows_[0, n)).
+  void head(const params_type& p, grads_type* grads, std::int64_t n, const bf16* x, const std::int32_t* targets,
+            float scale, bf16* dx, bool add_to_loss = true) {
+    const auto& c = p.config();
+    const std::int32_t H = c.hidden_size, V = c.vocab_size;
+    const auto eps = static_cast<float>(c.rms_norm_eps);
+    xf_.resize(static_cast<std::size_t>(n * H));
+    rstd_.resize(static_cast<std::size_t>(n));
+    rows_.resize(static_cast<std::size_t>(2 * n));
+    gpu::ops::rmsnorm_forward(n, H, x, p.final_norm(), eps, xf_.data(), rstd_.data(), compute());
+    const auto t = ring().upload(targets, static_cast<std::size_t>(n), compute());
+    gpu::ops::lm_head_ce_args a;
+    a.n = n;
+    a.H = H;
+    a.V = V;
+    a.x = xf_.data();
+    a.W = p.lm_head();
+    a.targets = t.data;
+    a.loss = rows_.data();
+    a.lse = rows_.data() + n;
+    a.bad_position = bad_.data() + bad_target;
+    a.scale = scale;
+    if (grads != nullptr) {
+      f32_[1].resize(static_cast<std::size_t>(n * H));
+      a.dx = f32_[1].data();
+      a.dW = grads->lm_head();
+    }
+    const auto plan = gpu::ops::plan_lm_head_ce(n, V, head_budget);
+    const std::size_t bytes = gpu::ops::lm_head_ce_workspace_bytes(plan);
+    gpu::ops::lm_head_cross_entropy(gemm_, plan, a, workspace(bytes), bytes, compute());
+    ring().release(t, compute());
+    if (add_to_loss) gpu::ops::add_sum(n, rows_.data(), loss_.data(), compute());
+    if (grads == nullptr) return;
+    float* dx32 = zeroed(f32_[0], n * H);
+    const std::size_t nbytes = gpu::ops::rmsnorm_backward_workspace_bytes(n, H);
+    gpu::ops::rmsnorm_backward(n, H, x, p.final_norm(), rstd_.data(), static_cast<const float*>(a.dx), dx32,
+                               grads->final_norm(), workspace(nbytes), nbytes, compute());
+    gpu::ops::convert(n * H, static_cast<const float*>(dx32), dx, compute());
+  }
   // Slots of bad_: where each kind of kernel reports what it could not use (-1: nothing).
   static constexpr int bad_token = 0, bad_target = 1, bad_page = 2;
   // The page kernels' bound on ids: the seam's pool views do not carry the pool's size, and every

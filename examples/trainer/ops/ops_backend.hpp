@@ -50,6 +50,8 @@
 //       adds the SUM of the counted rows' losses to the step's loss; with grads != nullptr adds
 //       scale * its gradient into grads and writes dx. take_loss() -> double: the loss added since
 //       the last take (a GPU keeps it on the device and synchronises here, once per step).
+//   head_row_losses(p, n, x, targets, out): forward only (evaluation): each row's loss into the
+//       host array out [n] (0 where targets[t] < 0), the step's loss unchanged (a GPU synchronises)
 //   Backward ops ADD into dx, dW, db, dw, dtable.
 // page ops (a page_pool_view is a POD view of compute memory: the algorithm never dereferences it)
 //   write_pages(pool, where, n, k, v)      rows t < n of k, v [n][hkv*d] into page where[t / P],

@@ -71,6 +71,11 @@ step_measure cpu_trainer::step(const std::vector<sequence>& batch, const step_se
   return r;
 }
 
+std::vector<double> cpu_trainer::evaluate(const sequence& seq, const std::function<void(const chunk_progress&)>& progress) {
+  OOMB_EXPECTS(chunked_ != nullptr, "evaluation runs chunk-recurrent stage 1: not with --full-backprop");
+  return chunked_->evaluate(params_, seq, progress);
+}
+
 tier_memory cpu_trainer::memory() const { return chunked_ ? chunked_->memory() : tier_memory{}; }
 
 }  // namespace oomb_trainer

@@ -30,6 +30,7 @@ class cpu_trainer final : public trainer {
   void save(const std::string& dir, const trainer_state& state) override;
   step_measure step(const std::vector<sequence>& batch, const step_settings& s,
                     const std::function<void(const chunk_progress&)>& progress) override;
+  std::vector<double> evaluate(const sequence& seq, const std::function<void(const chunk_progress&)>& progress) override;
   chunk_step_stats last_stats() const override { return stats_; }
   tier_memory memory() const override;
   model_params<float> weights() const override { return params_; }

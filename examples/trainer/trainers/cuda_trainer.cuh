@@ -97,6 +97,10 @@ class cuda_trainer final : public trainer {
     save_checkpoint(dir, config_, view.masters(), view.moments(), state, save_options());
   }
 
+  std::vector<double> evaluate(const sequence& seq, const std::function<void(const chunk_progress&)>& progress) override {
+    return chunked_.evaluate(compute_, seq, progress);
+  }
+
   step_measure step(const std::vector<sequence>& batch, const step_settings& s,
                     const std::function<void(const chunk_progress&)>& progress) override {
     OOMB_EXPECTS(!batch.empty(), "cuda_trainer: a step needs at least one sequence");

@@ -88,6 +88,9 @@ class trainer {
   /// and what was not finite, before any weight or moment changes.
   virtual step_measure step(const std::vector<sequence>& batch, const step_settings& s,
                             const std::function<void(const chunk_progress&)>& progress) = 0;
+  /// Forward only, the weights unchanged: the loss of predicting each token t + 1 of `seq`, NaN
+  /// where the mask does not count it (chunk_recurrent::evaluate). Throws with full backprop.
+  virtual std::vector<double> evaluate(const sequence& seq, const std::function<void(const chunk_progress&)>& progress) = 0;
 
   /// The last step's chunk-recurrent counters, summed over its sequences (high-water marks: the
   /// largest); zeros with full backprop.

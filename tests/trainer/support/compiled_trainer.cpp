@@ -21,6 +21,11 @@ double compiled_trainer<B, E>::loss_and_grad(const params_type& p, grads_type& g
 }
 
 template <class B, class E>
+std::vector<double> compiled_trainer<B, E>::evaluate(const params_type& p, const oomb_trainer::sequence& seq) {
+  return trainer_->evaluate(p, seq);
+}
+
+template <class B, class E>
 const oomb_trainer::chunk_step_stats& compiled_trainer<B, E>::last_stats() const noexcept {
   return trainer_->last_stats();
 }

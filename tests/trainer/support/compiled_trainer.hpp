@@ -42,6 +42,7 @@ class compiled_trainer {
 
   double loss_and_grad(const params_type& p, grads_type& grads, const oomb_trainer::sequence& seq,
                        const std::function<void(const oomb_trainer::chunk_progress&)>& progress = {});
+  std::vector<double> evaluate(const params_type& p, const oomb_trainer::sequence& seq);
   const oomb_trainer::chunk_step_stats& last_stats() const noexcept;
   oomb_trainer::tier_memory memory() const;
   const B& backend() const noexcept;
