@@ -82,9 +82,9 @@ inline const char* help_text() {
 --device), with oomb's paged KV cache, gradient mirror, offload (far tier: host pool, near tier: fixed slots) and
 page-sparse attention.
 
-usage: oomb-train --config model.json (--data tokens.bin [--packing documents] | --synthetic NAME) --seq-len N
-                  [--batch B] --chunk C
-                  --page P [--sparse-budget B --sink S --local L --tile Q --scoring K] [--offload --near-pages K]
+usage: oomb-train --config model.json (--data tokens.bin [--packing P] | --synthetic NAME) --seq-len N
+                  [--batch B] --chunk C --page P [--sparse-budget B --sink S --local L --tile Q --scoring K]
+                  [--offload --near-pages K]
                   --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
                   [--rope-theta T] [--rope-scaling JSON]
                   [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop] [--device cpu|cuda]
