@@ -14,16 +14,19 @@ contents, eos <|eot_id|>); neither template marks generation spans. Checked:
     (make-tokens --inspect --dump) and by oomb-train, which trains a packed, masked run on it;
   * a malformed line stops the script naming its file and line, writing nothing (an existing output
     stays as it was, no temporary is left); a template that rewrites earlier turns is refused.
-Run by ctest (tests/trainer/CMakeLists.txt, test trainer_prepare_data, label cpu) in the .venv of
+The script runs in this process (its main(), so transformers is imported once: 6 s instead of 60)
+and once as a command. Run by ctest (tests/trainer/CMakeLists.txt, test trainer_prepare_data, label cpu) in the .venv of
 tools/setup.sh; OOMB_TRAIN and OOMB_MAKE_TOKENS name the binaries. Without them it fails.
 """
+import contextlib
+import io
 import json
 import os
 import pathlib
-import shutil
 import struct
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -106,14 +109,29 @@ def write_jsonl(path, records, raw_lines=()):
             f.write(line + "\n")
 
 
-def prepare(tokenizer_dir, inputs, output, *flags, check=True):
-    cmd = [sys.executable, str(SCRIPT), "--tokenizer", str(tokenizer_dir), "--output", str(output), "--quiet", *flags]
+sys.path.insert(0, str(SCRIPT.parent))
+import prepare_data  # noqa: E402  (tools/prepare_data.py, run in this process: transformers is imported once)
+
+sys.path.pop(0)
+
+
+def prepare(tokenizer_dir, inputs, output, *flags, check=True, subprocess_run=False):
+    """Runs prepare_data.py's main() (or the script in a subprocess), returning (returncode, stdout, stderr)."""
+    args = ["--tokenizer", str(tokenizer_dir), "--output", str(output), "--quiet", *flags]
     for i in inputs:
-        cmd += ["--input", str(i)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        args += ["--input", str(i)]
+    if subprocess_run:
+        r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        result = types.SimpleNamespace(returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)
+    else:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = prepare_data.main(args)
+        result = types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
     if check:
-        assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
-    return r
+        assert result.returncode == 0, f"prepare_data {' '.join(args)} exited {result.returncode}:\n{result.stderr}"
+    return result
 
 
 def read_token_file(path):
@@ -232,7 +250,7 @@ def test_cpp_reader_and_oomb_train_read_the_file(qwen, tmp_path):
     records = [{"messages": m} for m in CHATS] * 6 + [{"text": t} for t in CORPUS[:7]] * 3
     write_jsonl(tmp_path / "mix.jsonl", records)
     out = tmp_path / "mix.tokens"
-    prepare(folder, [tmp_path / "mix.jsonl"], out)
+    prepare(folder, [tmp_path / "mix.jsonl"], out, subprocess_run=True)  # as a command, once
     f = read_token_file(out)
     j = cpp_inspect(out)  # the trainer's reader: every field and id checked
     assert j["version"] == 2 and j["tokens"] == len(f["ids"]) and j["vocab_size"] == len(tok)
@@ -311,12 +329,6 @@ def test_batches_stream_the_input_the_same_whatever_their_size(qwen, tmp_path, m
     records = [{"messages": m} for m in CHATS] * 4 + [{"text": t} for t in CORPUS[:7]] + [{"text": ""}]
     write_jsonl(tmp_path / "mix.jsonl", records)
     prepare(folder, [tmp_path / "mix.jsonl"], tmp_path / "whole.tokens")
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import prepare_data
-    finally:
-        sys.path.pop(0)
     monkeypatch.setattr(prepare_data, "BATCH_LINES", 3)  # batches that cut chats and texts apart
-    assert prepare_data.main(["--tokenizer", str(folder), "--input", str(tmp_path / "mix.jsonl"), "--output",
-                              str(tmp_path / "batched.tokens"), "--quiet"]) == 0
+    prepare(folder, [tmp_path / "mix.jsonl"], tmp_path / "batched.tokens")
     assert (tmp_path / "batched.tokens").read_bytes() == (tmp_path / "whole.tokens").read_bytes()
