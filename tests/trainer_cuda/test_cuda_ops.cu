@@ -173,6 +173,37 @@ TEST_CASE("cuda backend: llama (attention and MLP biases, llama3 RoPE) and qwen3
   }
 }
 
+TEST_CASE("cuda backend: evaluate's per-token losses equal the CPU's, and add up to the GPU step's loss") {
+  const model_config cfg = family_config(oomb_trainer::model_family::qwen3);
+  chunk_options opt;
+  opt.chunk = 32;
+  opt.page = 16;
+  opt.window_pages = 2;
+  const model_params<double> host = bf16_weights(cfg, 91);
+  const auto seq = trainer_test::random_sequence(150, cfg.vocab_size, 92, /*masked=*/true);
+  cpu_reference cpu(cfg, opt, seq.size());
+  const auto want = cpu.evaluate(host, seq);
+  oomb_trainer::gpu::device_params<oomb::bf16> weights(cfg);
+  oomb_trainer::gpu::copy_to_device(host, weights);
+  chunk_recurrent<cuda_ops> gpu(cfg, opt, seq.size());
+  const auto got = gpu.evaluate(weights, seq);
+  REQUIRE(got.size() == want.size());
+  double sum = 0, worst = 0;
+  std::int64_t counted = 0;
+  for (std::size_t t = 0; t < got.size(); ++t) {
+    CHECK(std::isnan(got[t]) == std::isnan(want[t]));
+    if (std::isnan(want[t])) continue;
+    worst = std::max(worst, std::abs(got[t] - want[t]));  // nats: bf16 weights and activations
+    sum += got[t];
+    ++counted;
+  }
+  MESSAGE("evaluate: worst per-token loss error against the CPU " << worst << " nats");
+  CHECK(worst <= 5e-2);
+  oomb_trainer::gpu::device_params<float> grads(cfg);
+  const double step_loss = gpu.loss_and_grad(weights, grads, seq);
+  CHECK(std::abs(sum / double(counted) - step_loss) <= 1e-4 * std::abs(step_loss));
+}
+
 TEST_CASE("cuda backend: GQA group 2, tied embeddings, one-page windows, a partial last chunk") {
   chunk_options opt;
   opt.chunk = 32;
