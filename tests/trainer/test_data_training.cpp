@@ -24,6 +24,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using training_test::log_lines;
 using training_test::temp_dir;
 
 /// A version 2 file of `docs` documents of 5 to 90 tokens (a learnable pattern: each token follows
@@ -59,13 +60,6 @@ oomb_trainer::train_options data_options(const std::string& data, const std::str
   o.out = out;
   o.quiet = true;
   return o;
-}
-
-std::vector<nlohmann::json> log_lines(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
 }
 
 }  // namespace

@@ -24,16 +24,10 @@
 namespace {
 
 namespace fs = std::filesystem;
+using training_test::log_lines;
 using oomb_trainer::chunk_options;
 using oomb_trainer::model_params;
 using double_trainer = trainer_test::compiled_trainer<oomb_trainer::cpu_ops<double>>;
-
-std::vector<nlohmann::json> log_lines(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
 
 }  // namespace
 

@@ -22,6 +22,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using training_test::log_lines;
 using oomb_trainer::parse_train_options;
 using training_test::temp_dir;
 
@@ -46,13 +47,6 @@ oomb_trainer::trainer_factory host_as_gpu() {
   };
   m.memory_use = [] { return oomb_trainer::device_memory_use{2ull << 30, 8ull << 30, 10ull << 30}; };
   return m;
-}
-
-std::vector<nlohmann::json> log_lines(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
 }
 
 }  // namespace

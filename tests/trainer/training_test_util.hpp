@@ -24,6 +24,14 @@ namespace training_test {
 
 namespace fs = std::filesystem;
 
+/// The objects of a run's log.jsonl, one per line.
+inline std::vector<nlohmann::json> log_lines(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
 /// A fresh folder under the temporary directory, removed at the end of the test.
 struct temp_dir {
   fs::path path;

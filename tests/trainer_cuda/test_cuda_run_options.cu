@@ -28,6 +28,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using training_test::log_lines;
 using training_test::temp_dir;
 
 oomb_trainer::train_options gpu_options(const std::string& config, const fs::path& out, std::vector<std::string> extra = {}) {
@@ -36,13 +37,6 @@ oomb_trainer::train_options gpu_options(const std::string& config, const fs::pat
                              "--device", "cuda"};
   a.insert(a.end(), extra.begin(), extra.end());
   return oomb_trainer::parse_train_options(a);
-}
-
-std::vector<nlohmann::json> log_lines(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
 }
 
 std::vector<double> losses_of(oomb_trainer::training_run& run) {

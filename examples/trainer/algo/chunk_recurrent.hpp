@@ -94,23 +94,7 @@ class chunk_recurrent {
     // ---- stage 1: fill the cache, no gradients ----
     auto t0 = std::chrono::steady_clock::now();
     for (std::int32_t c = 0; c < chunks; ++c) {
-      const std::int64_t p0 = std::int64_t(c) * opt_.chunk;
-      const std::int64_t n = std::min<std::int64_t>(opt_.chunk, N - p0);
-      attn_.append(n);
-      const auto rope = be_.rope(p0, n, freqs);
-      be_.embedding_forward(n, D_.H, cfg_.vocab_size, seq.tokens.data() + p0, p.embed(), x);
-      auto& a = acts_[0];
-      a.n = n;
-      for (std::int32_t l = 0; l < L; ++l) {
-        const bool last = l + 1 == L;
-        block_forward(be_, D_, p.layer(l), rope, x, a, [&](block_acts<B>& b) {
-          attn_.write(l, c, n, b.k.data(), b.v.data());
-          if (opt_.sparse) attn_.select(l, c, n, b.q.data());
-          if (last) return;
-          attn_.forward(l, c, p0, n, b.q.data(), b.o.data(), b.lse.data());
-          if (kept_) kept_->keep(l, c, n, b.o.data(), b.lse.data());
-        }, /*finish=*/!last);
-      }
+      forward_chunk(p, seq, c, freqs, /*evaluating=*/false);
       stats_.kv_pages_high_water = std::max(stats_.kv_pages_high_water, attn_.cache().pool().in_use());
       if (progress) progress({1, c, chunks});
     }
@@ -175,29 +159,17 @@ class chunk_recurrent {
     seq.validate();
     const std::int64_t N = seq.size();
     OOMB_EXPECTS(N <= max_tokens_, "chunk_recurrent: sequence of ", N, " tokens, built for at most ", max_tokens_);
-    const std::int32_t L = cfg_.num_hidden_layers;
     const auto chunks = static_cast<std::int32_t>((N + opt_.chunk - 1) / opt_.chunk);
     attn_.begin_step(chunks);
-    T* x = x_.data();
     const rope_frequencies freqs = rope_frequencies_for(cfg_.rope, D_.d, N);
     std::vector<std::int32_t> targets(static_cast<std::size_t>(opt_.chunk));
     std::vector<double> losses(static_cast<std::size_t>(N), std::numeric_limits<double>::quiet_NaN());
-    auto& a = acts_[0];
     for (std::int32_t c = 0; c < chunks; ++c) {
       const std::int64_t p0 = std::int64_t(c) * opt_.chunk;
       const std::int64_t n = std::min<std::int64_t>(opt_.chunk, N - p0);
-      attn_.append(n);
-      const auto rope = be_.rope(p0, n, freqs);
-      be_.embedding_forward(n, D_.H, cfg_.vocab_size, seq.tokens.data() + p0, p.embed(), x);
-      a.n = n;
-      for (std::int32_t l = 0; l < L; ++l)
-        block_forward(be_, D_, p.layer(l), rope, x, a, [&](block_acts<B>& b) {
-          attn_.write(l, c, n, b.k.data(), b.v.data());
-          if (opt_.sparse) attn_.select(l, c, n, b.q.data());
-          attn_.forward(l, c, p0, n, b.q.data(), b.o.data(), b.lse.data());
-        });
+      forward_chunk(p, seq, c, freqs, /*evaluating=*/true);
       seq.targets(p0, n, targets.data());
-      be_.head_row_losses(p, n, x, targets.data(), losses.data() + p0);
+      be_.head_row_losses(p, n, x_.data(), targets.data(), losses.data() + p0);
       for (std::int64_t t = 0; t < n; ++t)
         if (targets[static_cast<std::size_t>(t)] < 0) losses[static_cast<std::size_t>(p0 + t)] = std::numeric_limits<double>::quiet_NaN();
       if (progress) progress({1, c, chunks});
@@ -240,6 +212,33 @@ class chunk_recurrent {
   oomb::residency_stats grad_residency() const { return attn_.grads().stats(); }
 
  private:
+  /// Stage 1 of chunk c (and evaluation's pass): embeds it into x_, runs every layer writing K/V to
+  /// the chunk's pages (and selecting, sparse) and attending over the cache. Training stops the last
+  /// layer after its K/V (nothing reads its output in stage 1) and keeps the attention outputs when
+  /// asked; evaluating finishes every layer, so x_ holds the final hidden states for the head.
+  void forward_chunk(const params_type& p, const sequence& seq, std::int32_t c, const rope_frequencies& freqs,
+                     bool evaluating) {
+    const std::int64_t p0 = std::int64_t(c) * opt_.chunk;
+    const std::int64_t n = std::min<std::int64_t>(opt_.chunk, seq.size() - p0);
+    const std::int32_t L = cfg_.num_hidden_layers;
+    attn_.append(n);
+    const auto rope = be_.rope(p0, n, freqs);
+    T* x = x_.data();
+    be_.embedding_forward(n, D_.H, cfg_.vocab_size, seq.tokens.data() + p0, p.embed(), x);
+    auto& a = acts_[0];
+    a.n = n;
+    for (std::int32_t l = 0; l < L; ++l) {
+      const bool finish = evaluating || l + 1 < L;
+      block_forward(be_, D_, p.layer(l), rope, x, a, [&](block_acts<B>& b) {
+        attn_.write(l, c, n, b.k.data(), b.v.data());
+        if (opt_.sparse) attn_.select(l, c, n, b.q.data());
+        if (!finish) return;
+        attn_.forward(l, c, p0, n, b.q.data(), b.o.data(), b.lse.data());
+        if (kept_ && !evaluating) kept_->keep(l, c, n, b.o.data(), b.lse.data());
+      }, finish);
+    }
+  }
+
   static void check_tokens(std::int64_t max_tokens) {
     OOMB_EXPECTS(max_tokens >= 2, "chunk_recurrent: max_tokens must be >= 2, got ", max_tokens);
   }
