@@ -191,9 +191,12 @@ class ChunkRecurrent:
     # -- the step ------------------------------------------------------------------------------
     def forward_backward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
                          loss_mask: Optional[torch.Tensor] = None,
-                         attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         attention_mask: Optional[torch.Tensor] = None, scale: float = 1.0) -> torch.Tensor:
         """Runs both stages; adds full-sequence backprop's gradient of the loss to every parameter's
         ``.grad`` (as ``loss.backward()`` would) and returns the loss (detached).
+
+        ``scale`` multiplies the gradient (not the returned loss), as ``(scale * loss).backward()``
+        would: what gradient accumulation's ``loss / steps`` or ``sum / num_items_in_batch`` needs.
 
         The loss is HF's causal-LM loss: next-token cross-entropy summed over the targets and divided
         by their number; ``labels`` (default ``input_ids``) use -100 for tokens that are no target,
@@ -260,7 +263,7 @@ class ChunkRecurrent:
                 run = _Run(self, n)
                 _active = run
                 try:
-                    total += run.step(ids[b], targets[b], count)
+                    total += run.step(ids[b], targets[b], count, float(scale))
                 finally:
                     _active = None
                     while self.store.seq_len(self.seq) > 0:  # after an error: give every page back
@@ -365,7 +368,7 @@ class _Run:
         return o.unsqueeze(0), None
 
     # -- the two stages ----------------------------------------------------------------------------
-    def step(self, ids: torch.Tensor, targets: torch.Tensor, count: int) -> torch.Tensor:
+    def step(self, ids: torch.Tensor, targets: torch.Tensor, count: int, scale: float = 1.0) -> torch.Tensor:
         d = self.d
         model, store, seq, chunk, page = d.model, d.store, d.seq, d.chunk, d.page
         base = model.base_model
@@ -406,7 +409,7 @@ class _Run:
                 logits = out.logits[0]
                 loss = F.cross_entropy(logits.to(loss_dtype), targets[s0:s1], ignore_index=-100,
                                        reduction="sum") / count
-                roots, grads = [loss], [torch.ones_like(loss)]
+                roots, grads = [loss], [torch.full_like(loss, scale)]  # linear: later chunks' gk/gv carry it
                 store.flush_grads()  # offload: what later chunks added in near slots, home now
                 for layer, (key, value) in self.captured.items():
                     own = store.page_ids(seq, layer, first, first + -(-(s1 - s0) // page))
