@@ -131,6 +131,11 @@ class ChunkRecurrent:
                 raise RefusedError(f"oomb: sparse scoring {sparse.scoring!r} is not 'quest' or 'mean'")
             if min(sparse.budget, sparse.sink, sparse.local) < 0 or sparse.tile <= 0:
                 raise RefusedError(f"oomb: bad sparse config {sparse}")
+        if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
+            # A PEFT model (LoRA): the transformers model under it, whose layers PEFT has replaced in
+            # place (the adapters are its parameters too). Stage 1 then runs its base model alone,
+            # not PEFT's wrapper of the whole LM (which would compute the LM head's logits).
+            model = model.get_base_model()
         self.model = model
         self.chunk, self.page, self.max_tokens, self.sparse, self.offload = chunk, page, max_tokens, sparse, offload
         self._check_model()
@@ -184,6 +189,11 @@ class ChunkRecurrent:
                 raise RefusedError(f"oomb: attention_dropout={cfg.attention_dropout} in train mode: stage 2's "
                                    "recomputation would not reproduce stage 1 (set it to 0 or call model.eval())")
             for name, mod in m.named_modules():
+                if isinstance(mod, torch.nn.Dropout) and mod.p > 0 and "lora_dropout" in name:
+                    raise RefusedError(f"oomb: {name} is PEFT's lora_dropout={mod.p} in train mode: stage 2's "
+                                       "recomputation would draw other dropout masks than stage 1, so the gradient "
+                                       "would not be the loss's (make the LoraConfig with lora_dropout=0.0, or call "
+                                       "model.eval())")
                 if isinstance(mod, torch.nn.Dropout) and mod.p > 0:
                     raise RefusedError(f"oomb: {name} is a dropout with p={mod.p} in train mode: stage 2's "
                                        "recomputation would not reproduce stage 1 (set p=0 or call model.eval())")
@@ -416,9 +426,12 @@ class _Run:
                     gids = store.grad_ids[own.long()]
                     if bool((gids >= 0).any()):  # what later chunks left for this chunk's own K/V
                         gk, gv = ops.gather_pages(store.grad_pool, gids, s1 - s0)
-                        roots += [key, value]
-                        grads += [gk.transpose(0, 1).unsqueeze(0).to(key.dtype),
-                                  gv.transpose(0, 1).unsqueeze(0).to(value.dtype)]
+                        # A frozen path (a LoRA base: layer 0's k_proj over frozen embeddings) has
+                        # no parameter behind it; its gradient goes nowhere.
+                        for t, g in ((key, gk), (value, gv)):
+                            if t.requires_grad:
+                                roots.append(t)
+                                grads.append(g.transpose(0, 1).unsqueeze(0).to(t.dtype))
                 torch.autograd.backward(roots, grads)
                 total += loss.detach().to(torch.float64)
                 self.captured = {}
