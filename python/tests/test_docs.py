@@ -15,10 +15,19 @@ def test_docs_quote_the_example():
                           str(PYTHON / "README.md"), str(ROOT / "docs" / "pytorch.md")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "2 snippet(s) match" in out.stdout
+    assert "3 snippet(s) match" in out.stdout
 
 
 def test_the_example_trains():
     out = subprocess.run([sys.executable, str(PYTHON / "examples" / "train_long.py"), "1024", "2"], check=True,
                          capture_output=True, text=True, timeout=300).stdout
     assert out.count("step ") == 2 and "pages at most 16 K/V + 8 gradient of 16" in out
+
+
+def test_the_trainer_example_trains(tmp_path):
+    for extra in ([], ["--lora"]):
+        out_dir = tmp_path / ("lora" if extra else "full")
+        run = subprocess.run([sys.executable, str(PYTHON / "examples" / "train_trainer.py"), str(out_dir)] + extra,
+                             check=True, capture_output=True, text=True, timeout=300)
+        assert run.stdout.count("'loss'") + run.stderr.count("'loss'") >= 4
+        assert (out_dir / "checkpoint-2").is_dir() and (out_dir / "checkpoint-4").is_dir()
