@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Two CPU processes over gloo, each running its own sequence through the driver, gradients
 all-reduced after stage 2: equal to one process that accumulates both sequences (their mean)."""
+import datetime
+import faulthandler
 import os
 import socket
 
@@ -28,15 +30,16 @@ def free_port():
 
 def rank_main(rank, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD), RANK=str(rank))
+    faulthandler.dump_traceback_later(90, exit=True)  # a hung rank fails the test with its stack, not CI's clock
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://")
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
     try:
         from oomb.distributed import all_reduce_gradients
 
         model = make_model("qwen2").train()  # the same seed on every rank: the same weights
-        # Not wrapped in DistributedDataParallel: the driver runs the modules directly and calls
-        # backward once per chunk, which DDP's hooks do not expect (a DDP-wrapped variant of this
-        # test hung for 5 minutes); one all-reduce after stage 2 averages the gradients.
+        # Not wrapped in DistributedDataParallel: the driver runs the modules directly, so DDP's
+        # forward (which arms its reducer's hooks) never runs and DDP would average nothing; one
+        # all-reduce after stage 2 is what averages the gradients.
         cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=max(LENGTHS))
         loss = cr.forward_backward(sequences()[rank])
         all_reduce_gradients(model)
@@ -44,6 +47,7 @@ def rank_main(rank, port, out_dir):
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+        faulthandler.cancel_dump_traceback_later()
 
 
 def test_two_gloo_ranks_equal_one_process_accumulating(tmp_path):

@@ -6,10 +6,10 @@ then the gradients are averaged across ranks before the optimizer step.
     oomb.distributed.all_reduce_gradients(model)   # every rank: the mean over ranks
     optimizer.step(); optimizer.zero_grad()
 
-Why not ``DistributedDataParallel``: DDP all-reduces from autograd hooks that its own ``forward``
-arms (``prepare_for_backward``) and expects each parameter's gradient once per step; the driver
-runs the model's modules directly (so DDP's forward never runs) and calls ``backward`` once per
-chunk (so every parameter's gradient arrives once per chunk). One all-reduce of ``.grad`` after
+Why not ``DistributedDataParallel``: DDP all-reduces from autograd hooks that only its own
+``forward`` arms (``prepare_for_backward``), and expects each parameter's gradient once per step;
+the driver runs the model's modules directly (DDP's forward never runs, so a DDP wrapper averages
+nothing) and calls ``backward`` once per chunk. One all-reduce of ``.grad`` after
 ``forward_backward`` is the simple correct path, and the same code runs over NCCL on GPUs.
 """
 from __future__ import annotations
