@@ -14,10 +14,12 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "oomb/core/error.hpp"
 #include "test_util.hpp"
+#include "trainer/io/named_tensor.hpp"
 
 namespace io_test {
 
@@ -98,5 +100,30 @@ template <class T>
 std::vector<T> random_vector(std::size_t n, std::uint64_t seed, double lo = -2.0, double hi = 2.0) {
   return trainer_test::random_vector<T>(n, seed, lo, hi);
 }
+
+// A stand-in model for the checkpoint tests: HF-named tensors of 80, 64, 8, 8 and 80 elements
+// carved from one allocation, as the trainer does.
+template <class T>
+struct fake_model {
+  std::vector<T> storage;
+  std::vector<oomb_trainer::named_tensor<T>> params;
+
+  explicit fake_model(std::uint64_t seed) {
+    const std::vector<std::pair<std::string, std::vector<std::int64_t>>> spec = {
+        {"model.embed_tokens.weight", {10, 8}},
+        {"model.layers.0.self_attn.q_proj.weight", {8, 8}},
+        {"model.layers.0.self_attn.q_proj.bias", {8}},
+        {"model.norm.weight", {8}},
+        {"lm_head.weight", {10, 8}}};
+    std::size_t total = 0;
+    for (const auto& s : spec) total += static_cast<std::size_t>(oomb_trainer::shape_numel(s.second));
+    storage = random_vector<T>(total, seed);
+    std::size_t off = 0;
+    for (const auto& s : spec) {
+      params.push_back({s.first, s.second, storage.data() + off});
+      off += static_cast<std::size_t>(oomb_trainer::shape_numel(s.second));
+    }
+  }
+};
 
 }  // namespace io_test

@@ -17,6 +17,7 @@
 
 using namespace oomb_trainer;
 using io_test::expect_error;
+using io_test::fake_model;
 using io_test::temp_dir;
 
 namespace {
@@ -37,29 +38,6 @@ model_config tiny_config() {
   return c;
 }
 
-// A stand-in model: a few HF-named tensors carved from one allocation, as the trainer does.
-template <class T>
-struct fake_model {
-  std::vector<T> storage;
-  std::vector<named_tensor<T>> params;
-
-  explicit fake_model(std::uint64_t seed) {
-    const std::vector<std::pair<std::string, std::vector<std::int64_t>>> spec = {
-        {"model.embed_tokens.weight", {10, 8}},
-        {"model.layers.0.self_attn.q_proj.weight", {8, 8}},
-        {"model.layers.0.self_attn.q_proj.bias", {8}},
-        {"model.norm.weight", {8}},
-        {"lm_head.weight", {10, 8}}};
-    std::size_t total = 0;
-    for (const auto& s : spec) total += static_cast<std::size_t>(shape_numel(s.second));
-    storage = io_test::random_vector<T>(total, seed);
-    std::size_t off = 0;
-    for (const auto& s : spec) {
-      params.push_back({s.first, s.second, storage.data() + off});
-      off += static_cast<std::size_t>(shape_numel(s.second));
-    }
-  }
-};
 
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {

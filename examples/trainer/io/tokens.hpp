@@ -403,11 +403,9 @@ inline void check_mask(const std::uint8_t* mask, std::size_t n, std::uint64_t fi
                  ", expected 0 or 1");
 }
 
+/// The ids of either version's body, checked and packed a slice at a time.
 template <class Int, class Sink>
-void emit_token_file(const Int* tokens, std::size_t n, std::uint32_t vocab, Sink&& sink) {
-  OOMB_EXPECTS(tokens != nullptr || n == 0, "token file writer: null tokens");
-  const std::string h = token_file_header(n, vocab);
-  sink(h.data(), h.size());
+void emit_token_ids(const Int* tokens, std::size_t n, std::uint32_t vocab, Sink& sink) {
   std::vector<std::uint32_t> buf;
   constexpr std::size_t chunk = 1u << 18;
   for (std::size_t i = 0; i < n; i += chunk) {
@@ -415,6 +413,14 @@ void emit_token_file(const Int* tokens, std::size_t n, std::uint32_t vocab, Sink
     pack_tokens(tokens + i, m, vocab, i, buf);
     sink(buf.data(), 4 * m);
   }
+}
+
+template <class Int, class Sink>
+void emit_token_file(const Int* tokens, std::size_t n, std::uint32_t vocab, Sink&& sink) {
+  OOMB_EXPECTS(tokens != nullptr || n == 0, "token file writer: null tokens");
+  const std::string h = token_file_header(n, vocab);
+  sink(h.data(), h.size());
+  emit_token_ids(tokens, n, vocab, sink);
 }
 
 template <class Int, class Sink>
@@ -428,13 +434,7 @@ void emit_token_file_v2(const Int* tokens, std::size_t n, std::uint32_t vocab, c
   if (mask) check_mask(mask, n, 0);
   const std::string h = token_file_v2_header(n, vocab, starts.size(), mask != nullptr);
   sink(h.data(), h.size());
-  std::vector<std::uint32_t> buf;
-  constexpr std::size_t chunk = 1u << 18;
-  for (std::size_t i = 0; i < n; i += chunk) {
-    const std::size_t m = std::min(chunk, n - i);
-    pack_tokens(tokens + i, m, vocab, i, buf);
-    sink(buf.data(), 4 * m);
-  }
+  emit_token_ids(tokens, n, vocab, sink);
   const unsigned char zeros[4] = {0, 0, 0, 0};
   if (n % 2 == 1) sink(zeros, 4);
   if (!packed_starts.empty()) sink(packed_starts.data(), packed_starts.size());
