@@ -4,6 +4,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include <vector>
+
 #include <oomb/attention/plan.hpp>
 
 namespace {
@@ -155,4 +157,25 @@ TEST_CASE("attention plan: bad shapes and forced options are refused") {
   CHECK_THROWS_AS(att::plan_backward(s, f, o), oomb::invalid_argument);
   o.config = K::backward_hopper_d128;  // whole-query steps for a group of 81
   CHECK_THROWS_AS(att::plan_backward(call(256, 1024, 10, 81, 1), f, o), oomb::invalid_argument);
+}
+
+TEST_CASE("attention plan: a call with per-document bounds has its own shape, refused until the kernels take it") {
+  const auto f = h200();
+  const std::vector<std::int64_t> lower(64, 0);
+  att::attention_args a;
+  a.sq = 64;
+  a.hq = 28;
+  a.hkv = 4;
+  a.d = 128;
+  a.kv.pool.page_size = 128;
+  a.window_pages = 1;
+  const att::call_shape plain = att::call_shape::of(a);
+  a.key_lower = lower.data();
+  const att::call_shape bounded = att::call_shape::of(a);
+  CHECK_FALSE(plain.bounded);
+  CHECK(bounded.bounded);
+  CHECK(plain != bounded);  // a plan made without bounds does not launch a call with them
+  CHECK_NOTHROW(att::plan_forward(plain, f));
+  CHECK_THROWS_WITH_AS(att::plan_forward(bounded, f), doctest::Contains("key_lower"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(att::plan_backward(bounded, f), doctest::Contains("key_lower"), oomb::invalid_argument);
 }

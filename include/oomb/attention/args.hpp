@@ -14,7 +14,8 @@ namespace attention {
 
 /// Every pointer is device memory. Query i of the chunk sits at absolute position q_start + i;
 /// query head h reads KV head h / (hq / hkv). Sequence 0 of kv.table lists the window's pages, the
-/// logical pages first_page, first_page + 1, ... of the sequence. Causal everywhere.
+/// logical pages first_page, first_page + 1, ... of the sequence. Causal everywhere; with
+/// key_lower, block-diagonal causal (packed documents).
 struct attention_args {
   const bf16* q = nullptr;  ///< [sq][hq][d], RoPE applied
   std::int64_t q_start = 0;
@@ -39,6 +40,15 @@ struct attention_args {
   const std::int32_t* tile_indptr = nullptr;  ///< [ceil(sq / tile) + 1]
   const std::int32_t* tile_pages = nullptr;
   std::int32_t tile = 128;
+  /// Optional per-document bounds (the reference's contract): query i sees only keys at absolute
+  /// positions >= key_lower[i], the start of its document. Non-decreasing in i and at most
+  /// q_start + i. So a block of rows whose first query is i0 needs no key below key_lower[i0]
+  /// (skip whole tiles and pages below it; mask per row above it), and the queries that see a key
+  /// block [k0, k1) are contiguous: from the causal start up to the first i with key_lower[i] >= k1.
+  /// Pages wholly below key_lower[0] are read by no row: their table ids may be -1, also dense.
+  /// nullptr = no bound. The kernels do not take bounds yet: plan_forward and plan_backward refuse
+  /// a call with key_lower set (call_shape::bounded; issue 31).
+  const std::int64_t* key_lower = nullptr;  ///< [sq]
 };
 
 }  // namespace attention

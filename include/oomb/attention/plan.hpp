@@ -95,6 +95,7 @@ struct call_shape {
   bool sparse = false;
   std::int32_t tile = 0;      ///< sparse calls: queries per tile
   bool dq_aligned16 = true;   ///< backward: the Hopper writer's bulk reductions need a 16-byte aligned dq
+  bool bounded = false;       ///< per-document bounds (attention_args::key_lower) given
 
   static call_shape of(const attention_args& a, const void* dq = nullptr) {
     call_shape s;
@@ -109,13 +110,14 @@ struct call_shape {
     s.sparse = a.tile_indptr != nullptr;
     s.tile = s.sparse ? a.tile : 0;
     s.dq_aligned16 = (reinterpret_cast<std::uintptr_t>(dq) & 15u) == 0;
+    s.bounded = a.key_lower != nullptr;
     return s;
   }
   std::int32_t group() const { return hkv > 0 ? hq / hkv : 0; }
   friend bool operator==(const call_shape& x, const call_shape& y) {
     return x.q_start == y.q_start && x.sq == y.sq && x.hq == y.hq && x.hkv == y.hkv && x.d == y.d &&
            x.page_size == y.page_size && x.first_page == y.first_page && x.window_pages == y.window_pages &&
-           x.sparse == y.sparse && x.tile == y.tile && x.dq_aligned16 == y.dq_aligned16;
+           x.sparse == y.sparse && x.tile == y.tile && x.dq_aligned16 == y.dq_aligned16 && x.bounded == y.bounded;
   }
   friend bool operator!=(const call_shape& x, const call_shape& y) { return !(x == y); }
 };
@@ -294,6 +296,10 @@ inline void check_shape(const call_shape& s, const char* what) {
   OOMB_EXPECTS(!s.sparse || s.tile > 0, what, ": a sparse call needs a positive tile, got ", s.tile);
   OOMB_EXPECTS(!s.sparse || ceil_div(s.sq, s.tile) <= 4096, what, ": at most 4096 sparse query tiles per call, got ",
                ceil_div(s.sq, s.tile));
+  // The CPU reference takes them (reference.hpp); no kernel reads key_lower yet, so a launch would
+  // attend across documents.
+  OOMB_EXPECTS(!s.bounded, what, ": per-document bounds (key_lower) are not in the CUDA kernels yet (issue 31); "
+               "the CPU reference takes them");
 }
 
 inline void check_forced(const plan_options& o, bool forward, const char* what) {

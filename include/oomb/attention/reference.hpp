@@ -8,7 +8,9 @@
 //     rounding), and
 //   - the sum of backward calls over the windows (each given the GLOBAL o and lse) equals one
 //     backward pass.
-// Causal mask everywhere: a query at absolute position p sees keys at positions <= p.
+// Causal mask everywhere: a query at absolute position p sees keys at positions <= p; with
+// per-document bounds (key_lower) only those at positions >= its bound too, so packed documents
+// attend within themselves (block-diagonal causal).
 // GQA: query head h reads KV head h / (hq / hkv), as HF's repeat_kv.
 //
 // Summation order is fixed by the source (oomb/core/fixed_order.hpp), and a sparse call that selects every
@@ -48,6 +50,13 @@ struct attention_args {
   const std::int32_t* tile_indptr = nullptr;  ///< [ceil(sq / tile) + 1]
   const std::int32_t* tile_pages = nullptr;
   std::int32_t tile = 128;
+  /// Optional per-document bounds: query i sees only keys at absolute positions >= key_lower[i]
+  /// (the start of its document; documents start mid-page and mid-chunk). Non-decreasing in i and
+  /// at most the query's own position q_start + i, so every query sees its own key and a block of
+  /// rows needs no key below the bound of its first row. Pages wholly below a row's bound are
+  /// never read for it; pages below key_lower[0] by no row (their table entries may be -1).
+  /// nullptr = no bound (as all 0).
+  const std::int64_t* key_lower = nullptr;  ///< [sq]
 };
 
 namespace detail {
@@ -73,37 +82,50 @@ void check_args(const attention_args<T, E>& a) {
     OOMB_EXPECTS(a.tile_pages != nullptr || a.tile_indptr[tiles] == 0,
                  "attention: a sparse call selecting ", a.tile_indptr[tiles], " pages needs tile_pages");
   }
+  if (a.key_lower != nullptr)
+    for (std::int32_t i = 0; i < a.sq; ++i) {
+      const std::int64_t lo = a.key_lower[i];
+      OOMB_EXPECTS(lo >= 0 && lo <= a.q_start + i, "attention: key_lower[", i, "] = ", lo,
+                   " must lie in [0, the query's position ", a.q_start + i, "]");
+      OOMB_EXPECTS(i == 0 || lo >= a.key_lower[i - 1], "attention: key_lower must not decrease: key_lower[", i - 1,
+                   "] = ", a.key_lower[i - 1], ", key_lower[", i, "] = ", lo);
+    }
 }
 
-/// Walks the pages query `i` sees in the window, in page order, calling f(id, start, count): the
-/// page's id in the pool, the position of its first token, and how many of its tokens the query
-/// sees (causal). Past pages (wholly before q_start) not selected for the query's tile are skipped;
-/// a sparse call visits the tile's selected pages inside the window directly, so its cost does
-/// not grow with the pages it skips.
+/// Walks the pages query `i` sees in the window, in page order, calling f(id, entry, start, begin,
+/// end): the page's id in the pool, its entry in the window's table, the position of its first
+/// token, and the tokens [begin, end) of it the query sees (causal, and from its key_lower on).
+/// Past pages (wholly before q_start) not selected for the query's tile are skipped; a sparse call
+/// visits the tile's selected pages inside the window directly, so its cost does not grow with the
+/// pages it skips. Pages wholly below the query's bound are skipped without reading their entry.
 template <class T, class E, class F>
 void for_each_visible_page(const attention_args<T, E>& a, std::int32_t i, F&& f) {
   const std::int64_t qpos = a.q_start + i;
+  const std::int64_t lower = a.key_lower != nullptr ? a.key_lower[i] : 0;
   const std::int32_t P = a.kv.table.page_size;
   const std::int32_t np = a.kv.table.num_pages(0);
   auto visit = [&](std::int32_t pi) {
     const std::int64_t start = (std::int64_t(a.first_page) + pi) * P;
     const std::int32_t len = a.kv.table.page_len(0, pi);
-    f(a.kv.table.page(0, pi), pi, start, static_cast<std::int32_t>(std::min<std::int64_t>(len, qpos - start + 1)));
+    const auto begin = static_cast<std::int32_t>(std::clamp<std::int64_t>(lower - start, 0, len));
+    const auto end = static_cast<std::int32_t>(std::min<std::int64_t>(len, qpos - start + 1));
+    if (begin < end) f(a.kv.table.page(0, pi), pi, start, begin, end);
   };
-  std::int32_t pi = 0;
+  // The entry of the page holding the bound: the first one the query may see.
+  std::int32_t pi = static_cast<std::int32_t>(std::clamp<std::int64_t>(lower / P - a.first_page, 0, np));
   if (a.tile_indptr != nullptr) {
-    // Past pages: the tile's selection (ascending logical indices) within the window.
+    // Past pages: the tile's selection (ascending logical indices) within the window, from the bound's page.
     const std::int32_t j = i / a.tile;
     const std::int32_t* sel = a.tile_pages + a.tile_indptr[j];
     const std::int32_t* sel_end = a.tile_pages + a.tile_indptr[j + 1];
-    if (sel != sel_end) sel = std::lower_bound(sel, sel_end, a.first_page);
+    if (sel != sel_end) sel = std::lower_bound(sel, sel_end, a.first_page + pi);
     for (; sel != sel_end && *sel - a.first_page < np; ++sel) {
       const std::int32_t k = *sel - a.first_page;
       const std::int64_t start = std::int64_t(*sel) * P;
       if (start + a.kv.table.page_len(0, k) <= a.q_start) visit(k);
     }
     // Then the window's pages that are not past (from the page holding q_start on).
-    pi = static_cast<std::int32_t>(std::max<std::int64_t>(0, a.q_start / P - a.first_page));
+    pi = std::max(pi, static_cast<std::int32_t>(std::max<std::int64_t>(0, a.q_start / P - a.first_page)));
     while (pi < np && (std::int64_t(a.first_page) + pi) * P + a.kv.table.page_len(0, pi) <= a.q_start) ++pi;
   }
   for (; pi < np; ++pi) {
@@ -145,10 +167,11 @@ void attention_forward(const attention_args<T, E>& a, T* o, T* lse) {
       // Scores of the group's heads against every visible key (K read once per group).
       const T* qg = a.q + (std::int64_t(i) * a.hq + g * group) * d;
       std::int64_t n = 0;
-      detail::for_each_visible_page(a, i, [&](std::int32_t id, std::int32_t, std::int64_t, std::int32_t count) {
+      detail::for_each_visible_page(a, i, [&](std::int32_t id, std::int32_t, std::int64_t, std::int32_t begin,
+                                              std::int32_t end) {
         const E* k = a.kv.pool.k(id, 0, g);
         const E* v = a.kv.pool.v(id, 0, g);
-        for (std::int32_t t = 0; t < count; ++t, ++n) {
+        for (std::int32_t t = begin; t < end; ++t, ++n) {
           vrow[static_cast<std::size_t>(n)] = v + t * st;
           for (std::int32_t r = 0; r < group; ++r)
             s[static_cast<std::size_t>(r * max_keys + n)] = a.scale * dot<T>(qg + r * d, k + t * st, d);
@@ -229,7 +252,8 @@ void attention_backward(const attention_args<T, E>& a, const T* o, const T* lse,
         const std::int64_t row = (std::int64_t(i) * a.hq + g * group + r) * d;
         delta[static_cast<std::size_t>(r)] = dot<T>(d_o + row, o + row, d);
       }
-      detail::for_each_visible_page(a, i, [&](std::int32_t id, std::int32_t entry, std::int64_t start, std::int32_t count) {
+      detail::for_each_visible_page(a, i, [&](std::int32_t id, std::int32_t entry, std::int64_t start,
+                                              std::int32_t begin, std::int32_t end) {
         const E* kb = a.kv.pool.k(id, 0, g);
         const E* vb = a.kv.pool.v(id, 0, g);
         if (start < a.q_start && entry != checked_entry) {
@@ -238,7 +262,7 @@ void attention_backward(const attention_args<T, E>& a, const T* o, const T* lse,
                        ") has no gradient page (", dpast.pages, " entries)");
           checked_entry = entry;
         }
-        for (std::int32_t t = 0; t < count; ++t) {
+        for (std::int32_t t = begin; t < end; ++t) {
           const std::int64_t pos = start + t;
           const E* k = kb + t * st;
           const E* v = vb + t * st;
