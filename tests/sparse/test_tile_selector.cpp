@@ -86,6 +86,24 @@ void check_against_brute_force(oomb::score_kind kind, int tile, oomb::selection_
     REQUIRE(v.num_pages(t) == std::int32_t(want.size()));
     for (int i = 0; i < v.num_pages(t); ++i) REQUIRE(v.page(t, i) == want[std::size_t(i)]);
   }
+
+  // Per document: tile t's candidates are [first[t], past), sink pages counted from first[t]; a
+  // first page at or past the boundary leaves none. Brute force over the candidates only.
+  std::vector<std::int32_t> first(static_cast<std::size_t>(tiles));
+  for (int t = 0; t < tiles; ++t) first[std::size_t(t)] = (11 * t) % 56;  // 0, 11, 22, ..., some >= past
+  oomb::sparse_page_table per_doc;
+  sel.select(f.summaries.view(), qv, f.ids.data(), past, first.data(), per_doc);
+  REQUIRE(per_doc.num_tiles() == tiles);
+  for (int t = 0; t < tiles; ++t) {
+    const int q0 = t * tile, q1 = std::min(n_queries, q0 + tile), lo = std::min(first[std::size_t(t)], past);
+    std::vector<float> scores(static_cast<std::size_t>(past - lo));
+    for (int i = lo; i < past; ++i) scores[std::size_t(i - lo)] = f.ref_score(kind, q, q0, q1, i);
+    auto want = ref_select(scores, past - lo, pc.budget, pc.sink, pc.local);
+    for (auto& pg : want) pg += lo;
+    const auto [b, e] = per_doc.tile(t);
+    REQUIRE(std::vector<std::int32_t>(b, e) == want);
+    CHECK(std::all_of(b, e, [&](std::int32_t pg) { return pg >= lo; }));
+  }
 }
 
 }  // namespace

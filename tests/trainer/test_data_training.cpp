@@ -126,8 +126,7 @@ TEST_CASE("data training: --packing documents, stopped and resumed, gives the st
   CHECK(whole.back() < whole.front());
   const std::string text = a.banner();
   CHECK(text.find("packed by documents") != std::string::npos);
-  CHECK(text.find("note: --packing documents: per-document attention is not implemented yet: documents in a packed "
-                  "sequence attend each other's keys") != std::string::npos);
+  CHECK(text.find("attention and positions per document") != std::string::npos);
 
   auto ob = o;
   ob.out = tmp / "b";

@@ -652,9 +652,9 @@ void run_selector_case(const selector_case& k, bool against_cpu, std::uint64_t s
       ops_test::device_array<oomb::bf16> dq(q);
       const oomb::id_span span(ids.data(), ids.size());
       oomb::sparse_page_table got, want;
-      gpu.select(dq.get(), k.queries, span, past, got);
+      gpu.select(dq.get(), k.queries, span, past, nullptr, got);
       if (against_cpu)
-        cpu.select(q_f.data(), k.queries, span, past, want);
+        cpu.select(q_f.data(), k.queries, span, past, nullptr, want);
       else
         want = tile_level_selection(cfg, sums, q_f, k.queries, k.hq, k.hkv, k.d, ids, past);
       REQUIRE(got.indptr() == want.indptr());

@@ -83,12 +83,12 @@ class chunk_recurrent {
     stats_.tokens = N;
     const auto moved0 = moved();
     const std::int64_t selected0 = attn_.pages_selected(), candidate0 = attn_.pages_candidate();
-    attn_.begin_step(chunks);
+    attn_.begin_step(chunks, seq.doc_starts);
     if constexpr (has_transfer_wait_probe_v<B>) be_.take_transfer_wait_seconds();  // drops what came before
     if constexpr (has_op_clock_v<B>) be_.take_op_seconds();
     T* x = x_.data();
     T* dx = dx_.data();
-    const rope_frequencies freqs = rope_frequencies_for(cfg_.rope, D_.d, N);
+    const rope_frequencies freqs = rope_frequencies_for(cfg_.rope, D_.d, seq.longest_document());
     std::vector<std::int32_t> targets(static_cast<std::size_t>(opt_.chunk));
 
     // ---- stage 1: fill the cache, no gradients ----
@@ -109,7 +109,7 @@ class chunk_recurrent {
       const std::int64_t p0 = std::int64_t(c) * opt_.chunk;
       const std::int64_t n = std::min<std::int64_t>(opt_.chunk, N - p0);
       attn_.expect_recompute(c);
-      const auto rope = be_.rope(p0, n, freqs);
+      const auto rope = be_.rope(positions(seq, p0, n), n, freqs);
       be_.embedding_forward(n, D_.H, cfg_.vocab_size, seq.tokens.data() + p0, p.embed(), x);
       for (std::int32_t l = 0; l < L; ++l) {
         auto& a = acts_[static_cast<std::size_t>(l)];
@@ -160,8 +160,8 @@ class chunk_recurrent {
     const std::int64_t N = seq.size();
     OOMB_EXPECTS(N <= max_tokens_, "chunk_recurrent: sequence of ", N, " tokens, built for at most ", max_tokens_);
     const auto chunks = static_cast<std::int32_t>((N + opt_.chunk - 1) / opt_.chunk);
-    attn_.begin_step(chunks);
-    const rope_frequencies freqs = rope_frequencies_for(cfg_.rope, D_.d, N);
+    attn_.begin_step(chunks, seq.doc_starts);
+    const rope_frequencies freqs = rope_frequencies_for(cfg_.rope, D_.d, seq.longest_document());
     std::vector<std::int32_t> targets(static_cast<std::size_t>(opt_.chunk));
     std::vector<double> losses(static_cast<std::size_t>(N), std::numeric_limits<double>::quiet_NaN());
     for (std::int32_t c = 0; c < chunks; ++c) {
@@ -222,7 +222,7 @@ class chunk_recurrent {
     const std::int64_t n = std::min<std::int64_t>(opt_.chunk, seq.size() - p0);
     const std::int32_t L = cfg_.num_hidden_layers;
     attn_.append(n);
-    const auto rope = be_.rope(p0, n, freqs);
+    const auto rope = be_.rope(positions(seq, p0, n), n, freqs);
     T* x = x_.data();
     be_.embedding_forward(n, D_.H, cfg_.vocab_size, seq.tokens.data() + p0, p.embed(), x);
     auto& a = acts_[0];
@@ -237,6 +237,15 @@ class chunk_recurrent {
         if (kept_ && !evaluating) kept_->keep(l, c, n, b.o.data(), b.lse.data());
       }, finish);
     }
+  }
+
+  /// The RoPE positions of tokens [p0, p0 + n) (positions_, valid until the next call): each
+  /// token's offset in its document, so they restart at every document of a packed sequence.
+  const std::int64_t* positions(const sequence& seq, std::int64_t p0, std::int64_t n) {
+    positions_.resize(static_cast<std::size_t>(n));
+    document_starts_of(seq.doc_starts, p0, n, positions_.data());
+    for (std::int64_t t = 0; t < n; ++t) positions_[static_cast<std::size_t>(t)] = p0 + t - positions_[static_cast<std::size_t>(t)];
+    return positions_.data();
   }
 
   static void check_tokens(std::int64_t max_tokens) {
@@ -259,6 +268,7 @@ class chunk_recurrent {
   std::vector<block_acts<B>> acts_;
   block_scratch<B> scratch_;
   typename B::template buffer<T> x_, dx_;
+  std::vector<std::int64_t> positions_;  // positions()'s
   chunk_step_stats stats_;
 };
 

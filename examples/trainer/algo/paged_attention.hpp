@@ -10,6 +10,11 @@
 // whose budget + sink + local cover every page needs every page, makes the same windows as dense
 // and runs the same arithmetic: bit for bit equal to dense.
 //
+// Packed documents (begin_step's doc_starts): each query attends only its own document's keys,
+// through the attention's per-query bounds (attention_chunk::key_lower). A chunk's windows start
+// at the page holding its first query's document start (no query of the chunk sees a page below
+// it, so none is listed, moved or read), and a tile selects among its document's past pages only.
+//
 // This file handles page ids only (host integers: which pages, in which order, where acquire put
 // them); the backend reads and writes the pages, and turns each window_table into the tables its
 // kernels read.
@@ -31,6 +36,7 @@
 
 #include "trainer/algo/chunk_options.hpp"
 #include "trainer/algo/page_tier.hpp"
+#include "trainer/data/targets.hpp"
 #include "trainer/io/config.hpp"
 #include "trainer/ops/ops_backend.hpp"
 
@@ -112,8 +118,10 @@ class paged_attention {
     }
   }
 
-  /// A new step of `chunks` chunks (the selections of the last one are dropped).
-  void begin_step(std::int32_t chunks) {
+  /// A new step of `chunks` chunks over a sequence whose documents start at `doc_starts`
+  /// (sequence::doc_starts; empty: one stream). The selections of the last step are dropped.
+  void begin_step(std::int32_t chunks, const std::vector<std::int32_t>& doc_starts) {
+    doc_starts_ = doc_starts;
     selections_.assign(opt_.sparse ? static_cast<std::size_t>(chunks) * layers_ : 0, oomb::sparse_page_table{});
     host_ = {};
     ahead_ = {};
@@ -151,12 +159,18 @@ class paged_attention {
     const detail::host_clock total(host_.total);
     auto& out = selections_[static_cast<std::size_t>(c) * layers_ + l];
     const std::int32_t past = cache_->chunk_pages(seq_, c).first;
+    // Packed documents: tile t selects from the page holding its first query's document start.
+    const std::int64_t* lower = key_lower(std::int64_t(c) * opt_.chunk, n);
+    tile_first_.clear();
+    if (lower != nullptr)
+      for (std::int64_t q0 = 0; q0 < n; q0 += opt_.tile) tile_first_.push_back(static_cast<std::int32_t>(lower[q0] / opt_.page));
     {
       const detail::host_clock t(host_.selection);
-      selector_->select(q, n, cache_->page_ids(seq_, l), past, out);
+      selector_->select(q, n, cache_->page_ids(seq_, l), past, lower != nullptr ? tile_first_.data() : nullptr, out);
     }
     pages_selected_ += out.num_entries();
-    pages_candidate_ += std::int64_t(past) * out.num_tiles();
+    for (std::int32_t t = 0; t < out.num_tiles(); ++t)
+      pages_candidate_ += lower != nullptr ? std::max(0, past - tile_first_[static_cast<std::size_t>(t)]) : past;
   }
 
   /// Stage 2 of chunk c calls forward for layers 0 .. L-1 (the recomputation; only the last
@@ -363,7 +377,22 @@ class paged_attention {
       return 0.0;
   }
 
-  attention_chunk<T> chunk_of(std::int32_t l, std::int32_t c, std::int64_t p0, std::int64_t n, const T* q) const {
+  // Packed documents: the start of the document of each position [p0, p0 + n) (lower_, valid
+  // until the next call); null without documents.
+  const std::int64_t* key_lower(std::int64_t p0, std::int64_t n) {
+    if (doc_starts_.empty()) return nullptr;
+    lower_.resize(static_cast<std::size_t>(n));
+    document_starts_of(doc_starts_, p0, n, lower_.data());
+    return lower_.data();
+  }
+  // The first logical page a query of chunk c may see: the one holding its first query's document start.
+  std::int32_t first_visible_page(std::int32_t c) const {
+    std::int64_t start = 0;
+    document_starts_of(doc_starts_, std::int64_t(c) * opt_.chunk, 1, &start);
+    return static_cast<std::int32_t>(start / opt_.page);
+  }
+
+  attention_chunk<T> chunk_of(std::int32_t l, std::int32_t c, std::int64_t p0, std::int64_t n, const T* q) {
     attention_chunk<T> a;
     a.q = q;
     a.q_start = p0;
@@ -373,13 +402,15 @@ class paged_attention {
     a.d = d_;
     a.selection = selection(l, c);
     a.tile = opt_.tile;
+    a.key_lower = key_lower(p0, n);
     return a;
   }
 
-  // The windows of layer l for chunk c: logical pages [0, own_end), cut after every
+  // The windows of layer l for chunk c: logical pages [first visible, own_end), cut after every
   // effective_window() needed pages. Pages no tile selected are in a window's range but not needed.
   std::vector<window> plan_windows(std::int32_t l, std::int32_t c) const {
     const auto [own_first, own_end] = cache_->chunk_pages(seq_, c);
+    const std::int32_t begin = first_visible_page(c);  // <= own_first: a document starts at or before its query
     std::vector<std::uint8_t> need(static_cast<std::size_t>(own_end), 1);
     if (const auto* sel = selection(l, c)) {
       std::fill(need.begin(), need.begin() + own_first, std::uint8_t(0));
@@ -387,7 +418,8 @@ class paged_attention {
     }
     const std::int32_t W = opt_.effective_window();
     std::vector<window> out(1);
-    for (std::int32_t pg = 0; pg < own_end; ++pg) {
+    out[0].first = begin;
+    for (std::int32_t pg = begin; pg < own_end; ++pg) {
       if (need[static_cast<std::size_t>(pg)] && static_cast<std::int32_t>(out.back().needed.size()) == W) {
         window w;
         w.first = pg;
@@ -454,6 +486,9 @@ class paged_attention {
   std::unique_ptr<page_tier<B, G>> grad_;
   std::unique_ptr<typename B::selector_type> selector_;
   std::vector<oomb::sparse_page_table> selections_;  // [chunk][layer], made in stage 1
+  std::vector<std::int32_t> doc_starts_;             // the step's sequence's documents (empty: one stream)
+  std::vector<std::int64_t> lower_;                  // key_lower's
+  std::vector<std::int32_t> tile_first_;             // select's, per tile
   std::int64_t pages_selected_ = 0, pages_candidate_ = 0;
   attention_host_seconds host_{};  // this step's (begin_step resets it)
   double wait0_ = 0;               // the selector's wait seconds at begin_step

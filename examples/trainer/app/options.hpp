@@ -104,8 +104,8 @@ model and data
                         (version 2 files): whole documents in a seeded shuffled order (--seed), packed
                         while the next fits, the rest of the sequence padding (masked out); a document
                         longer than N is cut into windows of N. No target across a document boundary
-                        counts. Per-document attention is not implemented yet: documents in a packed
-                        sequence attend each other's keys (and positions do not restart)
+                        counts; each document attends only its own keys and its positions start at 0
+                        (per-document attention: --device cpu only, the CUDA kernels do not take it yet)
   --synthetic NAME      built-in task instead of --data: kv-recall (records in the first chunk, queried
                         in later ones; the loss counts answer tokens only)
   --kv-keys K, --kv-values M, --kv-queries Q

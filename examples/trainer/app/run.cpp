@@ -19,6 +19,7 @@ trainer_setup setup_of(const train_options& o, const model_config& c) {
   trainer_setup s;
   s.config = c;
   s.full_backprop = o.full_backprop;
+  s.documents = o.packing == packing_kind::documents;
   s.max_tokens = o.seq_len;
   s.adam.weight_decay = o.weight_decay;
   s.adam.beta1 = o.adam_beta1;
@@ -550,12 +551,6 @@ std::string training_run::banner() const {
     note = fmt::format("\n  note: --seq-len {} is beyond the config's max_position_embeddings {} with plain RoPE{}: "
                        "positions past {} are extrapolated (--rope-scaling extends the context by a scaled RoPE)",
                        o_.seq_len, trained_positions, o_.rope_theta > 0 ? " (--rope-theta given)" : "", trained_positions);
-  // Packing without the per-document mask is what many trainers do; ours will gain the mask (the
-  // sequences carry doc_starts for it). Until then the run says what its attention does.
-  if (o_.packing == packing_kind::documents)
-    note += "\n  note: --packing documents: per-document attention is not implemented yet: documents in a packed "
-            "sequence attend each other's keys, and positions do not restart at a document (no target across a "
-            "document boundary counts in the loss)";
   return fmt::format("oomb-train: {} model, {} layers, hidden {}, {} heads / {} KV heads of {}, vocab {}, {} parameters\n"
                      "  RoPE: {}{}\n  device: {}\n  {}, {}\n  data: {}; steps {} from {}{}",
                      model_family_name(c.family), c.num_hidden_layers, c.hidden_size, c.num_attention_heads,

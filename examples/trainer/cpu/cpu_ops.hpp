@@ -62,11 +62,16 @@ class cpu_page_selector {
       summaries_.update(ids[i], 0, keys);
     }
   }
-  /// The past pages (the first `past` of the layer's `ids`) each query tile of q [n][hq * d] attends.
-  void select(const T* q, std::int64_t n, oomb::id_span ids, std::int32_t past, oomb::sparse_page_table& out) {
+  /// The past pages (the first `past` of the layer's `ids`, from tile_first[t] on for tile t, or
+  /// from 0 when null) each query tile of q [n][hq * d] attends.
+  void select(const T* q, std::int64_t n, oomb::id_span ids, std::int32_t past, const std::int32_t* tile_first,
+              oomb::sparse_page_table& out) {
     out.clear();
     const oomb::tensor_view<const T, 3> queries(q, {n, qdim_ / d_, d_}, {qdim_, d_, 1});
-    selector_.select(summaries_.view(), queries, ids.data(), past, out);
+    if (tile_first != nullptr)
+      selector_.select(summaries_.view(), queries, ids.data(), past, tile_first, out);
+    else
+      selector_.select(summaries_.view(), queries, ids.data(), past, out);
   }
   /// Page `id` holds no keys any more.
   void forget(std::int32_t id) noexcept { summaries_.clear(id); }
@@ -128,8 +133,8 @@ class cpu_ops {
   void embedding_backward(std::int64_t n, std::int32_t H, const std::int32_t* tokens, const T* dx, T* dtable) {
     cpu::embedding_backward(n, H, tokens, dx, dtable);
   }
-  rope_type rope(std::int64_t first, std::int64_t count, const rope_frequencies& f) const {
-    return rope_type(first, count, f);
+  rope_type rope(const std::int64_t* positions, std::int64_t count, const rope_frequencies& f) const {
+    return rope_type::at_positions(positions, count, f);
   }
   void rope_forward(std::int64_t n, std::int32_t heads, std::int32_t d, T* x, const rope_type& r) {
     cpu::rope_forward(n, heads, d, x, r);
@@ -298,6 +303,7 @@ class cpu_ops {
     a.kv.table.num_seqs = 1;
     a.kv.table.page_size = kv.page_size;
     a.first_page = w.first_page;
+    a.key_lower = c.key_lower;
     if (c.selection != nullptr) {
       a.tile_indptr = c.selection->indptr().data();
       a.tile_pages = c.selection->indices().data();

@@ -5,7 +5,8 @@
 // a framework does without oomb, and the reference of the gradient-equivalence tests. It runs on
 // the CPU backend only: the oracle stays on the host. Given a selection_mask (the page selections a
 // sparse chunk-recurrent step made), its attention sees only what the page-sparse path attends:
-// the reference for partial selections.
+// the reference for partial selections. A packed sequence (sequence::doc_starts) gets a
+// block-diagonal causal mask over the whole matrix and RoPE positions restarting at each document.
 #pragma once
 
 #include <algorithm>
@@ -62,7 +63,7 @@ struct selection_mask {
 };
 
 /// Returns the sequence's loss (mean over counted targets) and ADDS its gradient into `grads`.
-/// With `mask`, attention sees only the keys it marks visible.
+/// Attention sees only keys of the query's own document, and with `mask` only the keys it marks visible.
 template <class T>
 double full_sequence_loss_and_grad(const model_params<T>& p, model_params<T>& grads, const sequence& seq,
                                    const selection_mask* mask = nullptr) {
@@ -76,10 +77,16 @@ double full_sequence_loss_and_grad(const model_params<T>& p, model_params<T>& gr
   const std::int64_t counted = seq.counted_targets();
   OOMB_EXPECTS(counted > 0, "full_sequence: the loss mask leaves no target");
   const T scale = T(1) / T(counted);
-  const auto rope = be.rope(0, N, rope_frequencies_for(c.rope, D.d, N));
+  // doc[j]: the first token of j's document (0 without documents); its RoPE position is j - doc[j].
+  std::vector<std::int64_t> doc(static_cast<std::size_t>(N)), pos(doc.size());
+  document_starts_of(seq.doc_starts, 0, N, doc.data());
+  for (std::int64_t j = 0; j < N; ++j) pos[static_cast<std::size_t>(j)] = j - doc[static_cast<std::size_t>(j)];
+  const auto rope = be.rope(pos.data(), N, rope_frequencies_for(c.rope, D.d, seq.longest_document()));
   const T attn_scale = T(1) / std::sqrt(T(D.d));
   auto visible_in = [&](std::int32_t l) {
-    return [mask, l](std::int64_t i, std::int64_t j) { return mask->visible(l, i, j); };
+    return [&, l](std::int64_t i, std::int64_t j) {
+      return j >= doc[static_cast<std::size_t>(i)] && (mask == nullptr || mask->visible(l, i, j));
+    };
   };
 
   std::vector<T> x(static_cast<std::size_t>(N * D.H));
@@ -89,12 +96,8 @@ double full_sequence_loss_and_grad(const model_params<T>& p, model_params<T>& gr
     auto& a = acts[static_cast<std::size_t>(l)];
     a.resize(N, D);
     block_forward(be, D, p.layer(l), rope, x.data(), a, [&](block_acts<backend>& b) {
-      if (mask)
-        cpu::masked_causal_attention_forward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(), b.v.data(),
-                                             b.o.data(), b.lse.data(), visible_in(l));
-      else
-        cpu::causal_attention_forward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(), b.v.data(),
-                                      b.o.data(), b.lse.data());
+      cpu::masked_causal_attention_forward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(), b.v.data(),
+                                           b.o.data(), b.lse.data(), visible_in(l));
     });
   }
   std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
@@ -105,13 +108,9 @@ double full_sequence_loss_and_grad(const model_params<T>& p, model_params<T>& gr
   for (std::int32_t l = c.num_hidden_layers; l-- > 0;) {
     block_backward(be, D, p.layer(l), grads.layer(l), rope, acts[static_cast<std::size_t>(l)], dx.data(), bs,
                    [&](block_acts<backend>& b, const T* d_o, T* dq, T* dk, T* dv) {
-                     if (mask)
-                       cpu::masked_causal_attention_backward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(),
-                                                             b.v.data(), b.o.data(), b.lse.data(), d_o, dq, dk, dv,
-                                                             visible_in(l));
-                     else
-                       cpu::causal_attention_backward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(),
-                                                      b.v.data(), b.o.data(), b.lse.data(), d_o, dq, dk, dv);
+                     cpu::masked_causal_attention_backward(N, D.hq, D.hkv, D.d, attn_scale, b.q.data(), b.k.data(),
+                                                           b.v.data(), b.o.data(), b.lse.data(), d_o, dq, dk, dv,
+                                                           visible_in(l));
                    });
   }
   be.embedding_backward(N, D.H, seq.tokens.data(), dx.data(), grads.embed());

@@ -21,24 +21,37 @@
 
 namespace oomb_trainer::cpu {
 
-/// cos and sin (fp32 values) of the rotation angles of n consecutive positions from `first_pos`.
+/// cos and sin (fp32 values) of the rotation angles of n rows: consecutive positions from `first`,
+/// or the positions of a list (packed documents restart theirs at each document).
 template <class T>
 struct rope_table {
-  std::int64_t first_pos = 0;
   std::int64_t n = 0;
   std::int32_t half = 0;  ///< d / 2
   std::vector<T> cos, sin;  ///< [n][half]
 
   rope_table() = default;
   rope_table(std::int64_t first, std::int64_t count, const rope_frequencies& f)
-      : first_pos(first), n(count), half(f.head_dim() / 2) {
+      : rope_table(count, f, [first](std::int64_t t) { return first + t; }) {
+    OOMB_EXPECTS(first >= 0, "rope: bad position range [", first, ", ", first + count, ")");
+  }
+  /// Row t at position positions[t] (>= 0). (Named: a constructor would make rope_table(0, n, f) ambiguous.)
+  static rope_table at_positions(const std::int64_t* positions, std::int64_t count, const rope_frequencies& f) {
+    return rope_table(count, f, [positions](std::int64_t t) {
+      OOMB_EXPECTS(positions[t] >= 0, "rope: negative position ", positions[t], " at row ", t);
+      return positions[t];
+    });
+  }
+
+ private:
+  template <class PositionOf>
+  rope_table(std::int64_t count, const rope_frequencies& f, PositionOf position_of) : n(count), half(f.head_dim() / 2) {
     OOMB_EXPECTS(half > 0, "rope: no frequencies");
-    OOMB_EXPECTS(first >= 0 && count >= 0, "rope: bad position range [", first, ", ", first + count, ")");
+    OOMB_EXPECTS(count >= 0, "rope: negative row count ", count);
     cos.resize(static_cast<std::size_t>(n * half));
     sin.resize(cos.size());
     for (std::int64_t t = 0; t < n; ++t)
       for (std::int32_t i = 0; i < half; ++i) {
-        const double angle = double(first + t) * f.inv_freq[static_cast<std::size_t>(i)];
+        const double angle = double(position_of(t)) * f.inv_freq[static_cast<std::size_t>(i)];
         const std::size_t at = static_cast<std::size_t>(t * half + i);
         cos[at] = static_cast<T>(static_cast<float>(std::cos(angle) * f.attention_factor));
         sin[at] = static_cast<T>(static_cast<float>(std::sin(angle) * f.attention_factor));
@@ -46,7 +59,7 @@ struct rope_table {
   }
 };
 
-/// Rotates x [n][heads][d] in place: row t sits at position table.first_pos + t.
+/// Rotates x [n][heads][d] in place: row t by the angles of the table's row t.
 template <class T>
 void rope_forward(std::int64_t n, std::int32_t heads, std::int32_t d, T* x, const rope_table<T>& table) {
   const std::int32_t half = d / 2;

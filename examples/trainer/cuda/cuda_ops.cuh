@@ -125,14 +125,14 @@ class basic_cuda_ops {
   using bf16_home_residency = oomb::cuda_converting_backend<oomb::bf16_codec<X>, oomb::device_resource, oomb::cuda_stream, Far>;
   using selector_type = cuda_page_selector<basic_cuda_ops>;
 
-  /// fp32 cos/sin of a run of positions on the device (computed on the host in double, as the CPU
-  /// does), held in the upload ring until the object dies: every op that reads it is enqueued by then.
+  /// fp32 cos/sin of rows at host `positions` on the device (computed on the host in double, as the
+  /// CPU does), held in the upload ring until the object dies: every op that reads it is enqueued by then.
   class rope_type {
    public:
-    rope_type(oomb::upload_ring& ring, oomb::cuda_stream_view stream, std::int64_t first, std::int64_t count,
+    rope_type(oomb::upload_ring& ring, oomb::cuda_stream_view stream, const std::int64_t* positions, std::int64_t count,
               const rope_frequencies& f)
         : ring_(&ring), stream_(stream) {
-      const cpu::rope_table<float> host(first, count, f);
+      const auto host = cpu::rope_table<float>::at_positions(positions, count, f);
       std::vector<float> both(host.cos);
       both.insert(both.end(), host.sin.begin(), host.sin.end());
       table_ = ring.upload(both.data(), both.size(), stream);
@@ -199,8 +199,8 @@ class basic_cuda_ops {
     gpu::ops::embedding_backward(n, H, vocab_, t.data, dx, dtable, workspace(bytes), bytes, compute());
     ring().release(t, compute());
   }
-  rope_type rope(std::int64_t first, std::int64_t count, const rope_frequencies& f) {
-    return rope_type(ring(), compute(), first, count, f);
+  rope_type rope(const std::int64_t* positions, std::int64_t count, const rope_frequencies& f) {
+    return rope_type(ring(), compute(), positions, count, f);
   }
   void rope_forward(std::int64_t n, std::int32_t heads, std::int32_t d, bf16* x, const rope_type& r) {
     const op_scope scope(*this, op_kind::elementwise, "elementwise/rope_forward");
@@ -619,6 +619,11 @@ class basic_cuda_ops {
   /// The kernels' arguments over a window's upload (`grad_pages`: it holds the backward's gradient pages).
   static oomb::attention::attention_args args(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
                                   const window_table& w, const std::int32_t* table, bool grad_pages) {
+    // The kernels do not read per-document bounds yet: without them a packed sequence's documents
+    // would attend each other, so a call with bounds is refused, not run.
+    OOMB_EXPECTS(c.key_lower == nullptr, "cuda_ops: --packing documents needs per-document attention, which the CUDA "
+                 "attention kernels do not take yet (issue 31); train packed documents with --device cpu, or use "
+                 "--packing none");
     oomb::attention::attention_args a;
     a.q = c.q;
     a.q_start = c.q_start;

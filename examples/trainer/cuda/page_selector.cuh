@@ -129,7 +129,12 @@ class cuda_page_selector {
   /// The past pages (the first `past` of the layer's `ids`) each query tile of q [n][hq * d]
   /// (device) attends, into the host table `out`. Waits for the device once, unless the budget
   /// covers the whole past (then every tile takes every page, as the CPU does, without the GPU).
-  void select(const T* q, std::int64_t n, oomb::id_span ids, std::int32_t past, oomb::sparse_page_table& out) {
+  /// Per-document candidates (tile_first) are not in the GPU selection yet: refused, as the
+  /// attention refuses per-document bounds (cuda_ops.cuh).
+  void select(const T* q, std::int64_t n, oomb::id_span ids, std::int32_t past, const std::int32_t* tile_first,
+              oomb::sparse_page_table& out) {
+    OOMB_EXPECTS(tile_first == nullptr, "cuda_page_selector: --packing documents needs per-document page selection, "
+                 "which the GPU selector does not take yet (issue 31); use --device cpu");
     OOMB_EXPECTS(n > 0 && past >= 0 && past <= static_cast<std::int64_t>(ids.size()), "cuda_page_selector::select: ",
                  n, " queries, past ", past, " of ", ids.size(), " pages");
     out.clear();

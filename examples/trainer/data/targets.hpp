@@ -8,17 +8,31 @@
 //
 // doc_starts: where each document of a packed sequence begins (--packing documents,
 // data/token_sequences.hpp): 0 first, strictly increasing, below N; padding at the end of a
-// sequence is a document of its own. Empty: the sequence is one stream. The attention does not
-// read it yet (documents of a packed sequence attend each other's keys, positions do not restart);
-// the loss already leaves out every target that crosses a boundary (the mask is 0 there).
+// sequence is a document of its own. Empty: the sequence is one stream. Positions restart at each
+// document (RoPE rotates token j by j - its document's start) and attention stays within it (each
+// query's lowest key is its document's start: oomb/attention/reference.hpp's key_lower); the loss
+// leaves out every target that crosses a boundary (the mask is 0 there).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include <oomb/core/error.hpp>
 
 namespace oomb_trainer {
+
+/// The start of the document holding each position [first, first + n) of a sequence whose
+/// documents start at `doc_starts` (empty: one stream, every start 0), into out[0, n).
+inline void document_starts_of(const std::vector<std::int32_t>& doc_starts, std::int64_t first, std::int64_t n,
+                               std::int64_t* out) {
+  auto next = std::upper_bound(doc_starts.begin(), doc_starts.end(), first);  // the first start after `first`
+  std::int64_t start = next == doc_starts.begin() ? 0 : *(next - 1);
+  for (std::int64_t t = 0; t < n; ++t) {
+    for (; next != doc_starts.end() && *next <= first + t; ++next) start = *next;
+    out[t] = start;
+  }
+}
 
 /// A training sequence: tokens and an optional per-token loss mask (see the file comment).
 struct sequence {
@@ -41,6 +55,13 @@ struct sequence {
     }
   }
   bool counts(std::int64_t j) const noexcept { return mask.empty() || mask[static_cast<std::size_t>(j)] != 0; }
+  /// Tokens of the longest document (N without documents): the positions RoPE rotates by, as
+  /// transformers' max(position_ids) + 1 (longrope picks its factors by it).
+  std::int64_t longest_document() const noexcept {
+    std::int64_t most = doc_starts.empty() ? size() : size() - doc_starts.back();
+    for (std::size_t d = 1; d < doc_starts.size(); ++d) most = std::max<std::int64_t>(most, doc_starts[d] - doc_starts[d - 1]);
+    return most;
+  }
   /// Number of counted targets (the loss's divisor).
   std::int64_t counted_targets() const noexcept {
     std::int64_t n = 0;

@@ -155,8 +155,8 @@ class token_sequences {
     if (packing_ == packing_kind::none)
       return fmt::format("{}{}; consecutive windows of {} tokens", docs, mask, seq_len_);
     const epoch_fill f = fill_of_epoch();
-    return fmt::format("{}{}; packed by documents ({} longer than {} cut into windows: {} units), seeded shuffle; "
-                       "an epoch is {} sequences, {:.1f}% of their tokens padding",
+    return fmt::format("{}{}; packed by documents ({} longer than {} cut into windows: {} units), seeded shuffle, "
+                       "attention and positions per document; an epoch is {} sequences, {:.1f}% of their tokens padding",
                        docs, mask, long_documents_, seq_len_, units_.size(), f.sequences,
                        100.0 * double(f.padding) / (double(f.sequences) * double(seq_len_)));
   }

@@ -21,8 +21,9 @@
 //                               compute memory (element types may differ: bf16 weights, fp32
 //                               gradients on a GPU), each with model_params's accessors (config,
 //                               embed, lm_head, final_norm, layer(l) -> layer_params<X>)
-//   rope_type                   cos/sin of a run of positions, made by rope(first, count, freqs)
-//                               (freqs: model/rope_frequencies.hpp)
+//   rope_type                   cos/sin of `count` rows, made by rope(positions, count, freqs):
+//                               row t at positions[t] (a host array: consecutive, or restarting
+//                               at each packed document; freqs: model/rope_frequencies.hpp)
 // residency (algo/page_tier.hpp streams pages with them)
 //   residency_backend           an oomb residency backend (is_residency_backend_v)
 //   far_memory(), near_memory() the resources of the homes and of the near slots
@@ -30,8 +31,10 @@
 //   selector_type               page-sparse selection, built as selector_type(B&, page, hq, hkv,
 //                               d, capacity, tile_selection_config):
 //     summarize(ids, n, k)      page ids[i] holds rows [i * page, ...) of k [n][hkv*d]
-//     select(q, n, ids, past, out)  the first `past` of the layer's page `ids` each query tile of
-//                               q [n][hq*d] attends, into the host sparse_page_table `out`
+//     select(q, n, ids, past, tile_first, out)  the first `past` of the layer's page `ids` each
+//                               query tile of q [n][hq*d] attends, into the host sparse_page_table
+//                               `out`; tile_first (host, per tile, or null: 0) the first page a
+//                               tile may select (its document's: oomb::tile_selector)
 //     forget(id)                page id holds no keys any more
 // dense ops (pointers into compute memory; W, b, w, table: elements of params_type; dW, db, dw,
 // dtable: of grads_type; the rest value_type; `tokens` and `targets` are host arrays the backend
@@ -119,6 +122,9 @@ struct attention_chunk {
   /// for dense. The same for every window of the layer, so a GPU stages it once per chunk and layer.
   const oomb::sparse_page_table* selection = nullptr;
   std::int32_t tile = 128;
+  /// Packed documents (host, [sq], or null): the start of each query's document, its lowest key
+  /// (oomb::attention's key_lower: non-decreasing, at most the query's position).
+  const std::int64_t* key_lower = nullptr;
 };
 
 /// One attention window, as the algorithm describes it (host arrays, valid during the call).

@@ -54,7 +54,7 @@ class tile_selector {
   void select(const page_summary_view& summaries, const tensor_view<E, 3>& queries,
               const std::int32_t* page_ids, std::int32_t past_pages, sparse_page_table& out) {
     OOMB_EXPECTS(past_pages >= 0, "tile_selector: past_pages must not be negative, got ", past_pages);
-    run(summaries, queries, page_ids, [past_pages](std::int32_t) { return past_pages; }, out);
+    run(summaries, queries, page_ids, [past_pages](std::int32_t) { return candidates{0, past_pages}; }, out);
   }
 
   /// As above with a boundary per tile: tile t's candidates are logical pages
@@ -63,7 +63,28 @@ class tile_selector {
   void select(const page_summary_view& summaries, const tensor_view<E, 3>& queries,
               const std::int32_t* page_ids, const std::int32_t* tile_past_pages,
               sparse_page_table& out) {
-    run(summaries, queries, page_ids, [tile_past_pages](std::int32_t t) { return tile_past_pages[t]; },
+    run(summaries, queries, page_ids, [tile_past_pages](std::int32_t t) { return candidates{0, tile_past_pages[t]}; },
+        out);
+  }
+
+  /// As the first, per document (packed sequences): tile t's candidates are logical pages
+  /// [tile_first_pages[t], past_pages), from the page holding the start of its first query's
+  /// document (none when that is at or past past_pages). Sink pages count from there; pages wholly
+  /// in earlier documents are neither scored nor kept. A page holding the end of one document and
+  /// the start of the next is a candidate, scored by its summary of both; a tile whose queries span
+  /// documents selects for its first query's (the attention's per-query bound masks the rest).
+  /// tile_first_pages has num_tiles(queries.extent(0)) entries.
+  template <class E>
+  void select(const page_summary_view& summaries, const tensor_view<E, 3>& queries,
+              const std::int32_t* page_ids, std::int32_t past_pages, const std::int32_t* tile_first_pages,
+              sparse_page_table& out) {
+    OOMB_EXPECTS(past_pages >= 0, "tile_selector: past_pages must not be negative, got ", past_pages);
+    run(summaries, queries, page_ids,
+        [past_pages, tile_first_pages](std::int32_t t) {
+          OOMB_EXPECTS(tile_first_pages[t] >= 0, "tile_selector: tile ", t, " has a negative first page ",
+                       tile_first_pages[t]);
+          return candidates{std::min(tile_first_pages[t], past_pages), past_pages};
+        },
         out);
   }
 
@@ -76,9 +97,14 @@ class tile_selector {
   const tile_scorer& scorer() const noexcept { return scorer_; }
 
  private:
-  template <class E, class PastOf>
+  /// A tile's candidate pages: logical pages [first, past).
+  struct candidates {
+    std::int32_t first, past;
+  };
+
+  template <class E, class CandidatesOf>
   void run(const page_summary_view& summaries, const tensor_view<E, 3>& queries,
-           const std::int32_t* page_ids, PastOf past_of, sparse_page_table& out) {
+           const std::int32_t* page_ids, CandidatesOf candidates_of, sparse_page_table& out) {
     const std::int64_t n = queries.extent(0);
     OOMB_EXPECTS(host_accessible(queries.kind()), "tile_selector: queries are in ",
                  to_string(queries.kind()), " memory, which the host cannot read (copy them to host "
@@ -97,9 +123,10 @@ class tile_selector {
     const selection_config& pc = config_.pages;
     try {
       for (std::int32_t t = 0; t < tiles; ++t) {
-        const std::int32_t past = past_of(t);
+        const auto [first, past] = candidates_of(t);
         OOMB_EXPECTS(past >= 0, "tile_selector: tile ", t, " has a negative past boundary ", past);
-        if (past > pc.max_pages()) {
+        const std::int32_t count = past - first;
+        if (count > pc.max_pages()) {
           const std::int64_t q0 = std::int64_t(t) * config_.tile_queries;
           const std::int64_t q1 = std::min<std::int64_t>(n, q0 + config_.tile_queries);
           const auto& st = queries.strides();
@@ -108,10 +135,12 @@ class tile_selector {
                                        queries.kind());
           scorer_.load(tile);
           scores_.resize(static_cast<std::size_t>(past));
-          const std::int32_t mid_begin = pc.sink, mid_end = past - pc.local;
+          const std::int32_t mid_begin = first + pc.sink, mid_end = past - pc.local;
           scorer_.score(summaries, page_ids + mid_begin, mid_end - mid_begin, scores_.data() + mid_begin);
         }
-        selector_.select(scores_.data(), past, chosen_);
+        // The selector counts candidates from 0 (its scores are read only when it scores).
+        selector_.select(count > pc.max_pages() ? scores_.data() + first : nullptr, count, chosen_);
+        for (auto& pg : chosen_) pg += first;
         out.add_tile(chosen_);
       }
     } catch (...) {
