@@ -17,9 +17,11 @@
 #include <vector>
 
 #include "oomb/attention/reference.hpp"
+#include "oomb/core/bf16.hpp"
 #include "oomb/core/error.hpp"
 #include "oomb/core/tensor.hpp"
 #include "oomb/core/version.hpp"
+#include "oomb/memory/callback_resource.hpp"
 #include "oomb/memory/host_resource.hpp"
 #include "oomb/memory/statistics_adaptor.hpp"
 #include "oomb/offload/host_backend.hpp"
@@ -58,6 +60,9 @@ int guarded(F&& f) noexcept {
 #define OOMB_C_EXPECTS(cond, ...) OOMB_EXPECTS(cond, "oomb_c: ", __VA_ARGS__)
 
 using far_resource = oomb::statistics_adaptor<oomb::host_resource>;
+/// The caller's allocator (the GPU path: torch's CUDA caching allocator), counted the same way.
+using caller_allocator = oomb::callback_resource<oomb::memory_kind::device>;
+using caller_resource = oomb::statistics_adaptor<caller_allocator>;
 
 /// One element type's store; the C handle holds one of the two.
 struct store_base {
@@ -75,14 +80,27 @@ struct near_tiers {
   std::unique_ptr<scheduler_type> kv, grad;
 };
 
-template <class E>
+/// K/V pages of E and gradient pages of G in memory from R: the CPU path's host stores (E = G =
+/// float or double) and the GPU path's caller store (bf16 pages, fp32 gradients, device memory).
+template <class E, class G, class R>
 struct typed_store final : store_base {
-  using cache_type = oomb::paged_kv_cache<E, far_resource>;
-  using mirror_type = oomb::grad_mirror<E, far_resource>;
+  using element_type = E;
+  using cache_type = oomb::paged_kv_cache<E, R>;
+  using mirror_type = oomb::grad_mirror<G, R>;
+  static constexpr bool on_host = std::is_same_v<R, far_resource>;
 
-  typed_store(far_resource& r, const oomb::paged_kv_config& kc, const oomb::grad_mirror_config& gc,
-              std::int32_t kv_slots, std::int32_t grad_slots)
+  typed_store(R& r, const oomb::paged_kv_config& kc, const oomb::grad_mirror_config& gc, std::int32_t kv_slots,
+              std::int32_t grad_slots)
       : cache(r, kc), grads(r, gc) {
+    if constexpr (on_host) init_tiers(kv_slots, grad_slots);
+  }
+
+  cache_type cache;
+  mirror_type grads;
+  std::unique_ptr<near_tiers> tiers;  // null: every page is read and written in place
+
+ private:
+  void init_tiers(std::int32_t kv_slots, std::int32_t grad_slots) {
     if (kv_slots > 0) {
       tiers = std::make_unique<near_tiers>();
       tiers->kv = std::make_unique<scheduler_type>(cache.pool(), tiers->memory, kv_slots, tiers->copy_in,
@@ -91,11 +109,11 @@ struct typed_store final : store_base {
                                                      tiers->copy_out);
     }
   }
-
-  cache_type cache;
-  mirror_type grads;
-  std::unique_ptr<near_tiers> tiers;  // null: every page is read and written in place
 };
+
+template <class E>
+using host_store = typed_store<E, E, far_resource>;
+using caller_store = typed_store<oomb::bf16, float, caller_resource>;
 
 }  // namespace
 
@@ -103,31 +121,54 @@ struct oomb_store {
   oomb_store_config config{};
   oomb::host_resource host;
   far_resource counted{host};
-  std::unique_ptr<store_base> impl;
+  std::unique_ptr<caller_allocator> caller;     // CALLER stores: the config's callbacks
+  std::unique_ptr<caller_resource> caller_counted;
+  std::unique_ptr<store_base> impl;             // declared last of the memory: destroyed first
   std::unique_ptr<oomb::page_summaries> summaries;
 
-  template <class E>
-  typed_store<E>& as() {
-    return static_cast<typed_store<E>&>(*impl);
+  template <class T>
+  T& as() {
+    return static_cast<T&>(*impl);
   }
-  template <class E>
-  const typed_store<E>& as() const {
-    return static_cast<const typed_store<E>&>(*impl);
+  template <class T>
+  const T& as() const {
+    return static_cast<const T&>(*impl);
   }
-  /// Calls f(typed_store<E>&) with the store's element type.
+  /// Calls f(typed store&) with the store's types: any store.
   template <class F>
   void visit(F&& f) {
-    if (config.dtype == OOMB_DTYPE_F64)
-      f(as<double>());
-    else
-      f(as<float>());
+    if (config.dtype == OOMB_DTYPE_BF16) return f(as<caller_store>());
+    visit_host(f);
   }
   template <class F>
   void visit(F&& f) const {
+    if (config.dtype == OOMB_DTYPE_BF16) return f(as<caller_store>());
+    visit_host(f);
+  }
+  /// The same for what reads or writes the pages on the host (the CPU attention, summaries,
+  /// zero-filling): a host store's only.
+  template <class F>
+  void visit_host(F&& f) {
+    check_host();
     if (config.dtype == OOMB_DTYPE_F64)
-      f(as<double>());
+      f(as<host_store<double>>());
     else
-      f(as<float>());
+      f(as<host_store<float>>());
+  }
+  template <class F>
+  void visit_host(F&& f) const {
+    check_host();
+    if (config.dtype == OOMB_DTYPE_F64)
+      f(as<host_store<double>>());
+    else
+      f(as<host_store<float>>());
+  }
+  void check_host() const {
+    OOMB_EXPECTS(config.memory == OOMB_MEMORY_HOST, "oomb_c: this store's pages are in the caller's memory (bf16, the ",
+                 "GPU path): the host cannot read or write them (CPU attention, page summaries, touch_grads)");
+  }
+  oomb::resource_statistics statistics() const {
+    return caller_counted ? caller_counted->statistics() : counted.statistics();
   }
 };
 
@@ -343,7 +384,7 @@ void check_store_call(const oomb_store& s, const oomb_attention_args& a, std::in
 }
 
 template <class E>
-std::vector<std::int32_t> past_ids_of(const typed_store<E>& t, std::int32_t seq, std::int32_t layer, std::int32_t np) {
+std::vector<std::int32_t> past_ids_of(const host_store<E>& t, std::int32_t seq, std::int32_t layer, std::int32_t np) {
   OOMB_C_EXPECTS(np <= t.cache.num_pages(seq), "q_start needs ", np, " past pages, sequence ", seq, " has ",
                  t.cache.num_pages(seq));
   const oomb::id_span all = t.cache.page_ids(seq, layer);
@@ -351,7 +392,7 @@ std::vector<std::int32_t> past_ids_of(const typed_store<E>& t, std::int32_t seq,
 }
 
 template <class E>
-void store_forward(oomb_store& s, typed_store<E>& t, std::int32_t seq, std::int32_t layer, const oomb_attention_args& a,
+void store_forward(oomb_store& s, host_store<E>& t, std::int32_t seq, std::int32_t layer, const oomb_attention_args& a,
                    E* o, E* lse) {
   const std::int32_t np = check_call(a);
   check_store_call(s, a, seq, layer, np);
@@ -393,7 +434,7 @@ void store_forward(oomb_store& s, typed_store<E>& t, std::int32_t seq, std::int3
 }
 
 template <class E>
-void store_backward(oomb_store& s, typed_store<E>& t, std::int32_t seq, std::int32_t layer,
+void store_backward(oomb_store& s, host_store<E>& t, std::int32_t seq, std::int32_t layer,
                     const oomb_attention_args& a, const E* o, const E* lse, const E* d_o, E* dq, E* dk, E* dv) {
   const std::int32_t np = check_call(a);
   check_store_call(s, a, seq, layer, np);
@@ -476,7 +517,16 @@ int oomb_store_create(const oomb_store_config* config, oomb_store** out) {
     OOMB_C_EXPECTS(config != nullptr && out != nullptr, "null argument");
     *out = nullptr;
     const oomb_store_config c = *config;
-    check_dtype(c.dtype);
+    OOMB_C_EXPECTS(c.memory == OOMB_MEMORY_HOST || c.memory == OOMB_MEMORY_CALLER, "memory ", c.memory,
+                   " is not 0 (host) or 1 (the caller's)");
+    if (c.memory == OOMB_MEMORY_HOST)
+      check_dtype(c.dtype);
+    else
+      OOMB_C_EXPECTS(c.dtype == OOMB_DTYPE_BF16 && c.allocate != nullptr && c.deallocate != nullptr &&
+                         c.summaries == 0 && c.near_kv_slots == 0,
+                     "a store in the caller's memory holds bf16 pages (dtype 2), needs both callbacks, and keeps "
+                     "no page summaries and no near tiers (got dtype ", c.dtype, ", summaries ", c.summaries,
+                     ", near_kv_slots ", c.near_kv_slots, ")");
     OOMB_C_EXPECTS(c.max_grad_pages > 0, "max_grad_pages must be positive, got ", c.max_grad_pages);
     auto s = std::make_unique<oomb_store>();
     s->config = c;
@@ -500,10 +550,20 @@ int oomb_store_create(const oomb_store_config* config, oomb_store** out) {
                                             c.window_pages <= c.near_grad_slots),
                    "window_pages ", c.window_pages, " must be positive and fit both near tiers (",
                    c.near_kv_slots, " K/V slots, ", c.near_grad_slots, " gradient slots)");
-    if (c.dtype == OOMB_DTYPE_F64)
-      s->impl = std::make_unique<typed_store<double>>(s->counted, kc, gc, c.near_kv_slots, c.near_grad_slots);
-    else
-      s->impl = std::make_unique<typed_store<float>>(s->counted, kc, gc, c.near_kv_slots, c.near_grad_slots);
+    if (c.memory == OOMB_MEMORY_CALLER) {
+      kc.record_changes = false;  // the caller uploads the page ids it launches with
+      s->caller = std::make_unique<caller_allocator>(
+          [c](std::size_t bytes, std::size_t alignment) {
+            return c.allocate(c.ctx, static_cast<int64_t>(bytes), static_cast<int64_t>(alignment));
+          },
+          [c](void* p, std::size_t bytes, std::size_t) { c.deallocate(c.ctx, p, static_cast<int64_t>(bytes)); });
+      s->caller_counted = std::make_unique<caller_resource>(*s->caller);
+      s->impl = std::make_unique<caller_store>(*s->caller_counted, kc, gc, 0, 0);
+    } else if (c.dtype == OOMB_DTYPE_F64) {
+      s->impl = std::make_unique<host_store<double>>(s->counted, kc, gc, c.near_kv_slots, c.near_grad_slots);
+    } else {
+      s->impl = std::make_unique<host_store<float>>(s->counted, kc, gc, c.near_kv_slots, c.near_grad_slots);
+    }
     if (c.summaries != 0) s->summaries = std::make_unique<oomb::page_summaries>(c.kv_heads, c.head_dim, c.max_pages);
     *out = s.release();
   });
@@ -586,7 +646,7 @@ int oomb_store_grad_pool(oomb_store* store, void** base, int64_t* capacity, int3
 int oomb_store_touch_grads(oomb_store* store, const int32_t* kv_ids, int64_t n) {
   return guarded([&] {
     check_store(store);
-    store->visit([&](auto& t) {
+    store->visit_host([&](auto& t) {
       // All or nothing on running out: count the fresh pages first.
       std::int64_t fresh = 0;
       for (std::int64_t i = 0; i < n; ++i) {
@@ -599,6 +659,29 @@ int oomb_store_touch_grads(oomb_store* store, const int32_t* kv_ids, int64_t n) 
                  " new gradient pages needed, the gradient pool has ", st.capacity - st.in_use,
                  " left of ", st.capacity);
       for (std::int64_t i = 0; i < n; ++i) t.grads.touch_zeroed(kv_ids[i]);
+    });
+  });
+}
+
+int oomb_store_touch_grads_fresh(oomb_store* store, const int32_t* kv_ids, int64_t n, int32_t* fresh_ids,
+                                 int64_t* fresh) {
+  return guarded([&] {
+    check_store(store);
+    OOMB_C_EXPECTS(fresh != nullptr && (n == 0 || (kv_ids != nullptr && fresh_ids != nullptr)), "null argument");
+    store->visit([&](auto& t) {
+      std::int64_t want = 0;  // all or nothing on running out, as touch_grads
+      for (std::int64_t i = 0; i < n; ++i) {
+        OOMB_C_EXPECTS(kv_ids[i] >= 0 && kv_ids[i] < t.grads.num_kv_ids(), "KV page id ", kv_ids[i],
+                       " out of range [0, ", t.grads.num_kv_ids(), ")");
+        want += t.grads.touched(kv_ids[i]) ? 0 : 1;
+      }
+      const auto st = t.grads.stats();
+      OOMB_CHECK(want <= st.capacity - st.in_use, oomb::out_of_memory, "oomb_c: ", want,
+                 " new gradient pages needed, the gradient pool has ", st.capacity - st.in_use, " left of ",
+                 st.capacity);
+      std::int64_t k = 0;
+      for (std::int64_t i = 0; i < n; ++i) t.grads.touch(kv_ids[i], [&](std::int32_t g) { fresh_ids[k++] = g; });
+      *fresh = k;
     });
   });
 }
@@ -616,7 +699,7 @@ int oomb_store_stats_get(const oomb_store* store, oomb_store_stats* out) {
       out->grad_high_water = g.high_water;
       out->grad_capacity = g.capacity;
       out->pair_bytes = static_cast<int64_t>(t.cache.pair_bytes());
-      const auto rs = store->counted.statistics();
+      const auto rs = store->statistics();
       out->bytes_reserved = static_cast<int64_t>(rs.bytes_in_use);
       out->bytes_peak = static_cast<int64_t>(rs.bytes_high_water);
     });
@@ -627,7 +710,7 @@ int oomb_store_summarize(oomb_store* store, int32_t seq, int32_t layer, int32_t 
   return guarded([&] {
     check_store(store);
     OOMB_C_EXPECTS(store->summaries != nullptr, "summarize: the store keeps no page summaries");
-    store->visit([&](auto& t) {
+    store->visit_host([&](auto& t) {
       const std::int32_t n = t.cache.num_pages(seq);
       OOMB_C_EXPECTS(layer >= 0 && layer < t.cache.num_layers() && first >= 0 && first <= last && last <= n,
                      "summarize: pages [", first, ", ", last, ") of layer ", layer, " of a sequence of ", n);
@@ -649,7 +732,7 @@ int oomb_store_select(oomb_store* store, int32_t seq, int32_t layer, const void*
     const auto& c = store->config;
     OOMB_C_EXPECTS(q_start >= 0 && q_start % c.page_size == 0, "select: q_start ", q_start,
                    " is not a page boundary");
-    store->visit([&](auto& t) {
+    store->visit_host([&](auto& t) {
       using E = typename std::decay_t<decltype(t.cache)>::element_type;
       oomb::tile_selection_config tc;
       tc.tile_queries = tile;
@@ -727,7 +810,7 @@ int oomb_store_attention_forward(oomb_store* store, int32_t seq, int32_t layer, 
   return guarded([&] {
     check_store(store);
     OOMB_C_EXPECTS(args != nullptr && o != nullptr && lse != nullptr, "null argument");
-    store->visit([&](auto& t) {
+    store->visit_host([&](auto& t) {
       using E = typename std::decay_t<decltype(t.cache)>::element_type;
       store_forward(*store, t, seq, layer, *args, static_cast<E*>(o), static_cast<E*>(lse));
     });
@@ -741,7 +824,7 @@ int oomb_store_attention_backward(oomb_store* store, int32_t seq, int32_t layer,
     OOMB_C_EXPECTS(args != nullptr && o != nullptr && lse != nullptr && d_o != nullptr && dq != nullptr &&
                        dk != nullptr && dv != nullptr,
                    "null argument");
-    store->visit([&](auto& t) {
+    store->visit_host([&](auto& t) {
       using E = typename std::decay_t<decltype(t.cache)>::element_type;
       store_backward(*store, t, seq, layer, *args, static_cast<const E*>(o), static_cast<const E*>(lse),
                      static_cast<const E*>(d_o), static_cast<E*>(dq), static_cast<E*>(dk), static_cast<E*>(dv));

@@ -11,8 +11,8 @@
  *
  * Growth is additive: a new entry point or a new trailing field of oomb_attention_args (whose
  * struct_size says how much of it the caller filled in) bumps OOMB_C_ABI_VERSION; nothing existing
- * changes meaning. CUDA entry points (oomb_cuda_*, taking the same args plus a cudaStream_t) are
- * the next addition.
+ * changes meaning. The CUDA entry points live in a library of their own (oomb_cuda.h), so this one
+ * needs no CUDA to build or load.
  */
 #ifndef OOMB_C_H
 #define OOMB_C_H
@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define OOMB_C_ABI_VERSION 1
+#define OOMB_C_ABI_VERSION 2
 
 /* The library is built with hidden visibility: only what carries OOMB_C_API is exported. */
 #if defined(_WIN32)
@@ -32,8 +32,18 @@ extern "C" {
 #define OOMB_C_API __attribute__((visibility("default")))
 #endif
 
-/* Element types. */
-enum { OOMB_DTYPE_F32 = 0, OOMB_DTYPE_F64 = 1 };
+/* Element types. A BF16 store holds bf16 K/V pages and fp32 gradient pages (the GPU kernels'). */
+enum { OOMB_DTYPE_F32 = 0, OOMB_DTYPE_F64 = 1, OOMB_DTYPE_BF16 = 2 };
+
+/* Where a store's pools live. HOST: oomb's host resource (the CPU path, float32/float64). CALLER:
+ * blocks from the caller's allocator, the two callbacks of the config (the GPU path passes torch's
+ * CUDA caching allocator); the store then never reads or writes the pools' bytes, so fresh gradient
+ * pages are zero-filled by the caller (oomb_store_touch_grads_fresh), and page summaries, near
+ * tiers and the CPU attention over the store are refused. */
+enum { OOMB_MEMORY_HOST = 0, OOMB_MEMORY_CALLER = 1 };
+/* NULL (or a throw) for "no memory"; the block must be `alignment`-aligned. */
+typedef void* (*oomb_allocate_fn)(void* ctx, int64_t bytes, int64_t alignment);
+typedef void (*oomb_deallocate_fn)(void* ctx, void* p, int64_t bytes);
 
 OOMB_C_API int32_t oomb_abi_version(void);
 /* "major.minor.patch" of the oomb headers the library was built from. */
@@ -63,6 +73,11 @@ typedef struct {
   int32_t near_kv_slots;
   int32_t near_grad_slots;
   int32_t window_pages;
+  /* OOMB_MEMORY_HOST, or OOMB_MEMORY_CALLER with both callbacks (called with ctx). */
+  int32_t memory;
+  oomb_allocate_fn allocate;
+  oomb_deallocate_fn deallocate;
+  void* ctx;
 } oomb_store_config;
 
 typedef struct {
@@ -99,6 +114,11 @@ OOMB_C_API int oomb_store_grad_pool(oomb_store* store, void** base, int64_t* cap
                          int64_t* kv_ids);
 /* Gives each KV page in the list a zero-filled gradient page if it has none (idempotent). */
 OOMB_C_API int oomb_store_touch_grads(oomb_store* store, const int32_t* kv_ids, int64_t n);
+/* The same without writing the pages (any store; the only way for a CALLER store): the gradient ids
+ * given out fresh go to fresh_ids (room for n), their count to *fresh; the caller zero-fills them
+ * before anything reads them. */
+OOMB_C_API int oomb_store_touch_grads_fresh(oomb_store* store, const int32_t* kv_ids, int64_t n, int32_t* fresh_ids,
+                                            int64_t* fresh);
 OOMB_C_API int oomb_store_stats_get(const oomb_store* store, oomb_store_stats* out);
 
 /* Page-sparse selection (stores made with summaries): summarise the keys of logical pages

@@ -18,8 +18,9 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden
               attn_implementation="sdpa")
 
 
-def make_model(family: str, dtype=torch.float64, seed: int = 0, **overrides):
-    """A tiny random causal LM of `family`, its weights drawn from `seed`, in `dtype`, eval mode."""
+def make_model(family: str, dtype=torch.float64, seed: int = 0, weight_std: float = 0.3, **overrides):
+    """A tiny random causal LM of `family`, its weights drawn from `seed` (matrices N(0, weight_std)),
+    in `dtype`, eval mode."""
     torch.manual_seed(seed)
     kw = dict(COMMON)
     if family == "qwen2":
@@ -48,7 +49,7 @@ def make_model(family: str, dtype=torch.float64, seed: int = 0, **overrides):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2:
-                p.normal_(0.0, 0.3)
+                p.normal_(0.0, weight_std)
             elif "norm" in name:
                 p.uniform_(0.5, 1.5)
             else:

@@ -111,3 +111,18 @@ def test_offload_keeps_the_near_tier_fixed_as_the_sequence_grows(ids_of):
         assert (near["kv"]["slots"], near["grad"]["slots"]) == (4, 2)
         moved.append(near["kv"]["bytes_to_near"])
     assert moved[1] > moved[0]
+
+
+def test_lm_head_in_pieces(ids_of, monkeypatch):
+    # Stage 2 runs the LM head and loss HEAD_PIECE tokens at a time; pieces of 16 in chunks of 48
+    # (three pieces a chunk; the last chunk of 4 tokens one partial piece): full backprop's gradients.
+    import oomb.torch
+    monkeypatch.setattr(oomb.torch, "HEAD_PIECE", 16)
+    model = make_model("qwen2")
+    ids = ids_of(100)
+    ref_loss, ref = reference_grads(model, ids, shift(ids))
+    cr = ChunkRecurrent(model, chunk=48, page=16, max_tokens=112)
+    loss = cr.forward_backward(ids)
+    worst, where = worst_error(model, ref)
+    assert abs(float(loss) - float(ref_loss)) <= 1e-12 * abs(float(ref_loss))
+    assert worst <= TOL64, f"{where} off by {worst:.3e}"

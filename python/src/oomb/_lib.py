@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Loads liboomb_c (the C ABI of csrc/oomb_c.h) through ctypes and declares its signatures.
+"""Loads liboomb_c (the C ABI of csrc/oomb_c.h) and, where it was built, liboomb_cuda (the GPU
+path, csrc/oomb_cuda.h) through ctypes and declares their signatures.
 
 Nothing here imports torch: tensors become pointers one level up (oomb.ops, oomb.pages).
 """
@@ -9,15 +10,22 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
+CUDA_ABI_VERSION = 1
 DTYPE_F32 = 0
 DTYPE_F64 = 1
+DTYPE_BF16 = 2
+MEMORY_HOST = 0
+MEMORY_CALLER = 1
 
 c_i32 = ctypes.c_int32
 c_i64 = ctypes.c_int64
 c_p = ctypes.c_void_p
 p_i32 = ctypes.POINTER(ctypes.c_int32)
 p_i64 = ctypes.POINTER(ctypes.c_int64)
+#: oomb_allocate_fn / oomb_deallocate_fn (oomb_c.h): the caller's allocator for a CALLER store.
+ALLOCATE_FN = ctypes.CFUNCTYPE(c_p, c_p, c_i64, c_i64)
+DEALLOCATE_FN = ctypes.CFUNCTYPE(None, c_p, c_p, c_i64)
 
 
 class StoreConfig(ctypes.Structure):
@@ -34,6 +42,10 @@ class StoreConfig(ctypes.Structure):
         ("near_kv_slots", c_i32),
         ("near_grad_slots", c_i32),
         ("window_pages", c_i32),
+        ("memory", c_i32),
+        ("allocate", ALLOCATE_FN),
+        ("deallocate", DEALLOCATE_FN),
+        ("ctx", c_p),
     ]
 
 
@@ -87,25 +99,53 @@ class AttentionArgs(ctypes.Structure):
     ]
 
 
+class CudaAttentionArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_i32),
+        ("device", c_i32),
+        ("q", c_p),
+        ("sq", c_i64),
+        ("hq", c_i32),
+        ("hkv", c_i32),
+        ("d", c_i32),
+        ("q_start", c_i64),
+        ("scale", ctypes.c_double),
+        ("pool", c_p),
+        ("page_size", c_i32),
+        ("table", c_p),
+        ("pages", c_i32),
+        ("tile_indptr", c_p),
+        ("tile_pages", c_p),
+        ("tile", c_i32),
+        ("portable", c_i32),
+    ]
+
+
 class OombError(RuntimeError):
     """A failure reported by the C library (its message names what was asked and what was wrong)."""
 
 
-def _candidates():
-    env = os.environ.get("OOMB_C_LIBRARY")
-    if env:
-        yield Path(env)
+def _candidates(stem: str, env: str):
+    if os.environ.get(env):
+        yield Path(os.environ[env])
     here = Path(__file__).resolve().parent
-    for name in ("liboomb_c.so", "liboomb_c.dylib", "oomb_c.dll"):
+    for name in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll"):
         yield here / name
 
 
-def _load():
+def _find(stem: str, env: str):
     tried = []
-    for path in _candidates():
+    for path in _candidates(stem, env):
         tried.append(str(path))
         if path.is_file():
-            return ctypes.CDLL(str(path))
+            return path, tried
+    return None, tried
+
+
+def _load():
+    path, tried = _find("oomb_c", "OOMB_C_LIBRARY")
+    if path is not None:
+        return ctypes.CDLL(str(path))
     raise ImportError(
         "oomb: the compiled part of the package (liboomb_c) was not found; looked at "
         + ", ".join(tried)
@@ -130,6 +170,7 @@ _signatures = {
     "oomb_store_kv_pool": ([c_p, ctypes.POINTER(c_p), p_i64], ctypes.c_int),
     "oomb_store_grad_pool": ([c_p, ctypes.POINTER(c_p), p_i64, ctypes.POINTER(p_i32), p_i64], ctypes.c_int),
     "oomb_store_touch_grads": ([c_p, c_p, c_i64], ctypes.c_int),
+    "oomb_store_touch_grads_fresh": ([c_p, c_p, c_i64, c_p, p_i64], ctypes.c_int),
     "oomb_store_stats_get": ([c_p, ctypes.POINTER(StoreStats)], ctypes.c_int),
     "oomb_store_summarize": ([c_p, c_i32, c_i32, c_i32, c_i32], ctypes.c_int),
     "oomb_store_select": (
@@ -170,3 +211,51 @@ def check(rc: int) -> None:
 
 def version() -> str:
     return lib.oomb_version().decode()
+
+
+# ---- the GPU path (liboomb_cuda): loaded on first use, so a CPU-only install never needs it ------
+
+_cuda = None
+
+
+def cuda_lib():
+    """liboomb_cuda, loaded once; a clear ImportError where this install has no GPU path."""
+    global _cuda
+    if _cuda is not None:
+        return _cuda
+    path, tried = _find("oomb_cuda", "OOMB_CUDA_LIBRARY")
+    if path is None:
+        raise ImportError(
+            "oomb: this install has no GPU path (liboomb_cuda was not found; looked at " + ", ".join(tried)
+            + "). It is built by `pip install ./python` where CMake finds nvcc (CUDA 12.8 or later), or point "
+            "OOMB_CUDA_LIBRARY at a liboomb_cuda.so (docs/pytorch.md).")
+    cl = ctypes.CDLL(str(path))
+    signatures = {
+        "oomb_cuda_abi_version": ([], c_i32),
+        "oomb_cuda_last_error": ([], ctypes.c_char_p),
+        "oomb_cuda_attention_forward": ([ctypes.POINTER(CudaAttentionArgs), c_p, c_p, c_p], ctypes.c_int),
+        "oomb_cuda_attention_backward_workspace": ([ctypes.POINTER(CudaAttentionArgs), p_i64], ctypes.c_int),
+        "oomb_cuda_attention_backward": (
+            [ctypes.POINTER(CudaAttentionArgs), c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_i64, c_p],
+            ctypes.c_int,
+        ),
+    }
+    for name, (args, res) in signatures.items():
+        f = getattr(cl, name)
+        f.argtypes = args
+        f.restype = res
+    if cl.oomb_cuda_abi_version() != CUDA_ABI_VERSION:
+        raise ImportError(f"oomb: liboomb_cuda speaks ABI version {cl.oomb_cuda_abi_version()}, this Python layer "
+                          f"version {CUDA_ABI_VERSION}: reinstall the package (pip install ./python)")
+    _cuda = cl
+    return cl
+
+
+def has_cuda() -> bool:
+    """Whether this install has the GPU path (liboomb_cuda can be found)."""
+    return _cuda is not None or _find("oomb_cuda", "OOMB_CUDA_LIBRARY")[0] is not None
+
+
+def check_cuda(rc: int) -> None:
+    if rc != 0:
+        raise OombError(cuda_lib().oomb_cuda_last_error().decode(errors="replace"))

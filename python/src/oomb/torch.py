@@ -30,6 +30,9 @@ __all__ = ["ChunkRecurrent", "SparseConfig", "Offload", "ATTENTION_NAME", "Refus
 #: The name oomb's attention is registered under in transformers' AttentionInterface.
 ATTENTION_NAME = "oomb"
 
+#: Tokens of one piece of the LM head and loss (stage 2): the logits of one piece exist at a time.
+HEAD_PIECE = 4096
+
 
 class RefusedError(ValueError):
     """A model, call or input the driver cannot train exactly; the message says what and why."""
@@ -101,7 +104,8 @@ class ChunkRecurrent:
     page        tokens per page: a power of two >= 16 dividing ``chunk`` (default: 128, or ``chunk``
                 if smaller)
     max_tokens  the plan: the longest sequence a call may bring. K/V and gradient pages for it are
-                allocated here, up front, from oomb's host resource; nothing grows later
+                allocated here, up front (on the CPU from oomb's host resource; on a CUDA device from
+                torch's caching allocator: bf16 pages, fp32 gradient pages); nothing grows later
     sparse      a SparseConfig for page-sparse attention, or None (dense: exact)
     offload     an Offload (near tiers of fixed size the past streams through), or None: every page
                 is read where it lives
@@ -141,10 +145,14 @@ class ChunkRecurrent:
         self._check_model()
         layers, hq, hkv, d = _config_dims(model.config)
         self.layers, self.hq, self.hkv, self.head_dim = layers, hq, hkv, d
-        self.dtype = self._param_dtype()
+        self.device = self._device()
+        #: What attention computes in and the pages hold: the model's dtype on the CPU, bf16 on CUDA.
+        self.dtype = self._param_dtype() if self.device.type == "cpu" else torch.bfloat16
+        if self.device.type == "cuda":
+            self._check_cuda(d)
         pages = layers * -(-max_tokens // page)
         self.store = PagedStore(layers=layers, page_size=page, kv_heads=hkv, head_dim=d, chunk_size=chunk,
-                                max_pages=pages, max_grad_pages=pages, dtype=self.dtype,
+                                max_pages=pages, max_grad_pages=pages, dtype=self.dtype, device=self.device,
                                 summaries=sparse is not None,
                                 near_kv_slots=offload.kv_slots if offload else 0,
                                 near_grad_slots=offload.grad_slots if offload else 0,
@@ -155,6 +163,33 @@ class ChunkRecurrent:
         self.selections: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- checks that need no allocation --------------------------------------------------------
+    def _device(self) -> torch.device:
+        devices = {p.device for p in self.model.parameters()}
+        if len(devices) != 1:
+            raise RefusedError(f"oomb: the model's parameters are on several devices {sorted(map(str, devices))}; "
+                               "the driver runs a model on one device")
+        (dev,) = devices
+        if dev.type not in ("cpu", "cuda"):
+            raise RefusedError(f"oomb: the model is on {dev}; the CPU and CUDA devices are supported")
+        return dev
+
+    def _check_cuda(self, head_dim: int):
+        from . import _lib
+        if not _lib.has_cuda():
+            raise RefusedError("oomb: the model is on a CUDA device, but this install of the package has no GPU path "
+                               "(liboomb_cuda): reinstall with `pip install ./python` where nvcc is found "
+                               "(docs/pytorch.md)")
+        if head_dim not in (64, 128):
+            raise RefusedError(f"oomb: head_dim {head_dim}: oomb's CUDA kernels take 64 or 128")
+        if self.sparse is not None or self.offload is not None:
+            raise RefusedError("oomb: page-sparse attention and offload are the CPU path's only so far (their GPU "
+                               "parts, device page summaries and device near tiers, are not wired into the package "
+                               "yet: docs/pytorch.md); on CUDA the driver is dense, every page in place")
+        dtypes = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
+        if not dtypes <= {torch.bfloat16, torch.float32}:
+            raise RefusedError(f"oomb: the model's parameters are {sorted(map(str, dtypes))}; on CUDA oomb's attention "
+                               "is bf16: a bf16 model, or a float32 one under torch.autocast('cuda', torch.bfloat16)")
+
     def _param_dtype(self) -> torch.dtype:
         dtypes = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
         if len(dtypes) != 1:
@@ -163,15 +198,11 @@ class ChunkRecurrent:
         (dt,) = dtypes
         if dt not in (torch.float32, torch.float64):
             raise RefusedError(f"oomb: the model is {dt}; the CPU path computes in float32 or float64 (bf16 "
-                               "is the GPU path's, not built yet)")
+                               "is the GPU path's: put the model on a CUDA device)")
         return dt
 
     def _check_model(self):
         m = self.model
-        devices = {p.device.type for p in m.parameters()}
-        if devices != {"cpu"}:
-            raise RefusedError(f"oomb: the model is on {sorted(devices)}; this build of the package runs on the "
-                               "CPU only (the GPU path is not built yet: docs/pytorch.md)")
         if getattr(m, "is_gradient_checkpointing", False):
             raise RefusedError("oomb: gradient checkpointing is enabled (gradient_checkpointing_enable()); it "
                                "conflicts with the driver's own recomputation: call "
@@ -181,6 +212,13 @@ class ChunkRecurrent:
             raise RefusedError("oomb: only decoder-only causal models are supported")
         if getattr(cfg, "alibi", False) or getattr(cfg, "position_embedding_type", None) == "alibi":
             raise RefusedError("oomb: ALiBi position biases are not supported")
+        head = m.get_output_embeddings() if hasattr(m, "get_output_embeddings") else None
+        if head is None:
+            raise RefusedError(f"oomb: {type(m).__name__} has no LM head (get_output_embeddings()); the driver "
+                               "trains causal LMs (AutoModelForCausalLM)")
+        if getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):
+            raise RefusedError(f"oomb: logit_scale={cfg.logit_scale} is not supported (the head's loss is "
+                               "lm_head's logits)")
         for name in ("attn_logit_softcapping", "final_logit_softcapping"):
             if getattr(cfg, name, None):
                 raise RefusedError(f"oomb: soft-capping ({name}={getattr(cfg, name)}) is not supported")
@@ -219,8 +257,8 @@ class ChunkRecurrent:
             ids = ids[None]
         if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
             raise RefusedError(f"oomb: input_ids must be integer [batch, tokens], got {ids.dtype} {tuple(ids.shape)}")
-        if ids.device.type != "cpu":
-            raise RefusedError(f"oomb: input_ids are on {ids.device}; the model runs on the CPU")
+        if ids.device.type != "cpu" and ids.device != self.device:
+            raise RefusedError(f"oomb: input_ids are on {ids.device}, the model on {self.device}")
         batch, n = ids.shape
         if n > self.max_tokens:
             raise RefusedError(f"oomb: a sequence of {n} tokens is beyond the plan of max_tokens={self.max_tokens} "
@@ -253,7 +291,9 @@ class ChunkRecurrent:
         if count == 0:
             raise RefusedError("oomb: no token has a target (every label is -100 or masked)")
         self._check_model()
-        if self._param_dtype() != self.dtype:
+        if self._device() != self.device:
+            raise RefusedError(f"oomb: the model is now on {self._device()}, the pages were planned on {self.device}")
+        if self.device.type == "cpu" and self._param_dtype() != self.dtype:
             raise RefusedError(f"oomb: the model is now {self._param_dtype()}, the pages were planned for {self.dtype}")
         if _active is not None:
             raise RuntimeError("oomb: forward_backward is already running (one at a time per process)")
@@ -261,7 +301,8 @@ class ChunkRecurrent:
         model = self.model
         previous = model.config._attn_implementation
         self.selections = {}
-        total = torch.zeros((), dtype=torch.float64)
+        ids, targets = ids.to(self.device), targets.to(self.device)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         model.set_attn_implementation(ATTENTION_NAME)
         try:
             if model.config._attn_implementation != ATTENTION_NAME:
@@ -280,12 +321,13 @@ class ChunkRecurrent:
                         self.store.pop_chunk(self.seq)
         finally:
             model.set_attn_implementation(previous)
-        return total.to(self.dtype)
+        return total.to(torch.float64 if self.dtype == torch.float64 else torch.float32)
 
     def memory(self) -> dict:
-        """oomb's pools (host memory from the library's host resource): pages in use and their peaks,
-        bytes reserved. Everything is reserved at construction for ``max_tokens``. With offload, also
-        ``near``: per near tier its slots and what moved through it (cumulative)."""
+        """oomb's pools (host memory from the library's host resource, or on CUDA blocks of torch's
+        caching allocator): pages in use and their peaks, bytes reserved. Everything is reserved at
+        construction for ``max_tokens``. With offload, also ``near``: per near tier its slots and
+        what moved through it (cumulative)."""
         out = self.store.stats()
         if self.offload is not None:
             out["near"] = self.store.residency_stats()
@@ -340,9 +382,14 @@ class _Run:
         if (key.shape[1], key.shape[3], hq) != (d.hkv, d.head_dim, d.hq):
             raise RefusedError(f"oomb: layer {layer} has {hq} query / {key.shape[1]} KV heads of dim {key.shape[3]}, "
                                f"the plan {d.hq} / {d.hkv} of dim {d.head_dim}")
-        if query.dtype != d.dtype or query.device.type != "cpu":
+        if (d.device.type == "cuda" and query.dtype == torch.float32 and torch.is_autocast_enabled("cuda")
+                and torch.get_autocast_dtype("cuda") == torch.bfloat16):
+            query, key, value = query.to(d.dtype), key.to(d.dtype), value.to(d.dtype)  # as autocast's SDPA would
+        if query.dtype != d.dtype or query.device != d.device:
+            hint = (" (on CUDA: a bf16 model, or a float32 one under torch.autocast('cuda', torch.bfloat16))"
+                    if d.device.type == "cuda" else "")
             raise RefusedError(f"oomb: layer {layer} attends in {query.dtype} on {query.device}; the pages hold "
-                               f"{d.dtype} on the CPU")
+                               f"{d.dtype} on {d.device}{hint}")
         scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(hd)
         q = query[0].transpose(0, 1)
         k = key[0].transpose(0, 1)
@@ -353,9 +400,11 @@ class _Run:
         sp = d.sparse
         key_ = (layer, self.chunk_index)
         tile = sp.tile if sp else 128
+        own_ids = store.page_ids(seq, layer, first, first + -(-sq // page))
+        on_cuda = d.device.type == "cuda"
+        if self.stage == 1 or on_cuda:  # CUDA's kernels read the chunk itself through its pages: stage 2 too
+            ops.write_pages(store.kv_pool, k.detach(), v.detach(), own_ids)
         if self.stage == 1:
-            own_ids = store.page_ids(seq, layer, first, first + -(-sq // page))
-            ops.write_pages(store.kv_pool, k, v, own_ids)
             if d.offload is not None:
                 store.kv_written(seq, layer, first, first + own_ids.numel())
             if sp is not None:
@@ -371,13 +420,32 @@ class _Run:
                                           self.q_start, scale, indptr, pages, tile)
         elif self.stage == 1:
             o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, None, None, self.q_start, scale, indptr, pages,
-                                    tile)
+                                    tile, own_ids if on_cuda else None)
         else:
             o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, store.grad_pool, store.grad_ids, self.q_start,
-                                    scale, indptr, pages, tile)
+                                    scale, indptr, pages, tile, own_ids if on_cuda else None)
         return o.unsqueeze(0), None
 
     # -- the two stages ----------------------------------------------------------------------------
+    def _head_backward(self, hidden: torch.Tensor, targets: torch.Tensor, count: int, scale: float,
+                       loss_dtype: torch.dtype):
+        """The LM head and HF's loss over one chunk's final hidden states, backwards at once, a piece of
+        HEAD_PIECE tokens at a time: the head's parameters get their gradient, and the returned
+        d_hidden is the loss's gradient for `hidden` (what the CausalLM's forward, lm_head on the base
+        model's output, would pass it), so at most one piece's logits exist. Returns the chunk's
+        loss (detached) and d_hidden."""
+        head = self.d.model.get_output_embeddings()
+        h = hidden.detach().requires_grad_(True)
+        loss = torch.zeros((), dtype=torch.float64, device=hidden.device)
+        for a in range(0, h.shape[1], HEAD_PIECE):
+            b = min(h.shape[1], a + HEAD_PIECE)
+            logits = head(h[:, a:b])[0]
+            piece = F.cross_entropy(logits.to(loss_dtype), targets[a:b], ignore_index=-100, reduction="sum") / count
+            piece.backward(torch.full_like(piece, scale))
+            loss += piece.detach().to(torch.float64)
+        return loss, h.grad
+
+
     def step(self, ids: torch.Tensor, targets: torch.Tensor, count: int, scale: float = 1.0) -> torch.Tensor:
         d = self.d
         model, store, seq, chunk, page = d.model, d.store, d.seq, d.chunk, d.page
@@ -393,7 +461,8 @@ class _Run:
                 store.append(seq, s1 - s0)
                 self.chunk_index, self.q_start = c, s0
                 self.called = set()
-                base(input_ids=ids[None, s0:s1], position_ids=torch.arange(s0, s1)[None], use_cache=False)
+                base(input_ids=ids[None, s0:s1], position_ids=torch.arange(s0, s1, device=ids.device)[None],
+                     use_cache=False)
                 if len(self.called) != d.layers:  # a layer attended on its own: it would miss the past
                     missing = sorted(set(range(d.layers)) - self.called)
                     raise RefusedError(f"oomb: layers {missing} did not call attention through transformers' "
@@ -401,7 +470,7 @@ class _Run:
 
         # Stage 2: backwards over the chunks, recomputing each under autograd.
         self.stage = 2
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=ids.device)
         with torch.enable_grad():
             for c in reversed(range(len(bounds))):
                 s0, s1 = bounds[c]
@@ -415,11 +484,10 @@ class _Run:
                     if past.numel():
                         store.touch_grads(past)
                 self.captured = {}
-                out = model(input_ids=ids[None, s0:s1], position_ids=torch.arange(s0, s1)[None], use_cache=False)
-                logits = out.logits[0]
-                loss = F.cross_entropy(logits.to(loss_dtype), targets[s0:s1], ignore_index=-100,
-                                       reduction="sum") / count
-                roots, grads = [loss], [torch.full_like(loss, scale)]  # linear: later chunks' gk/gv carry it
+                hidden = base(input_ids=ids[None, s0:s1], position_ids=torch.arange(s0, s1, device=ids.device)[None],
+                              use_cache=False).last_hidden_state
+                loss, d_hidden = self._head_backward(hidden, targets[s0:s1], count, scale, loss_dtype)
+                roots, grads = [hidden], [d_hidden]  # linear: later chunks' gk/gv carry the rest
                 store.flush_grads()  # offload: what later chunks added in near slots, home now
                 for layer, (key, value) in self.captured.items():
                     own = store.page_ids(seq, layer, first, first + -(-(s1 - s0) // page))
@@ -433,7 +501,7 @@ class _Run:
                                 roots.append(t)
                                 grads.append(g.transpose(0, 1).unsqueeze(0).to(t.dtype))
                 torch.autograd.backward(roots, grads)
-                total += loss.detach().to(torch.float64)
+                total += loss.to(torch.float64)
                 self.captured = {}
                 store.pop_chunk(seq)
         return total
