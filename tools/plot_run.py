@@ -295,7 +295,7 @@ def _path(canvas, pts, c, t):
         flush()
 
 
-def draw(ps, size, title, xrange):
+def draw(ps, size, title, xrange, xlabel="step"):
     c = Canvas(*size)
     c.text(LEFT, 16, title, TEXT, scale=3)
     xlo, xhi = xrange
@@ -345,7 +345,7 @@ def draw(ps, size, title, xrange):
         for a, b, e, f in ((x0, y0, x1, y0 + 1), (x0, y1 - 1, x1, y1), (x0, y0, x0 + 1, y1), (x1 - 1, y0, x1, y1)):
             c.fill(a, b, e, f, AXIS)
         if i == len(ps) - 1:
-            c.text((x0 + x1) // 2, y1 + 30, "step", TEXT, align="center")
+            c.text((x0 + x1) // 2, y1 + 30, xlabel, TEXT, align="center")
     return c
 
 

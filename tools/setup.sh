@@ -80,10 +80,12 @@ if [ "${OOMB_SKIP_PYTHON:-0}" != 1 ]; then
   else
     echo "setup: Python environment $venv up to date"
   fi
-  # The package itself, once (tools/test.sh reinstalls it from the tree before its tests).
+  # The package itself, once (tools/test.sh reinstalls it from the tree before its tests). Its GPU
+  # library is left out (OOMB_PYTHON_CUDA=OFF): these machines have nvcc but no GPU, the kernels
+  # take minutes to compile, and oomb's CUDA build compiles the same library (oomb_python_cuda).
   if ! "$venv/bin/python" -c "import oomb" 2>/dev/null; then
-    echo "setup: installing the oomb package (pip install ./python)"
+    echo "setup: installing the oomb package (pip install ./python, CPU path)"
     "$venv/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check \
-      --no-build-isolation --no-deps "$root/python"
+      --no-build-isolation --no-deps --config-settings=cmake.define.OOMB_PYTHON_CUDA=OFF "$root/python"
   fi
 fi

@@ -180,3 +180,14 @@ def test_gpu_refusals(ids_of):
     with torch.autocast("cuda", dtype=torch.bfloat16):  # under autocast the same model trains
         loss = cr.forward_backward(ids_of(300).to(DEV))
     assert math.isfinite(float(loss)) and all(p.grad is not None for p in fp32.parameters())
+
+
+def test_the_gpu_example_trains():
+    import subprocess
+    import sys
+    from pathlib import Path
+    example = Path(__file__).resolve().parents[1] / "examples" / "train_gpu.py"
+    out = subprocess.run([sys.executable, str(example), str(example.parents[2] / "configs" / "qwen2.5-0.5b.json"),
+                          "16384", "2"], check=True, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("step ")]
+    assert len(lines) == 2 and all("16384 tokens" in ln for ln in lines), out.stdout + out.stderr

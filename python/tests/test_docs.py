@@ -15,7 +15,7 @@ def test_docs_quote_the_example():
                           str(PYTHON / "README.md"), str(ROOT / "docs" / "pytorch.md")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "3 snippet(s) match" in out.stdout
+    assert "4 snippet(s) match" in out.stdout
 
 
 def test_the_example_trains():
