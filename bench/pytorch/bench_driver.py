@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--lengths", type=int, nargs="+", required=True)
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--page", type=int, default=128)
+    ap.add_argument("--keep", action="store_true", help="keep stage 1's attention outputs for stage 2 "
+                    "(ChunkRecurrent(keep_attention_outputs=True))")
     ap.add_argument("--jsonl", default="")
     ap.add_argument("--deadline-s", type=float, default=500, help="skip lengths once this much time has passed")
     ap.add_argument("--commit", default="")
@@ -54,9 +56,10 @@ def main():
     name = a.name or a.config.rsplit("/", 1)[-1].removesuffix(".json")
     t_start = time.time()
     model, cfg = build(a.config)
-    cr = ChunkRecurrent(model, chunk=a.chunk, page=a.page, max_tokens=max(a.lengths))
+    cr = ChunkRecurrent(model, chunk=a.chunk, page=a.page, max_tokens=max(a.lengths), keep_attention_outputs=a.keep)
     pools = cr.store.kv_pool.numel() * 2 + cr.store.grad_pool.numel() * 4
-    print(json.dumps({"model": name, "built_s": round(time.time() - t_start, 1), "pool_bytes": pools}), flush=True)
+    print(json.dumps({"model": name, "built_s": round(time.time() - t_start, 1), "pool_bytes": pools,
+                      "keep_attention_outputs": a.keep}), flush=True)
 
     def step(n):
         ids = torch.randint(0, cfg.vocab_size, (1, n), device="cuda")
@@ -84,7 +87,7 @@ def main():
             except torch.OutOfMemoryError:
                 row = {"len": n, "oom": True}
             model.zero_grad(set_to_none=True)
-        print(json.dumps({"model": name, **row}), flush=True)
+        print(json.dumps({"model": name, "keep": a.keep, **row}), flush=True)
         rows.append(row)
         if row.get("oom"):
             break
@@ -94,7 +97,8 @@ def main():
                 if "s" not in r:
                     continue
                 f.write(json.dumps({"system": "oomb-torch", "model": name, "tokens": r["len"], "chunk": a.chunk,
-                                    "page": a.page, "attention": "dense", "offload": False, "phase": "fwd_bwd",
+                                    "page": a.page, "attention": "dense", "offload": False,
+                                    "keep_attention_outputs": a.keep, "phase": "fwd_bwd",
                                     "step_s": r["s"], "tok_per_s": r["tok_per_s"], "loss": r["loss"],
                                     "peak_gpu_bytes": r["peak_bytes"], "device_used_bytes": r["device_used_bytes"],
                                     "pool_bytes": r["pool_bytes"], "torch": torch.__version__,

@@ -8,7 +8,8 @@
 # llama-3.1-8b: the package and the C++ trainer, the competitor knowing only Qwen2.5).
 # Environment (optional): CHUNK (qwen2.5-0.5b: 16384, else 4096), SYSTEMS ("torch oomb pytorch"),
 # DEADLINE_S (the call's budget, 540; shared in proportion 45/25/30), TESTS=1 (the package's GPU
-# tests first, python/tests/test_cuda.py and test_ops.py, into $OUT/pytest.log).
+# tests first, python/tests/test_cuda.py and test_ops.py, into $OUT/pytest.log), KEEP=1 (both
+# oomb systems keep stage 1's attention outputs for stage 2).
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,18 +46,20 @@ if [ "${TESTS:-0}" = 1 ]; then
     2>&1 | tee "$OUT/pytest.log" | tail -25
 fi
 
+keep_torch=() keep_trainer=()
+[ "${KEEP:-0}" = 1 ] && keep_torch=(--keep) keep_trainer=(--keep-attention-outputs)
 share() { local left=$((DEADLINE_S - (SECONDS - start))); echo $((left * $1 / 100)); }
 if [[ " $SYSTEMS " == *" torch "* ]]; then
   s=$(share 45)
   timeout $((s + 60)) "$PY" "$here/bench_driver.py" --config "$config" --lengths "${lengths[@]}" --chunk "$chunk" \
-    --deadline-s "$s" --commit "$commit" --jsonl "$OUT/torch-$tag.jsonl" 2>&1 | tee "$OUT/torch-$tag.log"
+    --deadline-s "$s" --commit "$commit" --jsonl "$OUT/torch-$tag.jsonl" "${keep_torch[@]}" 2>&1 | tee "$OUT/torch-$tag.log"
   echo "bench_driver rc=$?" | tee -a "$OUT/torch-$tag.log"
 fi
 if [[ " $SYSTEMS " == *" oomb "* ]] && [ -x "$here/bench_trainer" ]; then
   s=$(share 45)
   timeout $((s + 45)) "$here/bench_trainer" --config "$config" --lengths "$(IFS=,; echo "${lengths[*]}")" \
     --phase fwd_bwd --chunk "$chunk" --page 128 --window-pages 0 --reps 1 --warmup-tokens "${lengths[0]}" \
-    --deadline-s "$s" --commit "$commit" --jsonl "$OUT/oomb-$tag.jsonl" 2>&1 | tee "$OUT/oomb-$tag.log"
+    --deadline-s "$s" --commit "$commit" --jsonl "$OUT/oomb-$tag.jsonl" "${keep_trainer[@]}" 2>&1 | tee "$OUT/oomb-$tag.log"
   echo "bench_trainer rc=$?" | tee -a "$OUT/oomb-$tag.log"
 fi
 if [[ " $SYSTEMS " == *" pytorch "* ]] && [ -n "$competitor" ]; then

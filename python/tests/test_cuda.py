@@ -108,8 +108,9 @@ def tiny(family):
     return over
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_driver_bf16_is_as_close_to_fp64_as_hf_bf16_training(family, ids_of):
+@pytest.mark.parametrize("family,keep", [(f, False) for f in FAMILIES] + [("qwen2", True)],
+                         ids=FAMILIES + ["qwen2-kept-outputs"])
+def test_driver_bf16_is_as_close_to_fp64_as_hf_bf16_training(family, keep, ids_of):
     # 1000 tokens in chunks of 256 (three full and a partial one), pages of 128 (the Hopper kernels'
     # smallest): the driver's bf16 gradients against fp64 full backprop, beside HF's own bf16 full
     # backprop (sdpa) of the same bf16 weights and tokens.
@@ -122,7 +123,7 @@ def test_driver_bf16_is_as_close_to_fp64_as_hf_bf16_training(family, ids_of):
     with torch.no_grad():  # HF's bf16 logits, the loss summed in fp32 as the driver sums it
         logits = model(input_ids=ids, use_cache=False).logits.float()
         loss_hf32 = torch.nn.functional.cross_entropy(logits[0], targets[0], ignore_index=-100)
-    cr = ChunkRecurrent(model, chunk=256, page=128, max_tokens=1024)
+    cr = ChunkRecurrent(model, chunk=256, page=128, max_tokens=1024, keep_attention_outputs=keep)
     loss = cr.forward_backward(ids)
     ratios, rows = [], {}
     for n, p in model.named_parameters():
@@ -130,7 +131,7 @@ def test_driver_bf16_is_as_close_to_fp64_as_hf_bf16_training(family, ids_of):
         rows[n] = (e_oomb, e_hf)
         ratios.append(e_oomb / max(e_hf, 1e-30))
     worst = max(rows, key=lambda n: rows[n][0] / max(rows[n][1], 1e-30))
-    summary = {"family": family, "tensors": len(rows), "median_ratio": statistics.median(ratios),
+    summary = {"family": family, "kept_outputs": keep, "tensors": len(rows), "median_ratio": statistics.median(ratios),
                "max_ratio": max(ratios), "worst_tensor": worst, "worst": rows[worst],
                "median_err_oomb": statistics.median(r[0] for r in rows.values()),
                "median_err_hf": statistics.median(r[1] for r in rows.values()),

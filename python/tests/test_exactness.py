@@ -126,3 +126,21 @@ def test_lm_head_in_pieces(ids_of, monkeypatch):
     worst, where = worst_error(model, ref)
     assert abs(float(loss) - float(ref_loss)) <= 1e-12 * abs(float(ref_loss))
     assert worst <= TOL64, f"{where} off by {worst:.3e}"
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_kept_attention_outputs_change_nothing(family, ids_of):
+    # keep_attention_outputs: stage 2 reuses stage 1's (o, lse) instead of recomputing them; the
+    # same arithmetic, so the gradients are the recomputing driver's bit for bit.
+    model = make_model(family)
+    ids = ids_of(150)
+    ChunkRecurrent(model, chunk=32, page=16, max_tokens=160).forward_backward(ids)
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=160, keep_attention_outputs=True)
+    cr.forward_backward(ids)
+    for n, p in model.named_parameters():
+        assert torch.equal(p.grad, want[n]), n
+    with pytest.raises(ValueError, match="keep_attention_outputs with offload is not supported"):
+        ChunkRecurrent(model, chunk=32, page=16, max_tokens=160, keep_attention_outputs=True,
+                       offload=Offload(kv_slots=3))

@@ -98,6 +98,24 @@ def test_opcheck_attention_backward(problem, sparse):
                                                    q_start, scale, indptr, pages, tile))
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_attention_kept_equals_attention_and_passes_opcheck(problem, sparse):
+    # Stage 2 with kept outputs: the forward's o back (a copy), the same backward.
+    args = list(_attention_args(problem, sparse))
+    q, k, v = (args[i].detach().clone().requires_grad_(True) for i in range(3))
+    o, lse = ops.attention(q, k, v, *args[3:])
+    (o * torch.arange(o.numel(), dtype=o.dtype).view_as(o).sin()).sum().backward()
+    want = [t.grad.clone() for t in (q, k, v)]
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    kept = ops.attention_kept(q2, k2, v2, o.detach(), lse, *args[3:])
+    assert torch.equal(kept, o.detach())
+    (kept * torch.arange(o.numel(), dtype=o.dtype).view_as(o).sin()).sum().backward()
+    for g, t in zip(want, (q2, k2, v2)):
+        assert torch.equal(g, t.grad)
+    det = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    torch.library.opcheck(ops.attention_kept, (*det[:3], o.detach(), lse, *det[3:]))
+
+
 def test_opcheck_page_ops(problem):
     p = problem
     st, seq = p["st"], p["seq"]

@@ -15,6 +15,10 @@ tile_pages, tile, own_ids=None) -> (o, lse)``
     ``k``, ``v`` there first (``write_pages``; the op stays functional, as autograd needs, and does not
     check the pages' contents). The CPU path reads ``k``, ``v`` themselves and ignores them.
 ``oomb::attention_backward(...) -> (dq, dk, dv)``, mutates ``grad_pool``: that backward as an op.
+``oomb::attention_kept(q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale,
+tile_indptr, tile_pages, tile, own_ids=None) -> o``: ``oomb::attention`` whose forward was already
+    computed (stage 1's kept ``o``, ``lse``): returns a copy of ``o``, and its backward is
+    ``oomb::attention_backward`` given them; what stage 2 runs with kept attention outputs.
 ``oomb::write_pages(kv_pool!, k, v, page_ids)``: writes a chunk's K/V [sq, hkv, d] into its pages.
 ``oomb::gather_pages(pool, page_ids, tokens) -> (k, v)``: reads [tokens, hkv, d] back from pages
     (an id of -1 reads zeros: a gradient page never touched).
@@ -37,7 +41,7 @@ from . import _lib
 from ._lib import check, lib
 from .pages import dtype_code, store_at
 
-__all__ = ["attention", "attention_backward", "write_pages", "gather_pages", "accumulate_pages", "store_attention",
+__all__ = ["attention", "attention_backward", "attention_kept", "write_pages", "gather_pages", "accumulate_pages", "store_attention",
            "store_attention_backward"]
 
 
@@ -308,6 +312,40 @@ def _backward(ctx, d_o, _d_lse):
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("oomb::attention_kept", mutates_args=())
+def attention_kept(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, kv_pool: Tensor, past_ids: Tensor,
+                   grad_pool: Optional[Tensor], grad_ids: Optional[Tensor], q_start: int, scale: float,
+                   tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], tile: int,
+                   own_ids: Optional[Tensor] = None) -> Tensor:
+    _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages, own_ids)
+    sq, hq, d = q.shape
+    if o.shape != q.shape or o.dtype != q.dtype or lse.shape != (hq, sq) or lse.dtype != _lse_dtype(q):
+        raise ValueError(f"oomb.attention_kept: o {o.dtype} {tuple(o.shape)} and lse {lse.dtype} {tuple(lse.shape)} "
+                         f"are not oomb.attention's outputs for q {q.dtype} {tuple(q.shape)}")
+    return o.clone()  # an op's output may not alias its input
+
+
+@attention_kept.register_fake
+def _(q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile,
+      own_ids=None):
+    return torch.empty_like(o, memory_format=torch.contiguous_format)
+
+
+def _kept_setup_context(ctx, inputs, output):
+    q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile, own_ids = inputs
+    ctx.save_for_backward(q, k, v, o, lse, past_ids)
+    ctx.state = (kv_pool, grad_pool, grad_ids, tile_indptr, tile_pages, own_ids)
+    ctx.q_start, ctx.scale, ctx.tile = q_start, scale, tile
+
+
+def _kept_backward(ctx, d_o):
+    dq, dk, dv = _backward(ctx, d_o, None)[:3]
+    return (dq, dk, dv) + (None,) * 12
+
+
+attention_kept.register_autograd(_kept_backward, setup_context=_kept_setup_context)
 
 
 # ---- page ops: plain tensor indexing, any device ----------------------------------------------

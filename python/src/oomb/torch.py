@@ -109,10 +109,16 @@ class ChunkRecurrent:
     sparse      a SparseConfig for page-sparse attention, or None (dense: exact)
     offload     an Offload (near tiers of fixed size the past streams through), or None: every page
                 is read where it lives
+    keep_attention_outputs
+                keep stage 1's attention outputs (o, lse) for stage 2, which then skips the attention
+                forward of its recomputation: faster (the past's attention is the longest op at long
+                contexts), at O(sequence) memory (o and lse of every layer, chunk by chunk, freed as
+                stage 2 passes them). Not with offload
     """
 
     def __init__(self, model, *, chunk: int, max_tokens: int, page: Optional[int] = None,
-                 sparse: Optional[SparseConfig] = None, offload: Optional[Offload] = None):
+                 sparse: Optional[SparseConfig] = None, offload: Optional[Offload] = None,
+                 keep_attention_outputs: bool = False):
         if offload is not None and not isinstance(offload, Offload):
             raise RefusedError(f"oomb: offload must be an oomb.torch.Offload or None, got {offload!r}")
         if offload is not None:
@@ -122,6 +128,10 @@ class ChunkRecurrent:
                 raise RefusedError(f"oomb: {offload}: slots must be positive and the window ({window} pages) fit "
                                    f"both near tiers ({offload.kv_slots} K/V, {grad_slots} gradient slots)")
             offload = Offload(offload.kv_slots, grad_slots, window)
+        if keep_attention_outputs and offload is not None:
+            raise RefusedError("oomb: keep_attention_outputs with offload is not supported (the kept outputs would "
+                               "hold O(sequence) memory where offload keeps it flat)")
+        self.keep_attention_outputs = bool(keep_attention_outputs)
         if page is None:
             page = min(128, chunk)
         if page < 16 or page & (page - 1):
@@ -348,6 +358,8 @@ class _Run:
         self.q_start = 0
         self.captured: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
         self.called = set()  # layers whose attention came through oomb in this chunk
+        #: keep_attention_outputs: stage 1's (o, lse) per (layer, chunk), until stage 2 uses them.
+        self.kept: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- attention, called by every layer --------------------------------------------------------
     def attend(self, module, query, key, value, attention_mask, scaling, dropout, kwargs):
@@ -419,8 +431,15 @@ class _Run:
             o, _lse = ops.store_attention(q, k, v, store.kv_pool, store.grad_pool, store.address, seq, layer,
                                           self.q_start, scale, indptr, pages, tile)
         elif self.stage == 1:
-            o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, None, None, self.q_start, scale, indptr, pages,
-                                    tile, own_ids if on_cuda else None)
+            o, lse = ops.attention(q, k, v, store.kv_pool, past_ids, None, None, self.q_start, scale, indptr, pages,
+                                   tile, own_ids if on_cuda else None)
+            if d.keep_attention_outputs:
+                self.kept[key_] = (o, lse)
+        elif key_ in self.kept:  # stage 2 with stage 1's outputs: only the backward runs
+            o_kept, lse_kept = self.kept.pop(key_)
+            o = ops.attention_kept(q, k, v, o_kept, lse_kept, store.kv_pool, past_ids, store.grad_pool,
+                                   store.grad_ids, self.q_start, scale, indptr, pages, tile,
+                                   own_ids if on_cuda else None)
         else:
             o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, store.grad_pool, store.grad_ids, self.q_start,
                                     scale, indptr, pages, tile, own_ids if on_cuda else None)
