@@ -5,6 +5,8 @@
 // message, so no C++ exception crosses into ctypes.
 #include "oomb_c.h"
 
+#include "c_abi_errors.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -41,21 +43,7 @@ using ref_args = ref::attention_args<T, T>;
 
 namespace {
 
-thread_local std::string last_error;
-
-template <class F>
-int guarded(F&& f) noexcept {
-  try {
-    f();
-    last_error.clear();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "oomb: unknown C++ exception";
-  }
-  return -1;
-}
+using oomb_c_abi::guarded;
 
 #define OOMB_C_EXPECTS(cond, ...) OOMB_EXPECTS(cond, "oomb_c: ", __VA_ARGS__)
 
@@ -383,6 +371,21 @@ void check_store_call(const oomb_store& s, const oomb_attention_args& a, std::in
   (void)np;
 }
 
+/// Touching `kv_ids` is all or nothing on running out: the ids are checked and the fresh pages
+/// they need counted against what the gradient pool has left before any is given out.
+template <class Mirror>
+void check_room_for_touches(const Mirror& grads, const std::int32_t* kv_ids, std::int64_t n) {
+  std::int64_t fresh = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    OOMB_C_EXPECTS(kv_ids[i] >= 0 && kv_ids[i] < grads.num_kv_ids(), "KV page id ", kv_ids[i], " out of range [0, ",
+                   grads.num_kv_ids(), ")");
+    fresh += grads.touched(kv_ids[i]) ? 0 : 1;
+  }
+  const auto st = grads.stats();
+  OOMB_CHECK(fresh <= st.capacity - st.in_use, oomb::out_of_memory, "oomb_c: ", fresh,
+             " new gradient pages needed, the gradient pool has ", st.capacity - st.in_use, " left of ", st.capacity);
+}
+
 template <class E>
 std::vector<std::int32_t> past_ids_of(const host_store<E>& t, std::int32_t seq, std::int32_t layer, std::int32_t np) {
   OOMB_C_EXPECTS(np <= t.cache.num_pages(seq), "q_start needs ", np, " past pages, sequence ", seq, " has ",
@@ -510,7 +513,7 @@ extern "C" {
 
 int32_t oomb_abi_version(void) { return OOMB_C_ABI_VERSION; }
 const char* oomb_version(void) { return OOMB_VERSION_STRING; }
-const char* oomb_last_error(void) { return last_error.c_str(); }
+const char* oomb_last_error(void) { return oomb_c_abi::last_error().c_str(); }
 
 int oomb_store_create(const oomb_store_config* config, oomb_store** out) {
   return guarded([&] {
@@ -647,17 +650,7 @@ int oomb_store_touch_grads(oomb_store* store, const int32_t* kv_ids, int64_t n) 
   return guarded([&] {
     check_store(store);
     store->visit_host([&](auto& t) {
-      // All or nothing on running out: count the fresh pages first.
-      std::int64_t fresh = 0;
-      for (std::int64_t i = 0; i < n; ++i) {
-        OOMB_C_EXPECTS(kv_ids[i] >= 0 && kv_ids[i] < t.grads.num_kv_ids(), "KV page id ", kv_ids[i],
-                       " out of range [0, ", t.grads.num_kv_ids(), ")");
-        fresh += t.grads.touched(kv_ids[i]) ? 0 : 1;
-      }
-      const auto st = t.grads.stats();
-      OOMB_CHECK(fresh <= st.capacity - st.in_use, oomb::out_of_memory, "oomb_c: ", fresh,
-                 " new gradient pages needed, the gradient pool has ", st.capacity - st.in_use,
-                 " left of ", st.capacity);
+      check_room_for_touches(t.grads, kv_ids, n);
       for (std::int64_t i = 0; i < n; ++i) t.grads.touch_zeroed(kv_ids[i]);
     });
   });
@@ -669,16 +662,7 @@ int oomb_store_touch_grads_fresh(oomb_store* store, const int32_t* kv_ids, int64
     check_store(store);
     OOMB_C_EXPECTS(fresh != nullptr && (n == 0 || (kv_ids != nullptr && fresh_ids != nullptr)), "null argument");
     store->visit([&](auto& t) {
-      std::int64_t want = 0;  // all or nothing on running out, as touch_grads
-      for (std::int64_t i = 0; i < n; ++i) {
-        OOMB_C_EXPECTS(kv_ids[i] >= 0 && kv_ids[i] < t.grads.num_kv_ids(), "KV page id ", kv_ids[i],
-                       " out of range [0, ", t.grads.num_kv_ids(), ")");
-        want += t.grads.touched(kv_ids[i]) ? 0 : 1;
-      }
-      const auto st = t.grads.stats();
-      OOMB_CHECK(want <= st.capacity - st.in_use, oomb::out_of_memory, "oomb_c: ", want,
-                 " new gradient pages needed, the gradient pool has ", st.capacity - st.in_use, " left of ",
-                 st.capacity);
+      check_room_for_touches(t.grads, kv_ids, n);
       std::int64_t k = 0;
       for (std::int64_t i = 0; i < n; ++i) t.grads.touch(kv_ids[i], [&](std::int32_t g) { fresh_ids[k++] = g; });
       *fresh = k;

@@ -5,11 +5,11 @@
 // CUDA backend does; what the library throws becomes -1 plus a per-thread message.
 #include "oomb_cuda.h"
 
+#include "c_abi_errors.hpp"
+
 #include <cmath>
 #include <cstdint>
-#include <exception>
 #include <limits>
-#include <string>
 
 #include <cuda_runtime.h>
 
@@ -29,21 +29,7 @@ OOMB_NAMESPACE_END
 
 namespace {
 
-thread_local std::string last_error;
-
-template <class F>
-int guarded(F&& f) noexcept {
-  try {
-    f();
-    last_error.clear();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "oomb_cuda: unknown C++ exception";
-  }
-  return -1;
-}
+using oomb_c_abi::guarded;
 
 #define OOMB_CUDA_EXPECTS(cond, ...) OOMB_EXPECTS(cond, "oomb_cuda: ", __VA_ARGS__)
 
@@ -110,7 +96,7 @@ att::backward_plan plan_backward_of(const oomb_cuda_attention_args* c, const att
 extern "C" {
 
 int32_t oomb_cuda_abi_version(void) { return OOMB_CUDA_ABI_VERSION; }
-const char* oomb_cuda_last_error(void) { return last_error.c_str(); }
+const char* oomb_cuda_last_error(void) { return oomb_c_abi::last_error().c_str(); }
 
 int oomb_cuda_attention_forward(const oomb_cuda_attention_args* args, void* o, float* lse, void* stream) {
   return guarded([&] {

@@ -191,10 +191,16 @@ _signatures = {
         ctypes.c_int,
     ),
 }
-for _name, (_args, _res) in _signatures.items():
-    _f = getattr(lib, _name)
-    _f.argtypes = _args
-    _f.restype = _res
+
+
+def _declare(cdll, signatures) -> None:
+    for name, (args, res) in signatures.items():
+        f = getattr(cdll, name)
+        f.argtypes = args
+        f.restype = res
+
+
+_declare(lib, _signatures)
 
 if lib.oomb_abi_version() != ABI_VERSION:
     raise ImportError(
@@ -240,10 +246,7 @@ def cuda_lib():
             ctypes.c_int,
         ),
     }
-    for name, (args, res) in signatures.items():
-        f = getattr(cl, name)
-        f.argtypes = args
-        f.restype = res
+    _declare(cl, signatures)
     if cl.oomb_cuda_abi_version() != CUDA_ABI_VERSION:
         raise ImportError(f"oomb: liboomb_cuda speaks ABI version {cl.oomb_cuda_abi_version()}, this Python layer "
                           f"version {CUDA_ABI_VERSION}: reinstall the package (pip install ./python)")
