@@ -18,8 +18,8 @@ config = transformers.Qwen2Config(vocab_size=512, hidden_size=64, intermediate_s
                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=tokens)
 model = transformers.Qwen2ForCausalLM(config)
 if "--lora" in sys.argv:
-    import peft  # lora_dropout must be 0 in train mode: stage 2 recomputes stage 1
-    model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    import peft  # lora_dropout is replayed: stage 2 draws stage 1's masks
+    model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.05))
 rows = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, config.vocab_size, (8, tokens))]
 args = transformers.TrainingArguments(output_dir=out_dir, per_device_train_batch_size=1,
                                       gradient_accumulation_steps=2, max_steps=4, learning_rate=3e-3,

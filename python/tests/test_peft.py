@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """PEFT LoRA over a frozen base through the driver: gradients only on the adapters, equal to full
-backprop's through the PEFT model; lora_dropout in train mode is refused."""
+backprop's through the PEFT model; lora_dropout in train mode draws the same masks in both stages."""
 import pytest
 import torch
 
@@ -62,17 +62,51 @@ def test_lora_gradients_equal_full_backprop(family, offload, ids_of):
     assert worst <= 1e-10, f"{where} off by {worst:.3e}"
 
 
-def test_lora_dropout_in_train_mode_is_refused(ids_of):
-    pm = lora_model("qwen2", dropout=0.1)
-    with pytest.raises(RefusedError, match="lora_dropout"):
-        ChunkRecurrent(pm, chunk=32, page=16, max_tokens=64)
-    pm.eval()  # eval mode: dropout is the identity, stage 2 reproduces stage 1
-    cr = ChunkRecurrent(pm, chunk=32, page=16, max_tokens=64)
-    cr.forward_backward(ids_of(64))
-    pm.train()
-    with pytest.raises(RefusedError, match="lora_dropout"):  # checked again at every call
-        cr.forward_backward(ids_of(64))
-    assert cr.memory()["kv_in_use"] == 0
+def chunked_through_hf_cache(pm, ids, chunk):
+    """The driver's step another way: the chunks in order through the PeftModel with HF's own KV
+    cache under autograd (each chunk attends the cached past, sdpa), one backward of HF's loss;
+    dropout draws chunk by chunk in the order the driver's stage 1 does. Returns the loss, the
+    adapters' gradients and the generator state after the forward."""
+    from transformers import DynamicCache
+    pm.zero_grad(set_to_none=True)
+    targets = shift(ids)
+    count = int((targets != -100).sum())
+    cache, loss, n = DynamicCache(), 0.0, ids.shape[1]
+    for s0 in range(0, n, chunk):
+        s1 = min(n, s0 + chunk)
+        out = pm(input_ids=ids[:, s0:s1], position_ids=torch.arange(s0, s1)[None], past_key_values=cache,
+                 use_cache=True)
+        loss = loss + torch.nn.functional.cross_entropy(out.logits[0], targets[0, s0:s1], ignore_index=-100,
+                                                        reduction="sum") / count
+    after = torch.get_rng_state()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in pm.named_parameters() if p.grad is not None}
+    pm.zero_grad(set_to_none=True)
+    return loss.detach(), grads, after
+
+
+@pytest.mark.parametrize("offload", [None, Offload(kv_slots=3)], ids=["in-place", "offload"])
+def test_lora_dropout_draws_the_same_masks_in_both_stages(offload, ids_of):
+    # lora_dropout 0.3 in train mode: the driver saves the generators before each chunk's stage-1
+    # forward and restores them before stage 2 recomputes it, so the gradient is that of the loss
+    # stage 1 computed, with its masks; the reference draws the same masks chunk by chunk.
+    pm = lora_model("qwen2", dropout=0.3)
+    ids = ids_of(150)
+    torch.manual_seed(123)
+    ref_loss, ref, ref_after = chunked_through_hf_cache(pm, ids, 32)
+    cr = ChunkRecurrent(pm, chunk=32, page=16, max_tokens=160, offload=offload)
+    torch.manual_seed(123)
+    loss = cr.forward_backward(ids)
+    assert torch.equal(torch.get_rng_state(), ref_after)  # the step drew like one forward
+    assert abs(float(loss) - float(ref_loss)) <= 1e-12 * abs(float(ref_loss))
+    worst = max(float((p.grad - ref[n]).norm() / ref[n].norm()) for n, p in pm.named_parameters() if n in ref)
+    assert worst <= 1e-10, worst
+    # The masks mattered: in eval mode (no dropout) the gradient is another one.
+    pm.zero_grad(set_to_none=True)
+    pm.eval()
+    ChunkRecurrent(pm, chunk=32, page=16, max_tokens=160).forward_backward(ids)
+    apart = max(float((p.grad - ref[n]).norm() / ref[n].norm()) for n, p in pm.named_parameters() if n in ref)
+    assert apart > 1e-2, apart
 
 
 def test_lora_through_the_trainer_equals_stock_trainer(tmp_path):

@@ -88,15 +88,6 @@ def test_dropout_in_train_mode(ids_of):
     assert cr.memory()["kv_in_use"] == 0
 
 
-def test_any_dropout_module_in_train_mode():
-    model = make_model("llama")
-    model.model.layers[0].mlp.down_proj = torch.nn.Sequential(model.model.layers[0].mlp.down_proj,
-                                                              torch.nn.Dropout(0.1))
-    model.train()
-    with pytest.raises(RefusedError, match=r"model.layers.0.mlp.down_proj.1 is a dropout with p=0.1"):
-        ChunkRecurrent(model, chunk=32, page=16, max_tokens=64)
-
-
 def test_wrong_dtype_and_device():
     with pytest.raises(RefusedError, match="the model is torch.bfloat16"):
         ChunkRecurrent(make_model("qwen2", dtype=torch.bfloat16), chunk=32, page=16, max_tokens=64)

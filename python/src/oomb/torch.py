@@ -234,17 +234,16 @@ class ChunkRecurrent:
                 raise RefusedError(f"oomb: soft-capping ({name}={getattr(cfg, name)}) is not supported")
         if m.training:
             if getattr(cfg, "attention_dropout", 0.0):
-                raise RefusedError(f"oomb: attention_dropout={cfg.attention_dropout} in train mode: stage 2's "
-                                   "recomputation would not reproduce stage 1 (set it to 0 or call model.eval())")
-            for name, mod in m.named_modules():
-                if isinstance(mod, torch.nn.Dropout) and mod.p > 0 and "lora_dropout" in name:
-                    raise RefusedError(f"oomb: {name} is PEFT's lora_dropout={mod.p} in train mode: stage 2's "
-                                       "recomputation would draw other dropout masks than stage 1, so the gradient "
-                                       "would not be the loss's (make the LoraConfig with lora_dropout=0.0, or call "
-                                       "model.eval())")
-                if isinstance(mod, torch.nn.Dropout) and mod.p > 0:
-                    raise RefusedError(f"oomb: {name} is a dropout with p={mod.p} in train mode: stage 2's "
-                                       "recomputation would not reproduce stage 1 (set p=0 or call model.eval())")
+                raise RefusedError(f"oomb: attention_dropout={cfg.attention_dropout} in train mode: oomb's attention "
+                                   "has no dropout on its probabilities (set it to 0 or call model.eval()); "
+                                   "nn.Dropout modules, PEFT's lora_dropout among them, are supported")
+
+    def _draws_dropout(self) -> bool:
+        """Whether a step draws dropout masks (an nn.Dropout with p > 0 in train mode: PEFT's
+        lora_dropout, a model's hidden dropout). The step then replays the random generators, so
+        stage 2's recomputation of each chunk draws stage 1's masks."""
+        m = self.model
+        return m.training and any(isinstance(mod, torch.nn.Dropout) and mod.p > 0 for mod in m.modules())
 
     # -- the step ------------------------------------------------------------------------------
     def forward_backward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
@@ -347,6 +346,22 @@ class ChunkRecurrent:
         self.store.close()
 
 
+class _Generators:
+    """The random generators a forward on `device` draws from (the CPU's, and the CUDA device's),
+    saved and restored together."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device if device.type == "cuda" else None
+
+    def get(self):
+        return torch.get_rng_state(), (torch.cuda.get_rng_state(self.cuda) if self.cuda is not None else None)
+
+    def set(self, state) -> None:
+        torch.set_rng_state(state[0])
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(state[1], self.cuda)
+
+
 class _Run:
     """One sequence's two stages; what the registered attention function consults."""
 
@@ -372,8 +387,8 @@ class _Run:
             raise RefusedError(f"oomb: layer {layer} called attention with a mask; oomb's attention is causal over "
                                "the whole sequence and applies no other mask")
         if dropout:
-            raise RefusedError(f"oomb: layer {layer} called attention with dropout={dropout} (train mode): stage 2's "
-                               "recomputation would not reproduce stage 1")
+            raise RefusedError(f"oomb: layer {layer} called attention with dropout={dropout} (train mode): oomb's "
+                               "attention has no dropout on its probabilities")
         window = kwargs.get("sliding_window")
         if window is not None and window < self.n:
             raise RefusedError(f"oomb: layer {layer} attends a sliding window of {window} tokens, shorter than the "
@@ -473,10 +488,18 @@ class _Run:
         bounds = [(s, min(n, s + chunk)) for s in range(0, n, chunk)]
         loss_dtype = d.dtype if d.dtype == torch.float64 else torch.float32
 
+        # Dropout: each chunk's generator states before stage 1 runs it, restored before stage 2
+        # recomputes it (the same modules draw in the same order, so the same masks), and the
+        # states after stage 1 restored at the end, as after one forward.
+        rng = _Generators(ids.device) if d._draws_dropout() else None
+        chunk_states = []
+
         # Stage 1: forwards, no autograd; every layer's K/V goes into its pages.
         self.stage = 1
         with torch.no_grad():
             for c, (s0, s1) in enumerate(bounds):
+                if rng is not None:
+                    chunk_states.append(rng.get())
                 store.append(seq, s1 - s0)
                 self.chunk_index, self.q_start = c, s0
                 self.called = set()
@@ -490,9 +513,12 @@ class _Run:
         # Stage 2: backwards over the chunks, recomputing each under autograd.
         self.stage = 2
         total = torch.zeros((), dtype=torch.float64, device=ids.device)
+        after_stage1 = rng.get() if rng is not None else None
         with torch.enable_grad():
             for c in reversed(range(len(bounds))):
                 s0, s1 = bounds[c]
+                if rng is not None:
+                    rng.set(chunk_states[c])
                 self.chunk_index, self.q_start = c, s0
                 first = s0 // page
                 for layer in range(d.layers):  # gradient pages for the past this chunk attends
@@ -523,4 +549,6 @@ class _Run:
                 total += loss.to(torch.float64)
                 self.captured = {}
                 store.pop_chunk(seq)
+        if rng is not None:
+            rng.set(after_stage1)
         return total
