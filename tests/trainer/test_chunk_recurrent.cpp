@@ -50,11 +50,7 @@ TEST_CASE("chunk-recurrent: gradients equal full-sequence backprop; offload is b
           opt.page = 16;
           opt.window_pages = 2;  // several windows per layer
           const chunked_run plain = run_chunked(p, seq, opt);
-          std::string which;
-          const double err = trainer_test::worst_tensor_error(p, plain.grads, full.grads, &which);
-          CAPTURE(which);
-          CHECK(err <= 1e-10);
-          CHECK(std::abs(plain.loss - full.loss) <= 1e-12 * std::abs(full.loss));
+          const double err = trainer_test::check_equals_reference(p, plain, full);
           worst_seen = std::max(worst_seen, err);
 
           // Offload: the same windows, streamed through 4 near slots: not one bit differs.

@@ -128,11 +128,7 @@ TEST_CASE("documents: chunk-recurrent gradients equal the block-diagonal full se
       const gradient_run full = run_full_sequence(p, s);
       const chunk_options opt = paged_options(window_pages);
       const chunked_run plain = run_chunked(p, s, opt);
-      std::string which;
-      const double err = trainer_test::worst_tensor_error(p, plain.grads, full.grads, &which);
-      CAPTURE(which);
-      CHECK(err <= 1e-10);
-      CHECK(std::abs(plain.loss - full.loss) <= 1e-12 * std::abs(full.loss));
+      const double err = trainer_test::check_equals_reference(p, plain, full);
       worst_seen = std::max(worst_seen, err);
 
       chunk_options off = opt;
@@ -207,11 +203,7 @@ TEST_CASE("documents: page-sparse selections stay in each tile's document and eq
     }
     CHECK(partial > 0);
     const gradient_run masked = run_full_sequence(p, s, &sp.mask);
-    std::string which;
-    const double err = trainer_test::worst_tensor_error(p, sp.grads, masked.grads, &which);
-    CAPTURE(which);
-    CHECK(err <= 1e-10);
-    CHECK(std::abs(sp.loss - masked.loss) <= 1e-12 * std::abs(masked.loss));
+    const double err = trainer_test::check_equals_reference(p, sp, masked);
     // ... and the masked reference is not the dense one: the selections matter.
     CHECK(trainer_test::worst_tensor_error(p, run_full_sequence(p, s).grads, masked.grads, nullptr) > 1e-3);
     MESSAGE(scoring, ": packed sparse vs masked full sequence ", err);

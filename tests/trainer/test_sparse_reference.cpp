@@ -96,11 +96,7 @@ TEST_CASE("sparse reference: chunk-recurrent sparse gradients equal the full seq
         CHECK(2 * sparse.stats.sparse_pages_selected == sparse.stats.sparse_pages_candidate);
         CHECK(sparse.mask.tables.back().num_entries() == 3);
         const gradient_run masked = run_full_sequence(p, seq, &sparse.mask);
-        std::string which;
-        const double err = trainer_test::worst_tensor_error(p, sparse.grads, masked.grads, &which);
-        CAPTURE(which);
-        CHECK(err <= 1e-10);
-        CHECK(std::abs(sparse.loss - masked.loss) <= 1e-12 * std::abs(masked.loss));
+        const double err = trainer_test::check_equals_reference(p, sparse, masked);
         worst_seen = std::max(worst_seen, err);
 
         // Offload streams the same windows: the same selections, the same bits.

@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "gradient_runs.hpp"
 
+#include <cmath>
+#include <string>
+
 #include <doctest/doctest.h>
 
+#include "../test_util.hpp"
 #include "compiled_trainer.hpp"
 
 namespace trainer_test {
@@ -34,6 +38,16 @@ gradient_run run_full_sequence(const oomb_trainer::model_params<double>& p, cons
   r.loss = oomb_trainer::full_sequence_loss_and_grad(p, g, seq, mask);
   r.grads.assign(g.data(), g.data() + g.size());
   return r;
+}
+
+double check_equals_reference(const oomb_trainer::model_params<double>& p, const gradient_run& run,
+                              const gradient_run& reference) {
+  std::string which;
+  const double err = worst_tensor_error(p, run.grads, reference.grads, &which);
+  CAPTURE(which);
+  CHECK(err <= 1e-10);
+  CHECK(std::abs(run.loss - reference.loss) <= 1e-12 * std::abs(reference.loss));
+  return err;
 }
 
 }  // namespace trainer_test

@@ -37,4 +37,10 @@ chunked_run run_chunked(const oomb_trainer::model_params<double>& p, const oomb_
 gradient_run run_full_sequence(const oomb_trainer::model_params<double>& p, const oomb_trainer::sequence& seq,
                                const oomb_trainer::selection_mask* mask = nullptr);
 
+/// The equivalence tests' check: `run` equals `reference` (worst parameter tensor within 1e-10,
+/// norm-wise, the worst one captured by name; the loss within 1e-12 relative). Returns the worst
+/// tensor's error, for the tests that report the worst over their cases.
+double check_equals_reference(const oomb_trainer::model_params<double>& p, const gradient_run& run,
+                              const gradient_run& reference);
+
 }  // namespace trainer_test
