@@ -10,7 +10,9 @@
 // (only the shape of head size D: 128 or 64, e.g. one profiler run each), --json FILE (one
 // line per shape and past: TFLOP/s median, min, max), --trace FILE (with the sparse run: one traced
 // launch of the sparse backward per shape, selection and launch order, every CTA's timeline as CSV
-// lines for tools/analysis/sparse_trace.py).
+// lines for tools/analysis/sparse_trace.py), --documents L[,L...] (instead of the table: packed
+// documents of about L tokens each, the public entries with per-document bounds against the same
+// calls without, time per attended key pair).
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 #include <cmath>
@@ -416,6 +418,48 @@ sparse_timing time_sparse(const problem& p, int reps) {
   return t;
 }
 
+/// Packed documents: the public forward and backward (delta included) with per-document bounds and the
+/// same calls without them, and the query-key pairs each attends (per query head).
+struct documents_timing {
+  timing fwd, bwd, fwd_plain, bwd_plain;
+  double pairs = 0, pairs_plain = 0;
+};
+
+documents_timing time_documents(const problem& p, int reps) {
+  device_problem dp(p);
+  const auto& c = p.c;
+  const auto bounded = dp.args();
+  auto plain = bounded;
+  plain.key_lower = nullptr;
+  documents_timing t;
+  for (std::int32_t i = 0; i < c.sq; ++i) {
+    t.pairs += double(c.q_start + i - p.key_lower[std::size_t(i)] + 1);
+    t.pairs_plain += double(c.q_start + i + 1);
+  }
+  auto run = [&](const gpu::attention_args& a, timing& fwd, timing& bwd) {
+    backward_buffers buf(dp);
+    fwd = time_ms(1, reps, [&] { attn_test::forward(a, buf.o.p, buf.lse.p, nullptr); });
+    bwd = time_ms(1, reps, [&] {
+      gpu::backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
+      attn_test::backward(a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, nullptr);
+    });
+  };
+  // in turn, so that neither side always runs on a warmer device
+  run(plain, t.fwd_plain, t.bwd_plain);
+  run(bounded, t.fwd, t.bwd);
+  return t;
+}
+
+/// Document starts for a sequence of `total` tokens: lengths drawn uniformly from [L/2, 3L/2], so
+/// documents start mid-page and mid-tile.
+std::vector<std::int64_t> document_starts(std::int64_t total, std::int64_t length, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<std::int64_t> len(length / 2, length + length / 2);
+  std::vector<std::int64_t> starts;
+  for (std::int64_t at = len(rng); at < total; at += len(rng)) starts.push_back(at);
+  return starts;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -428,7 +472,11 @@ int main(int argc, char** argv) {
   bool sparse_budget = true;   // at 256K: the page-sparse forward/backward at a 64-page budget (--no-sparse: off)
   const char* json = nullptr;  // one JSON line per shape and past, every timed kernel
   const char* trace = nullptr;  // CTA timelines of the sparse backward (CSV)
+  std::vector<std::int64_t> doc_lengths;  // --documents: packed documents of these lengths instead of the table
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--documents") == 0 && i + 1 < argc)
+      for (char* tok = std::strtok(argv[++i], ","); tok != nullptr; tok = std::strtok(nullptr, ","))
+        doc_lengths.push_back(std::atoll(tok));
     if (std::strcmp(argv[i], "--no-sparse") == 0) sparse_budget = false;
     if (std::strcmp(argv[i], "--lean") == 0) {
       lean = true;
@@ -473,6 +521,52 @@ int main(int argc, char** argv) {
   if (head_dim != 0 && head_dim != 128 && head_dim != 64) {
     std::fprintf(stderr, "--head-dim %d: the shapes have head size 128 or 64\n", head_dim);
     return 2;
+  }
+  if (!doc_lengths.empty()) {
+    std::printf("packed documents: the public entries with per-document bounds vs the same calls without; "
+                "TFLOP/s over attended pairs (4 d per pair forward, 2.5x backward), medians of %d\n", reps);
+    for (const auto& s : shapes)
+      for (std::int64_t past : pasts)
+        for (std::int64_t length : doc_lengths) {
+          if (head_dim != 0 && s.d != head_dim) continue;
+          config c;
+          c.name = s.name;
+          c.sq = sq;
+          c.q_start = past;
+          c.hq = s.hq;
+          c.hkv = s.hkv;
+          c.d = s.d;
+          c.page = 128;
+          c.seed = 7;
+          c.documents = true;
+          c.doc_starts = document_starts(past + sq, length, 11);
+          const problem p(c, false);
+          const documents_timing t = time_documents(p, reps);
+          auto tf = [&](double pairs, double ms, double mult) { return mult * 4.0 * s.d * s.hq * pairs / ms / 1e9; };
+          // time per pair with bounds over time per pair without: 1.0 = the bounds cost nothing per pair
+          const double rf = (t.fwd.median / t.pairs) / (t.fwd_plain.median / t.pairs_plain);
+          const double rb = (t.bwd.median / t.pairs) / (t.bwd_plain.median / t.pairs_plain);
+          std::printf("  %-10s past %4lldK, documents ~%lld (%zu starts), pairs %.3g of %.3g: fwd %.3f ms (%.1f TFLOP/s) "
+                      "vs %.3f (%.1f), per pair %.3fx | bwd %.3f ms (%.1f) vs %.3f (%.1f), per pair %.3fx\n",
+                      s.name, (long long)(past / 1024), (long long)length, c.doc_starts.size(), t.pairs, t.pairs_plain,
+                      t.fwd.median, tf(t.pairs, t.fwd.median, 1), t.fwd_plain.median, tf(t.pairs_plain, t.fwd_plain.median, 1),
+                      rf, t.bwd.median, tf(t.pairs, t.bwd.median, 2.5), t.bwd_plain.median,
+                      tf(t.pairs_plain, t.bwd_plain.median, 2.5), rb);
+          std::fflush(stdout);
+          if (jf != nullptr)
+            std::fprintf(jf,
+                         "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"device\": \"%s\", "
+                         "\"documents\": %lld, \"document_starts\": %zu, \"pairs\": %.0f, \"pairs_plain\": %.0f, "
+                         "\"ms_median_min_max\": {\"fwd\": [%f, %f, %f], \"fwd_plain\": [%f, %f, %f], \"bwd\": [%f, %f, %f], "
+                         "\"bwd_plain\": [%f, %f, %f]}, \"per_pair_ratio\": {\"fwd\": %f, \"bwd\": %f}}\n",
+                         s.name, (long long)past, sq, reps, prop.name, (long long)length, c.doc_starts.size(), t.pairs,
+                         t.pairs_plain, t.fwd.median, t.fwd.lo, t.fwd.hi, t.fwd_plain.median, t.fwd_plain.lo,
+                         t.fwd_plain.hi, t.bwd.median, t.bwd.lo, t.bwd.hi, t.bwd_plain.median, t.bwd_plain.lo,
+                         t.bwd_plain.hi, rf, rb);
+        }
+    if (jf != nullptr) std::fclose(jf);
+    if (tf != nullptr) std::fclose(tf);
+    return 0;
   }
   for (const auto& s : shapes)
     for (std::int64_t past : pasts) {

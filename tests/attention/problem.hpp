@@ -59,6 +59,10 @@ struct config {
   double keep = 0.5;          // sparse: chance a past page is selected by a tile
   std::int32_t windows = 1;   // contiguous windows the pages are split into
   bool shuffle_ids = true;    // false: ids in logical order (a contiguous KV layout)
+  /// Packed documents: per-document bounds (attention_args::key_lower) with documents starting at
+  /// 0 and at each of doc_starts (absolute positions, increasing); none: one document.
+  bool documents = false;
+  std::vector<std::int64_t> doc_starts;
   std::uint64_t seed = 1;
 };
 
@@ -75,6 +79,7 @@ struct problem {
   std::int64_t total = 0;
   std::vector<oomb::bf16> pool, q, d_o;
   std::vector<std::int32_t> seq_ids, grad_id, tile_indptr, tile_pages;
+  std::vector<std::int64_t> key_lower;  // [sq] with c.documents, else empty
   std::vector<window_range> windows;
 
   explicit problem(const config& cfg, bool fill_random = true) : c(cfg) {
@@ -126,6 +131,14 @@ struct problem {
       if (tile_pages.empty()) tile_pages.push_back(0);
     }
 
+    if (c.documents)
+      for (std::int32_t i = 0; i < c.sq; ++i) {
+        std::int64_t lo = 0;
+        for (const std::int64_t d : c.doc_starts)
+          if (d <= c.q_start + i) lo = d;
+        key_lower.push_back(lo);
+      }
+
     // Windows: random cut points between pages.
     std::vector<std::int32_t> cuts{0, npages};
     std::uniform_int_distribution<std::int32_t> cut(1, std::max(1, npages - 1));
@@ -172,13 +185,15 @@ struct device_problem {
   const problem& h;
   dev<oomb::bf16> pool, q, d_o;
   dev<std::int32_t> seq_ids, tile_indptr, tile_pages;
+  dev<std::int64_t> key_lower;
   std::vector<std::unique_ptr<dev<std::int32_t>>> window_tables;  // per window: indptr(2), last_len(1)
   std::vector<std::unique_ptr<dev<std::int32_t>>> window_grads;   // per window: each entry's gradient page
 
   explicit device_problem(const problem& p)
       : h(p), pool(p.pool), q(p.q), d_o(p.d_o), seq_ids(p.seq_ids),
         tile_indptr(p.tile_indptr.empty() ? std::vector<std::int32_t>{0} : p.tile_indptr),
-        tile_pages(p.tile_pages.empty() ? std::vector<std::int32_t>{0} : p.tile_pages) {
+        tile_pages(p.tile_pages.empty() ? std::vector<std::int32_t>{0} : p.tile_pages),
+        key_lower(p.key_lower.empty() ? std::vector<std::int64_t>{0} : p.key_lower) {
     for (const auto& w : p.windows) {
       const std::int32_t last = w.first + w.count == p.npages ? p.last_len : p.c.page;
       window_tables.push_back(std::make_unique<dev<std::int32_t>>(std::vector<std::int32_t>{0, w.count, last}));
@@ -215,6 +230,7 @@ struct device_problem {
       a.tile_pages = tile_pages.p;
       a.tile = h.c.tile;
     }
+    if (h.c.documents) a.key_lower = key_lower.p;
     return a;
   }
   std::int32_t window_len(int w = -1) const {

@@ -73,6 +73,7 @@ cpu_result run_cpu(const problem& p) {
     a.tile_pages = p.tile_pages.data();
     a.tile = c.tile;
   }
+  if (c.documents) a.key_lower = p.key_lower.data();
   const std::size_t qn = p.q.size();
   r.o.resize(qn);
   r.lse.resize(static_cast<std::size_t>(c.sq) * c.hq);
@@ -1314,5 +1315,215 @@ TEST_CASE("attention: sparse windows as the trainer builds them (unselected page
     check_unselected_pages_unread(windowed(sparse(make(("p16 g2" + dn).c_str(), 200, 16 * 37 + 5, 4, 2, d, 16), 64), 3), 0.4);
     check_unselected_pages_unread(sparse(make(("p16 g1 one window" + dn).c_str(), 256, 16 * 40, 2, 2, d, 16), 128), 0.5);
     check_unselected_pages_unread(windowed(sparse(make(("p128 g2" + dn).c_str(), 300, 128 * 9 + 40, 4, 2, d, 128), 64), 2), 0.5);
+  }
+}
+
+namespace {
+
+/// Packed documents (attention_args::key_lower) through every kernel the public entry can choose,
+/// forward and backward, against the CPU reference with a block-diagonal causal mask. holes: the
+/// pages wholly below the first query's bound are listed as -1 (the kernels may not read them) and
+/// the pool and gradient pool each start with a guard page that such a read or write would hit:
+/// NaN for K/V, random values that must stay bitwise for the gradients.
+std::unique_ptr<problem> documents_problem(const config& c, bool holes) {
+  auto p = std::make_unique<problem>(c);
+  REQUIRE(p->key_lower.size() == std::size_t(c.sq));
+  if (holes)
+    for (std::int32_t pg = 0; pg < p->npages; ++pg)
+      if (std::int64_t(pg + 1) * c.page <= p->key_lower[0]) p->seq_ids[static_cast<std::size_t>(pg)] = -1;
+  return p;
+}
+
+void check_documents(const problem& p, const cpu_result& ref) {
+  const config& c = p.c;
+  const auto dropped = std::count(p.seq_ids.begin(), p.seq_ids.end(), -1);
+  const bool holes = dropped > 0;
+
+  const std::int64_t pair = p.shape.pair_elements();
+  bf16 nan_bits;
+  const std::uint16_t nan16 = 0x7fc0;
+  std::memcpy(&nan_bits, &nan16, 2);
+  std::vector<bf16> guarded_pool(static_cast<std::size_t>(pair), nan_bits);
+  guarded_pool.insert(guarded_pool.end(), p.pool.begin(), p.pool.end());
+  device_problem dp(p);
+  dev<bf16> gpool(guarded_pool);
+  auto args = [&](int w) {
+    auto a = dp.args(w);
+    a.kv.pool = oomb::page_pool_view<const bf16>::over(gpool.p + pair, p.shape);
+    return a;
+  };
+  const bool merged = p.windows.size() > 1;
+  const int w_begin = merged ? 0 : -1, w_end = merged ? int(p.windows.size()) : 0;
+  std::string name = c.name + " [" + std::to_string(c.doc_starts.size() + 1) + " documents";
+  if (holes) name += ", " + std::to_string(dropped) + " pages below every bound id -1";
+  if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
+
+  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
+  auto forward = [&](const std::string& kernel, auto&& fwd) {
+    dev<float> o_acc(std::vector<float>(qn, 0.0f)), lse_acc(std::vector<float>(ln, -INFINITY)), o_w(qn), lse_w(ln);
+    for (int w = w_begin; w < w_end; ++w) {
+      o_w.fill_bytes(0xff);
+      lse_w.fill_bytes(0xff);
+      fwd(args(w), o_w.p, lse_w.p);
+      gpu::merge(c.sq, c.hq, c.d, o_acc.p, lse_acc.p, o_w.p, lse_w.p, nullptr);
+    }
+    sync();
+    check_forward(name + ", " + kernel + " forward]", to_double(o_acc.download()), lse_acc.download(), ref);
+  };
+  forward("public", [&](const gpu::attention_args& a, float* o, float* l) { attn_test::forward(a, o, l, nullptr); });
+  for (int split = 1; split <= 4; ++split)
+    forward("portable split " + std::to_string(split), [&](const gpu::attention_args& a, float* o, float* l) {
+      if (c.d == 128)
+        attn_test::launch_forward<gpu::forward_config<128>::type>(a, o, l, nullptr, split);
+      else
+        attn_test::launch_forward<gpu::forward_config<64>::type>(a, o, l, nullptr, split);
+    });
+  const bool sm90 = hopper_device() && c.page >= 128;
+  if (sm90)
+    for (int split = 1; split <= 3; ++split)
+      forward("sm90 split " + std::to_string(split), [&](const gpu::attention_args& a, float* o, float* l) {
+        if (c.d == 128)
+          attn_test::launch_forward_sm90<gpu::forward_sm90_config<128>::type>(a, o, l, nullptr, split);
+        else
+          attn_test::launch_forward_sm90<gpu::forward_sm90_config<64>::type>(a, o, l, nullptr, split);
+      });
+
+  std::vector<bf16> o_in(qn);
+  for (std::size_t i = 0; i < qn; ++i) o_in[i] = bf16(float(ref.o_in[i]));
+  dev<bf16> o_dev(o_in);
+  dev<float> lse_dev(std::vector<float>(ref.lse_in.begin(), ref.lse_in.end())), delta(ln);
+  gpu::backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
+  const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * pair);
+  auto backward = [&](const std::string& kernel, auto&& bwd) {
+    const auto dq0 = random_floats(qn, c.seed + 41), dk0 = random_floats(kn, c.seed + 42),
+               dv0 = random_floats(kn, c.seed + 43), g0 = random_floats(gn + std::size_t(pair), c.seed + 44);
+    dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);  // gp: the guard page, then the gradient pool
+    for (int w = w_begin; w < w_end; ++w) {
+      auto grads = dp.grads(gp.p + pair, w);
+      bwd(args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads);
+    }
+    sync();
+    gpu_result r;
+    r.o = ref.o;
+    r.lse.assign(ref.lse.begin(), ref.lse.end());
+    r.dq = minus(dq.download(), dq0);
+    r.dk_own = minus(dk.download(), dk0);
+    r.dv_own = minus(dv.download(), dv0);
+    const auto g1 = gp.download();
+    const bool guard_ok = std::memcmp(g1.data(), g0.data(), std::size_t(pair) * sizeof(float)) == 0;
+    const std::vector<float> g1p(g1.begin() + pair, g1.end()), g0p(g0.begin() + pair, g0.end());
+    r.dgrad = minus(g1p, g0p);
+    for (std::size_t i = 0; i < gn; ++i)
+      if (ref.dgrad[i] == 0.0 && std::memcmp(&g1p[i], &g0p[i], sizeof(float)) != 0) r.untouched_ok = false;
+    check_errors(name + ", " + kernel + " backward]", compare(r, ref), r.untouched_ok);
+    CHECK_MESSAGE(guard_ok, name << ", " << kernel << ": a gradient page id -1 was written");
+  };
+  backward("public", [&](const gpu::attention_args& a, auto... rest) {
+    dev<std::int32_t> ws(static_cast<std::size_t>(std::max<std::int64_t>(1, attn_test::workspace_ints(a))));
+    attn_test::backward(a, rest..., nullptr, {ws.p, static_cast<std::int64_t>(ws.n)});
+    sync();
+  });
+  for (int split = 1; split <= 2; ++split)
+    backward("portable qsplit " + std::to_string(split) + (split == 2 ? " stagger" : ""),
+             [&](const gpu::attention_args& a, auto... rest) {
+               if (c.d == 128)
+                 attn_test::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr, split, split);
+               else
+                 attn_test::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr, split, split);
+             });
+  if (!sm90) return;
+  auto sm90_backward = [&](const std::string& what, auto cfg, int split, int order, bool workspace) {
+    using Cfg = decltype(cfg);
+    backward(what, [&](const gpu::attention_args& a, auto... rest) {
+      if (!workspace) {
+        attn_test::launch_backward_sm90<Cfg>(a, rest..., nullptr, split, order);
+        return;
+      }
+      dev<std::int32_t> ws(static_cast<std::size_t>(attn_test::workspace_ints(a)));
+      ws.fill_bytes(0xff);
+      attn_test::launch_backward_sm90<Cfg>(a, rest..., nullptr, split, order, {ws.p, static_cast<std::int64_t>(ws.n)});
+      sync();
+    });
+  };
+  auto sm90_all = [&](auto configs) {
+    using C = decltype(configs);
+    sm90_backward("sm90", typename C::type{}, 0, 0, false);
+    sm90_backward("sm90 qsplit 2", typename C::type{}, 2, 0, false);
+    sm90_backward("sm90 unaligned-dq configuration", typename C::unaligned{}, 0, 0, false);
+    sm90_backward("sm90 wide-group configuration", typename C::wide_group{}, 0, 0, false);
+    if (c.sparse) {
+      sm90_backward("sm90 heads interleaved", typename C::type{}, 0, 2, false);
+      sm90_backward("sm90 hs1 order", typename C::type{}, 0, 3, false);
+      sm90_backward("sm90 workspace order", typename C::type{}, 0, 0, true);
+    }
+  };
+  if (c.d == 128)
+    sm90_all(gpu::backward_sm90_config<128>{});
+  else
+    sm90_all(gpu::backward_sm90_config<64>{});
+}
+
+config documents(config c, std::vector<std::int64_t> starts) {
+  c.documents = true;
+  c.doc_starts = std::move(starts);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("attention: packed documents (per-document bounds) in every kernel, dense and sparse, match") {
+  std::printf("per-document bounds vs CPU reference (block-diagonal causal)\n");
+  using oomb::kv_layout;
+  // Documents start mid-page in the past, at and mid-chunk, mid-tile and on tile boundaries.
+  const std::vector<std::pair<config, bool>> cases = {
+      {documents(make("docs g7 d128 p128", 300, 700, 14, 2, 128, 128), {389, 700, 750, 901, 950}), false},
+      {documents(make("docs g1 d64 p128 tm", 260, 600, 2, 2, 64, 128, kv_layout::token_major), {128, 640, 768, 801}), false},
+      {documents(make("docs g7 28:4 d128 p256 tm", 130, 640, 28, 4, 128, 256, kv_layout::token_major), {641, 700}), false},
+      {documents(make("docs g1 d128 p16", 190, 500, 3, 3, 128, 16), {37, 250, 501, 600}), false},
+      {documents(windowed(make("docs g2 d64 p32 3 windows", 200, 333, 4, 2, 64, 32), 3), {100, 333, 420}), false},
+      {documents(windowed(make("docs g5 d128 p128 3 windows", 256, 1000, 10, 2, 128, 128), 3), {130, 700, 1003, 1129}), false},
+      {documents(sparse(make("docs sparse g5 d64 p128", 256, 1000, 10, 2, 64, 128), 128), {130, 700, 1003, 1129, 1200}), false},
+      {documents(sparse(make("docs sparse g2 d128 p128 tile 64", 300, 900, 4, 2, 128, 128), 64), {200, 901, 1000, 1100}), false},
+      {documents(sparse(make("docs sparse g7 d128 p16", 150, 600, 14, 2, 128, 16), 128, 3), {90, 333, 640}), false},
+      // over 8 query tiles: the sparse Hopper backward's own and end blocks in pieces
+      {documents(sparse(make("docs sparse pieces g2 d128 p128", 1100, 1200, 4, 2, 128, 128), 64), {500, 1300, 1800, 2000}), false},
+      // pages below every bound listed as -1
+      {documents(make("docs holes g7 d64 p128", 260, 900, 14, 2, 64, 128), {600, 1000, 1030}), true},
+      {documents(make("docs holes g2 d128 p16", 200, 597, 4, 2, 128, 16), {300, 610, 700}), true},
+      {documents(sparse(make("docs holes sparse g7 d128 p128", 300, 1200, 14, 2, 128, 128), 128), {700, 1250, 1400}), true},
+      {documents(sparse(make("docs holes sparse g2 d64 p16", 200, 597, 4, 2, 64, 16), 64, 2), {300, 610, 700}), true},
+  };
+  std::vector<std::unique_ptr<problem>> probs;
+  for (const auto& [c, holes] : cases) {
+    probs.push_back(documents_problem(c, holes));
+    REQUIRE(holes == (std::count(probs.back()->seq_ids.begin(), probs.back()->seq_ids.end(), -1) > 0));
+  }
+  std::vector<std::future<cpu_result>> refs;
+  for (const auto& p : probs) refs.push_back(std::async(std::launch::async, [&p] { return run_cpu(*p); }));
+  for (std::size_t i = 0; i < probs.size(); ++i) check_documents(*probs[i], refs[i].get());
+}
+
+TEST_CASE("attention: one document (every bound 0) is the forward without bounds, bit for bit") {
+  for (int d : {64, 128}) {
+    config c = documents(make(d == 64 ? "one doc d64" : "one doc d128", 300, 700, 14, 2, d, 128), {});
+    problem p(c);
+    device_problem dp(p);
+    const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq;
+    auto run = [&](bool bounded, bool portable) {
+      auto a = dp.args();
+      if (!bounded) a.key_lower = nullptr;
+      dev<float> o(qn), lse(ln);
+      attn_test::forward(a, o.p, lse.p, nullptr, portable ? gpu::kernel_choice::portable : gpu::kernel_choice::automatic);
+      sync();
+      auto r = o.download();
+      const auto l = lse.download();
+      r.insert(r.end(), l.begin(), l.end());
+      return r;
+    };
+    for (bool portable : {true, false}) {
+      const auto with = run(true, portable), without = run(false, portable);
+      INFO(c.name << (portable ? " portable" : " automatic"));
+      CHECK(std::memcmp(with.data(), without.data(), with.size() * sizeof(float)) == 0);
+    }
   }
 }

@@ -159,7 +159,7 @@ TEST_CASE("attention plan: bad shapes and forced options are refused") {
   CHECK_THROWS_AS(att::plan_backward(call(256, 1024, 10, 81, 1), f, o), oomb::invalid_argument);
 }
 
-TEST_CASE("attention plan: a call with per-document bounds has its own shape, refused until the kernels take it") {
+TEST_CASE("attention plan: a call with per-document bounds has its own shape and plans the same launch") {
   const auto f = h200();
   const std::vector<std::int64_t> lower(64, 0);
   att::attention_args a;
@@ -175,7 +175,14 @@ TEST_CASE("attention plan: a call with per-document bounds has its own shape, re
   CHECK_FALSE(plain.bounded);
   CHECK(bounded.bounded);
   CHECK(plain != bounded);  // a plan made without bounds does not launch a call with them
-  CHECK_NOTHROW(att::plan_forward(plain, f));
-  CHECK_THROWS_WITH_AS(att::plan_forward(bounded, f), doctest::Contains("key_lower"), oomb::invalid_argument);
-  CHECK_THROWS_WITH_AS(att::plan_backward(bounded, f), doctest::Contains("key_lower"), oomb::invalid_argument);
+  // The kernels skip and mask by the bounds inside the same grid: configuration, split and grid match.
+  const att::forward_plan fp = att::plan_forward(plain, f), fb = att::plan_forward(bounded, f);
+  CHECK(fb.config == fp.config);
+  CHECK(fb.split == fp.split);
+  CHECK(fb.row_blocks == fp.row_blocks);
+  const att::backward_plan bp = att::plan_backward(plain, f), bb = att::plan_backward(bounded, f);
+  CHECK(bb.config == bp.config);
+  CHECK(bb.key_blocks == bp.key_blocks);
+  CHECK(bb.query_split == bp.query_split);
+  CHECK(bb.shape == bounded);
 }

@@ -45,9 +45,9 @@ struct attention_args {
   /// q_start + i. So a block of rows whose first query is i0 needs no key below key_lower[i0]
   /// (skip whole tiles and pages below it; mask per row above it), and the queries that see a key
   /// block [k0, k1) are contiguous: from the causal start up to the first i with key_lower[i] >= k1.
-  /// Pages wholly below key_lower[0] are read by no row: their table ids may be -1, also dense.
-  /// nullptr = no bound. The kernels do not take bounds yet: plan_forward and plan_backward refuse
-  /// a call with key_lower set (call_shape::bounded; issue 31).
+  /// Pages wholly below key_lower[0] are read by no row: their table ids may be -1, also dense, and
+  /// their gradient pages are not touched. nullptr = no bound. Device memory, 8-byte aligned; the
+  /// kernels trust the contract (the CPU reference checks it).
   const std::int64_t* key_lower = nullptr;  ///< [sq]
 };
 

@@ -86,6 +86,7 @@ inline kernel_params make_params(const attention_args& a, int rows_per_tile_mult
     OOMB_EXPECTS((a.sq + a.tile - 1) / a.tile <= 4096, "attention: at most 4096 sparse query tiles per call, got ",
                  (a.sq + a.tile - 1) / a.tile);
   }
+  OOMB_EXPECTS((reinterpret_cast<std::uintptr_t>(a.key_lower) & 7u) == 0, "attention: key_lower must be 8-byte aligned");
   kernel_params p{};
   p.q = reinterpret_cast<const std::uint16_t*>(a.q);
   p.q_start = a.q_start;
@@ -105,6 +106,7 @@ inline kernel_params make_params(const attention_args& a, int rows_per_tile_mult
   p.tile_indptr = a.tile_indptr;
   p.tile_pages = a.tile_pages;
   p.tile = a.tile;
+  p.key_lower = a.key_lower;
   p.stagger = false;
   p.heads_interleaved = false;
   p.trace = nullptr;

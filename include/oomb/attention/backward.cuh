@@ -40,7 +40,7 @@ struct backward_tile {
   static constexpr int Q_M = BM / WM_Q, Q_N = D / WN_Q;   // one warp's dQ tile
   static constexpr int max_tiles = 4096;                  // sparse query tiles one call may have
   static constexpr int tiles_bytes = 2 * BN * D * 2 + 2 * 2 * BM * D * 2 + 2 * BM * BN * 2;
-  static constexpr int smem_bytes = tiles_bytes + 2 * 4 * BM * 4 + max_tiles;
+  static constexpr int smem_bytes = tiles_bytes + 2 * 5 * BM * 4 + max_tiles;
   static_assert(S_M % 16 == 0 && S_N % 16 == 0 && KV_M % 16 == 0 && KV_N % 16 == 0 && Q_M % 16 == 0 &&
                     Q_N % 16 == 0 && BM % 16 == 0 && BN % 16 == 0,
                 "warp tiles must be multiples of 16");
@@ -91,7 +91,8 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   float* sDelta = sL + 2 * BM;                                    // [2][BM]
   int* sRowQ = reinterpret_cast<int*>(sDelta + 2 * BM);           // [2][BM] query index (-1: no row)
   int* sRowOff = sRowQ + 2 * BM;                                  // [2][BM] element offset of the row in q / dq
-  std::uint8_t* sBits = reinterpret_cast<std::uint8_t*>(sRowOff + 2 * BM);
+  int* sRowLo = sRowOff + 2 * BM;  // [2][BM] the row's first visible key column, by its document (0..BN)
+  std::uint8_t* sBits = reinterpret_cast<std::uint8_t*>(sRowLo + 2 * BM);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -103,9 +104,13 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   const std::int64_t pos0 = std::int64_t(p.first_page) << p.log_page;
   const std::int64_t kmin = pos0 + s0, kmax = pos0 + s_end - 1;
   const int rows = p.sq * p.group;
-  const int nqb = (rows + BM - 1) / BM;
+  // The queries that see a key of this block: from the causal start first_q to the last whose
+  // document starts at or before kmax (queries_reaching); the walk takes no step past them.
+  const int q_end = queries_reaching(p, kmax);
+  const int walk_rows = q_end * p.group;
+  const int nqb = (walk_rows + BM - 1) / BM;
   const std::int64_t first_q = kmin - p.q_start;  // earliest query that sees a key of this block
-  if (first_q >= p.sq) return;
+  if (first_q >= q_end) return;
   const int page_mask = (1 << p.log_page) - 1;
   const auto base = reinterpret_cast<const std::uint16_t*>(p.pool.base);
 
@@ -142,7 +147,13 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     }
     __syncthreads();
   }
-  const unsigned reads = sparse ? read_bits : full_bits;
+  // Pages wholly below the first query's document bound are read by no row (their ids may be -1).
+  unsigned below = 0;
+  if (p.key_lower != nullptr) {
+    const std::int64_t lower0 = __ldg(p.key_lower);
+    for (int b = 0; b < npg; ++b) below |= unsigned(pos0 + (std::int64_t(j0 + b + 1) << p.log_page) <= lower0) << b;
+  }
+  const unsigned reads = (sparse ? read_bits : full_bits) & ~below;
   auto read_page = [&](std::int32_t s) { return ((reads >> ((s >> p.log_page) - j0)) & 1u) != 0; };
 
   // K and V of the block, once.
@@ -196,6 +207,8 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
       cp_async_4(smem_addr(sDelta + stage * BM + r), delta + off, ok);
       sRowQ[stage * BM + r] = ok ? qi : -1;
       sRowOff[stage * BM + r] = ok ? (qi * p.hq + hh) * D : 0;
+      const std::int64_t lo = ok ? key_lower_rel(p, qi) - (kmin - p.q_start) : 0;
+      sRowLo[stage * BM + r] = lo > 0 ? (lo < BN ? static_cast<int>(lo) : BN) : 0;
     }
   };
 
@@ -256,6 +269,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     const float* sDs = sDelta + stage * BM;
     const int* rowq = sRowQ + stage * BM;
     const int* rowoff = sRowOff + stage * BM;
+    const int* rowlo = sRowLo + stage * BM;
 
     // S = Q K^T and dP = dO V^T on this warp's S_M x S_N tile.
     float s[MT_S][NT_S][4], dp[MT_S][NT_S][4];
@@ -301,7 +315,8 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
           const float lref = l2 == -INFINITY ? INFINITY : l2;
           const float dl = sDs[r];
           const std::uint32_t roff = pd_row + static_cast<std::uint32_t>((mt * 16 + 8 * h) * (BN * 2));
-          [[maybe_unused]] const std::int64_t qlim = std::int64_t(rowq[r]) - kbase;  // visible: col <= qlim
+          // visible: rowlo[r] <= col <= qlim (its document's bound, causal)
+          [[maybe_unused]] const std::int64_t qlim = std::int64_t(rowq[r]) - kbase;
 #pragma unroll
           for (int nt = 0; nt < NT_S; ++nt) {
             float pv[2], dv[2];
@@ -312,7 +327,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
               if constexpr (decltype(masked)::value) {
                 const int col = wn * Cfg::S_N + nt * 8 + 2 * t4 + c;
                 const std::int32_t sk = s0 + col;
-                const bool ok = sk < s_end && ((bits >> ((sk >> p.log_page) - j0)) & 1u) && col <= qlim;
+                const bool ok = sk < s_end && ((bits >> ((sk >> p.log_page) - j0)) & 1u) && col <= qlim && col >= rowlo[r];
                 if (!ok) pe = ds = 0.0f;  // exactly 0, whatever dP holds
               }
               pv[c] = pe;
@@ -324,8 +339,11 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
           }
         }
     };
+    const int last_row = (b + 1) * BM < rows ? (b + 1) * BM - 1 : rows - 1;
     if (s_end - s0 < BN || bits != full_bits ||
-        kmax > p.q_start + std::int64_t(p.group_div.div(static_cast<std::uint32_t>(b * BM))))
+        kmax > p.q_start + std::int64_t(p.group_div.div(static_cast<std::uint32_t>(b * BM))) ||
+        (p.key_lower != nullptr &&
+         kmin - p.q_start < key_lower_rel(p, static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(last_row))))))
       softmax_grad(std::true_type{});
     else
       softmax_grad(std::false_type{});

@@ -490,7 +490,13 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   const int first_tile = sparse ? static_cast<int>(p.tile_rows_div.div(static_cast<std::uint32_t>(first_row))) : 0;
   int row_begin, row_end;
   p.plan.piece_rows(piece, tile_rows, first_tile, first_row, rows, row_begin, row_end);
-  if (row_begin >= row_end) return;  // uniform: the causal start lies past this piece
+  // Per-document bounds: no row after the last query whose document starts at or before the block's
+  // last key (BN <= page_size: only the window's last block can be partial, and it is the chunk's own).
+  if (p.key_lower != nullptr) {
+    const int reach = queries_reaching(p, kmin + BN - 1) * p.group;
+    if (reach < row_end) row_end = reach;
+  }
+  if (row_begin >= row_end) return;  // uniform: the causal start lies past this piece, or every bound past the block
   // Sparse: the query tiles of those rows (the walk reads no others). Of a past block that the order
   // kernel counted (plan.tiles_of), which of them select its page is read from the workspace, one word
   // per thread from thread 1 on (thread 0 issues K/V), here, where the load overlaps the page id's; of
@@ -571,6 +577,8 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
     return;
   }
   const int head0 = kvh * p.group;
+  const std::int64_t kbase = pos0 + s0 - p.q_start;  // key k of the block sits at query index kbase + k
+  const int valid_keys = s_end - s0;
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
@@ -739,9 +747,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
   for (int k = 0; k < NKV; ++k) acc_dk[k] = acc_dv[k] = 0.0f;
 
-  const std::int64_t kbase = pos0 + s0 - p.q_start;  // key k of the block sits at query index kbase + k
-  const int kr0 = c * 64 + w * 16 + g;               // this thread's key rows: kr0, kr0 + 8
-  const int valid_keys = s_end - s0;
+  const int kr0 = c * 64 + w * 16 + g;  // this thread's key rows: kr0, kr0 + 8
   const std::uint32_t sK_c = sK + c * 64 * 128, sV_c = sV + c * 64 * 128;
   // stmatrix row addresses: lane -> matrix mi = lane / 8 (h = mi & 1, column block + (mi >> 1)),
   // stored row lane % 8; this consumer's keys are dS's key panel c, 16-byte chunk 2w + h.
@@ -810,8 +816,13 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   auto softmax_ds = [&](int r0, int n, int s, int i, int release) {
     const float* sLs = sL + s * BM;
     const float* sDs = sDl + s * BM;
-    const bool masked = valid_keys < BN || n < RS ||
-                        kmax > p.q_start + std::int64_t(p.group_div.div(static_cast<std::uint32_t>(r0)));
+    // A step needs the mask when it is clipped, crosses the window's end or the diagonal, or its last
+    // row's document starts inside the block (the rows' bounds grow along the step). The bounds are
+    // read from global memory (L1-resident): the d128 configurations have no shared memory to spare.
+    const bool masked =
+        valid_keys < BN || n < RS || kmax > p.q_start + std::int64_t(p.group_div.div(static_cast<std::uint32_t>(r0))) ||
+        (p.key_lower != nullptr &&
+         kbase < key_lower_rel(p, static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r0 + n - 1)))));
     wgmma_wait<1>();
 #pragma unroll
     for (int k = 0; k < NS; ++k) fence_operand(sacc[k]);
@@ -827,19 +838,30 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
           sacc[4 * j + 2 * h + e] = fast_exp2(fmaf(sacc[4 * j + 2 * h + e], p.scale_log2, -(e ? l.y : l.x)));
     }
     if (masked) {
-#pragma unroll
+      // One bit per entry (4j + 2h + e) of this thread says it is masked; the bounds are read in a
+      // rolled loop, so their loads hold no registers across the step, then the bits are applied.
+      static_assert(NS <= 64, "a mask bit per accumulator entry");
+      std::uint64_t off = 0;
+#pragma unroll 1
       for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
+          // the row sees key rows lo .. hi: from its document's bound to its position and the window's end
           const int r = 8 * j + 2 * t4 + e;
-          const std::int64_t qlim =
-              r < n ? std::int64_t(p.group_div.div(static_cast<std::uint32_t>(r0 + r))) - kbase : std::int64_t(-1);
+          const int qi = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r < n ? r0 + r : r0)));
+          const std::int64_t qlim = r < n ? std::int64_t(qi) - kbase : std::int64_t(-1);
+          const int hi = qlim < valid_keys - 1 ? (qlim < -1 ? -1 : static_cast<int>(qlim)) : valid_keys - 1;
+          const std::int64_t first = p.key_lower != nullptr ? __ldg(p.key_lower + qi) - p.q_start - kbase : 0;
+          const int lo = first > 0 ? (first < BN ? static_cast<int>(first) : BN) : 0;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int kr = kr0 + 8 * h;
-            if (!(kr < valid_keys && kr <= qlim)) sacc[4 * j + 2 * h + e] = 0.0f;
+            off |= std::uint64_t(kr < lo || kr > hi) << (4 * j + 2 * h + e);
           }
         }
+#pragma unroll
+      for (int x = 0; x < NS; ++x)
+        if ((off >> x) & 1u) sacc[x] = 0.0f;
     }
     wgmma_wait<0>();
 #pragma unroll

@@ -6,7 +6,8 @@
 // read once per group. K/V tiles of BN keys come straight from the pages (each row's address through
 // the page table; cp.async, double-buffered, ids fetched a tile ahead); each warp owns BM / WARPS
 // rows, keeps its O accumulator in registers and runs the online softmax in the mma accumulator
-// layout. Masking (causal, the window's end) is applied only to tiles that need it. Kernels never
+// layout. Masking (causal, the window's end, per-document bounds) is applied only to tiles that
+// need it; with bounds, tiles below a block's first document bound are not visited. Kernels never
 // fail: the launcher (attention.cuh) checks every argument.
 #pragma once
 
@@ -84,8 +85,13 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     cp_async_16(sQ + dst0 + i * RPP * (D * 2), src, ok);
   }
 
-  const int n_blocks = keys.visible_tiles(BN, qpos_hi);  // tiles visible to at least one row
-  const int b_begin = n_blocks * rank / split, b_end = n_blocks * (rank + 1) / split;
+  // Tiles visible to at least one row: from the first reaching the block's smallest document bound
+  // (that of its first query) to the last the causal mask leaves its last query.
+  const std::int64_t lower_lo = key_lower_rel(p, q_lo), lower_hi = key_lower_rel(p, q_hi);
+  const int n_first = p.key_lower != nullptr ? keys.first_tile_reaching(BN, p.q_start + lower_lo) : 0;
+  const int n_blocks = keys.visible_tiles(BN, qpos_hi);
+  const int span = n_blocks > n_first ? n_blocks - n_first : 0;
+  const int b_begin = n_first + span * rank / split, b_end = n_first + span * (rank + 1) / split;
 
   // Page ids of a tile, fetched one tile before its load is issued.
   std::int32_t ids[KV_PASSES];
@@ -141,14 +147,17 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   cp_async_commit();
   if (b_end > b_begin + 1) fetch_ids(b_begin + 1);
 
-  // Per-thread rows: (mt, h) -> local row warp * WM + mt * 16 + g + 8h; qrow = its query index.
+  // Per-thread rows: (mt, h) -> local row warp * WM + mt * 16 + g + 8h; qrow = its query index,
+  // qlow its first visible key (key_lower_rel).
   int qrow[MT][2];
+  std::int64_t qlow[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int R = r0 + warp * Cfg::WM + mt * 16 + g + 8 * h;
       qrow[mt][h] = R < rows ? static_cast<int>(p.group_div.div(R)) : q_hi;
+      qlow[mt][h] = key_lower_rel(p, qrow[mt][h]);
     }
 
   const frag_addr<D> fQ(sQ, lane, true), fK0(sK, lane, false), fV0(sV, lane, true);
@@ -203,9 +212,10 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
       }
     }
 
-    // Mask only tiles that cross the window's end or the causal diagonal.
+    // Mask only tiles that cross the window's end, the causal diagonal or a row's document start.
     const std::int32_t v0 = blk * BN;
-    if (v0 + BN > vlen || keys.pos(v0 + BN - 1) > qpos_lo) {
+    if (v0 + BN > vlen || keys.pos(v0 + BN - 1) > qpos_lo ||
+        (p.key_lower != nullptr && keys.pos(v0) - p.q_start < lower_hi)) {
 #pragma unroll
       for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
@@ -217,7 +227,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-              if (krel > qrow[mt][h]) s[mt][nt][2 * h + c] = -INFINITY;
+              if (krel > qrow[mt][h] || krel < qlow[mt][h]) s[mt][nt][2 * h + c] = -INFINITY;
         }
     }
 

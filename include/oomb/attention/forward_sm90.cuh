@@ -86,8 +86,13 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   const virtual_keys keys(p, p.tile_indptr ? q_lo / p.tile : 0);
   const std::int32_t vlen = keys.vlen;
   const std::int32_t page_mask = (1 << p.log_page) - 1;
-  const int n_blocks = keys.visible_tiles(BN, qpos_hi);  // tiles visible to at least one row
-  const int b_begin = n_blocks * rank / split, b_end = n_blocks * (rank + 1) / split;
+  // Tiles visible to at least one row (forward.cuh): from the first reaching the block's smallest
+  // document bound to the last the causal mask leaves its last query.
+  const std::int64_t lower_lo = key_lower_rel(p, q_lo), lower_hi = key_lower_rel(p, q_hi);
+  const int n_first = p.key_lower != nullptr ? keys.first_tile_reaching(BN, p.q_start + lower_lo) : 0;
+  const int n_blocks = keys.visible_tiles(BN, qpos_hi);
+  const int span = n_blocks > n_first ? n_blocks - n_first : 0;
+  const int b_begin = n_first + span * rank / split, b_end = n_first + span * (rank + 1) / split;
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
@@ -191,10 +196,12 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   }
 
   int qrow[2];
+  std::int64_t qlow[2];  // the row's first visible key (key_lower_rel)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int R = r0 + c * 64 + w * 16 + g + 8 * h;
     qrow[h] = R < rows ? static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R))) : q_hi;
+    qlow[h] = key_lower_rel(p, qrow[h]);
   }
 
   constexpr int NS = BN / 2, NO = D / 2;  // accumulator floats per thread
@@ -232,11 +239,12 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
     }
     wgmma_commit();
   };
-  // Masks tile blk (only tiles crossing the window's end or the diagonal), then the online softmax
-  // in base 2: exponentiates s_acc in place and returns the O correction per row.
+  // Masks tile blk (only tiles crossing the window's end, the diagonal or a row's document start),
+  // then the online softmax in base 2: exponentiates s_acc in place and returns the O correction per row.
   auto softmax = [&](int blk, float (&corr)[2]) {
     const std::int32_t v0 = blk * BN;
-    if (v0 + BN > vlen || keys.pos(v0 + BN - 1) > qpos_lo) {
+    if (v0 + BN > vlen || keys.pos(v0 + BN - 1) > qpos_lo ||
+        (p.key_lower != nullptr && keys.pos(v0) - p.q_start < lower_hi)) {
       const std::int64_t k0 = keys.pos(v0) - p.q_start;  // a tile lies inside one page
       const std::int32_t valid = vlen - v0;
 #pragma unroll
@@ -247,7 +255,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
           const std::int64_t krel = col < valid ? k0 + col : INT64_MAX;
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            if (krel > qrow[h]) s_acc[4 * j + 2 * h + e] = -INFINITY;
+            if (krel > qrow[h] || krel < qlow[h]) s_acc[4 * j + 2 * h + e] = -INFINITY;
         }
     }
 #pragma unroll

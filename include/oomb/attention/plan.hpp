@@ -296,10 +296,6 @@ inline void check_shape(const call_shape& s, const char* what) {
   OOMB_EXPECTS(!s.sparse || s.tile > 0, what, ": a sparse call needs a positive tile, got ", s.tile);
   OOMB_EXPECTS(!s.sparse || ceil_div(s.sq, s.tile) <= 4096, what, ": at most 4096 sparse query tiles per call, got ",
                ceil_div(s.sq, s.tile));
-  // The CPU reference takes them (reference.hpp); no kernel reads key_lower yet, so a launch would
-  // attend across documents.
-  OOMB_EXPECTS(!s.bounded, what, ": per-document bounds (key_lower) are not in the CUDA kernels yet (issue 31); "
-               "the CPU reference takes them");
 }
 
 inline void check_forced(const plan_options& o, bool forward, const char* what) {

@@ -36,6 +36,7 @@ struct kernel_params {
   const std::int32_t* tile_indptr;  // nullptr: dense
   const std::int32_t* tile_pages;
   std::int32_t tile;
+  const std::int64_t* key_lower;  // per-document bounds, [sq] (attention_args::key_lower); nullptr: none
   fast_divmod tile_rows_div;  // packed row -> sparse query tile (tile * group rows each)
   bool stagger;               // backward: each block starts its query walk at its own tile
   bool heads_interleaved;     // Hopper backward, sparse: launch order takes the KV heads in turn (bench option, hs1)
@@ -49,6 +50,30 @@ __device__ __forceinline__ std::int32_t lower_bound(const std::int32_t* a, std::
   while (lo < hi) {
     const std::int32_t mid = (lo + hi) >> 1;
     if (a[mid] < x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/// Per-document bounds (attention_args::key_lower): the first key position query q sees, relative
+/// to q_start as the kernels count query indices (past keys are negative); no_key_lower without
+/// bounds. Non-decreasing in q, so the bound of a block of queries is that of its first.
+/// The sentinel is half the int64 range, so a key offset (< 2^31) moves it without overflow.
+inline constexpr std::int64_t no_key_lower = INT64_MIN / 2;
+__device__ __forceinline__ std::int64_t key_lower_rel(const kernel_params& p, int q) {
+  return p.key_lower != nullptr ? __ldg(p.key_lower + q) - p.q_start : no_key_lower;
+}
+
+/// How many queries (from query 0) see some key at or before absolute position kmax: those before
+/// the first whose document starts after kmax (a binary search of the bounds); all sq without bounds.
+__device__ __forceinline__ int queries_reaching(const kernel_params& p, std::int64_t kmax) {
+  if (p.key_lower == nullptr) return p.sq;
+  int lo = 0, hi = p.sq;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (__ldg(p.key_lower + mid) <= kmax)
       lo = mid + 1;
     else
       hi = mid;
@@ -141,6 +166,20 @@ struct virtual_keys {
     while (lo < hi) {
       const int mid = (lo + hi) >> 1;
       if (pos(mid * tile_keys) > qpos_hi)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
+  }
+  /// The first tile of `tile_keys` slots holding a key at or after absolute position `lower` (a row
+  /// block's smallest per-document bound): the tiles before it are below every row's bound.
+  __device__ __forceinline__ int first_tile_reaching(int tile_keys, std::int64_t lower) const {
+    int lo = 0, hi = (vlen + tile_keys - 1) / tile_keys;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      const std::int32_t last = (mid + 1) * tile_keys < vlen ? (mid + 1) * tile_keys - 1 : vlen - 1;
+      if (pos(last) >= lower)
         hi = mid;
       else
         lo = mid + 1;
