@@ -253,6 +253,54 @@ TEST_CASE("cuda backend, Hopper attention (pages of 128), offload: head_dim 64, 
   compare<cuda_offload_ops>(config(4, 2, /*tied=*/true), opt, /*tokens=*/700, /*masked=*/true, 43);
 }
 
+namespace {
+
+/// Packed documents (sequence::doc_starts): positions restart and each query attends its own
+/// document only, through the attention's per-document bounds; the CPU reference takes the same.
+template <class Backend = cuda_ops>
+void compare_documents(const model_config& cfg, const chunk_options& opt, std::int64_t tokens,
+                       std::vector<std::int32_t> starts, std::uint64_t seed, double grad_tol = grad_tolerance) {
+  const model_params<double> host = bf16_weights(cfg, seed);
+  oomb_trainer::sequence seq = trainer_test::random_sequence(tokens, cfg.vocab_size, seed + 1, /*masked=*/true);
+  for (std::int32_t d : starts) seq.mask[static_cast<std::size_t>(d)] = 0;  // as token_sequences packs them
+  seq.doc_starts = std::move(starts);
+  model_params<double> cpu_grads(cfg);
+  cpu_reference cpu(cfg, opt, tokens);
+  const double cpu_loss = cpu.loss_and_grad(host, cpu_grads, seq);
+  expect_step_close(run_gpu<Backend>(host, opt, seq), cpu_loss, cpu_grads, loss_tolerance, grad_tol);
+  // The documents matter: the same tokens as one stream train to another loss.
+  oomb_trainer::sequence stream = seq;
+  stream.doc_starts.clear();
+  model_params<double> stream_grads(cfg);
+  cpu_reference cpu_stream(cfg, opt, tokens);
+  CHECK(std::abs(cpu_stream.loss_and_grad(host, stream_grads, stream) - cpu_loss) > 1e-3 * std::abs(cpu_loss));
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: packed documents (mid-page, mid-chunk, on a chunk boundary), pages of 16, two-page windows") {
+  chunk_options opt;
+  opt.chunk = 32;
+  opt.page = 16;
+  opt.window_pages = 2;
+  compare_documents(config(4, 2, /*tied=*/true), opt, /*tokens=*/170, {0, 13, 64, 140, 150}, 51);
+}
+
+TEST_CASE("cuda backend, Hopper attention (pages of 128): packed documents, head_dim 128, GQA group 7, in place and "
+          "offload") {
+  chunk_options opt;
+  opt.chunk = 128;
+  opt.page = 128;
+  opt.window_pages = 2;
+  const std::vector<std::int32_t> starts{0, 77, 300, 384, 401};  // mid-page, mid-chunk, on a chunk boundary
+  compare_documents(config(7, 1, /*tied=*/false, /*d=*/128), opt, /*tokens=*/430, starts, 53, /*grad_tol=*/5e-2);
+  opt.offload = true;
+  opt.near_pages = 3;
+  opt.window_pages = 0;  // near_pages / 2: one-page windows, pages streamed
+  compare_documents<cuda_offload_ops>(config(7, 1, /*tied=*/false, /*d=*/128), opt, /*tokens=*/430, starts, 53,
+                                      /*grad_tol=*/5e-2);
+}
+
 TEST_CASE("cuda backend, offload: pinned homes streamed through 4 device slots, GQA group 2, tied, a partial last chunk") {
   chunk_options opt;
   opt.chunk = 32;

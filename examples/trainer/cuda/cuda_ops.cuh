@@ -48,6 +48,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -583,11 +584,19 @@ class basic_cuda_ops {
   static std::size_t selection_at(const window_table& w, bool grad_pages) {
     return window_ids + static_cast<std::size_t>(w.pages) * (grad_pages ? 2 : 1);
   }
+  /// Where it holds the chunk's per-document bounds (packed documents: after the selection, as int64,
+  /// 8-byte aligned).
+  static std::size_t bounds_at(const attention_chunk<bf16>& c, const window_table& w, bool grad_pages) {
+    std::size_t at = selection_at(w, grad_pages);
+    if (const oomb::sparse_page_table* sel = c.selection) at += sel->indptr().size() + sel->indices().size();
+    return (at + 1) & ~std::size_t(1);
+  }
 
   /// One upload per window: [indptr 0, pages, last_page_len, (pad), ids ...] (the ids 16-byte
   /// aligned), for the backward each entry's gradient page (window_table::grad_ids, -1: none),
-  /// and, sparse, the selection's tile_indptr and tile_pages. (The selection is the same for every
-  /// window of a chunk and layer; staging it per window costs a few KiB of copy each.)
+  /// sparse, the selection's tile_indptr and tile_pages, and with packed documents each query's
+  /// key_lower. (The selection and bounds are the same for every window of a chunk and layer;
+  /// staging them per window costs a few KiB of copy each.)
   oomb::upload_ring::uploaded<std::int32_t> upload_window(const attention_chunk<bf16>& c, const window_table& w,
                                                           bool grad_pages) {
     OOMB_EXPECTS(w.pages > 0 && w.ids != nullptr, "cuda_ops: a window of ", w.pages, " pages needs ids");
@@ -601,6 +610,8 @@ class basic_cuda_ops {
                    c.sq, " queries make ", tiles, " tiles of ", c.tile);
       size += sel->indptr().size() + sel->indices().size();
     }
+    const std::size_t bounds = bounds_at(c, w, grad_pages);
+    if (c.key_lower != nullptr) size = bounds + 2 * static_cast<std::size_t>(c.sq);
     host_ints_.assign(size, -1);
     host_ints_[0] = 0;
     host_ints_[1] = w.pages;
@@ -613,17 +624,14 @@ class basic_cuda_ops {
       const auto tail = std::copy(sel->indptr().begin(), sel->indptr().end(), host_ints_.begin() + std::ptrdiff_t(at));
       std::copy(sel->indices().begin(), sel->indices().end(), tail);
     }
+    if (c.key_lower != nullptr)
+      std::memcpy(host_ints_.data() + bounds, c.key_lower, static_cast<std::size_t>(c.sq) * sizeof(std::int64_t));
     return ring().upload(host_ints_.data(), host_ints_.size(), compute());
   }
 
   /// The kernels' arguments over a window's upload (`grad_pages`: it holds the backward's gradient pages).
   static oomb::attention::attention_args args(const attention_chunk<bf16>& c, const oomb::page_pool_view<const bf16>& kv,
                                   const window_table& w, const std::int32_t* table, bool grad_pages) {
-    // The kernels do not read per-document bounds yet: without them a packed sequence's documents
-    // would attend each other, so a call with bounds is refused, not run.
-    OOMB_EXPECTS(c.key_lower == nullptr, "cuda_ops: --packing documents needs per-document attention, which the CUDA "
-                 "attention kernels do not take yet (issue 31); train packed documents with --device cpu, or use "
-                 "--packing none");
     oomb::attention::attention_args a;
     a.q = c.q;
     a.q_start = c.q_start;
@@ -645,6 +653,7 @@ class basic_cuda_ops {
       a.tile_pages = a.tile_indptr + c.selection->indptr().size();
       a.tile = c.tile;
     }
+    if (c.key_lower != nullptr) a.key_lower = reinterpret_cast<const std::int64_t*>(table + bounds_at(c, w, grad_pages));
     return a;
   }
 

@@ -54,12 +54,13 @@ struct cuda_ops_memory {
 
   /// The upload ring (pinned, and as much device memory again): what one chunk holds in it at once
   /// (the chunk's RoPE cos/sin, fp32 [rows][d], held while every layer runs; its tokens and targets;
-  /// a backward window's table: its page ids and each one's gradient page), doubled from
-  /// upload_ring_start until twice that fits: the host may run a chunk ahead.
+  /// a backward window's table: its page ids, each one's gradient page and, packed documents, each
+  /// query's int64 bound), doubled from upload_ring_start until twice that fits: the host may run a
+  /// chunk ahead.
   static std::size_t upload_ring_bytes(const chunk_shape& s) noexcept {
     const std::uint64_t rope = std::uint64_t(s.rows) * std::uint64_t(s.dims.d) * 4;
     const std::uint64_t tokens = 2 * std::uint64_t(s.rows) * 4;
-    const std::uint64_t window = 4 * (window_header_ints + 2 * std::uint64_t(s.window_pages));
+    const std::uint64_t window = 4 * (window_header_ints + 2 * std::uint64_t(s.window_pages) + 1) + 8 * std::uint64_t(s.rows);
     const std::uint64_t held = rope + tokens + window;
     std::size_t ring = upload_ring_start;
     while (ring < 2 * held) ring *= 2;
