@@ -83,10 +83,12 @@ struct selection_case {
 };
 
 // The test's model of the GPU: per tile, the query summary computed on the host in the kernel's
-// order, scored by the same host/device functions, selected by the CPU's page_selector.
+// order, scored by the same host/device functions, selected by the CPU's page_selector among the
+// tile's candidates [min(first[t], past), past) (first empty: from 0), as tile_selector does.
 std::vector<std::vector<std::int32_t>> reference_selection(const selection_case& c, const oomb::page_summaries& sums,
                                                            const oomb::tensor_view<const oomb::bf16, 3>& qv,
-                                                           const std::vector<std::int32_t>& ids) {
+                                                           const std::vector<std::int32_t>& ids,
+                                                           const std::vector<std::int32_t>& first = {}) {
   const std::int32_t group = c.q_heads / c.kv_heads, d = c.head_dim;
   const std::int32_t tiles = (c.queries + c.tile - 1) / c.tile;
   const oomb::selection_config pc{c.budget, c.sink, c.local};
@@ -112,14 +114,16 @@ std::vector<std::vector<std::int32_t>> reference_selection(const selection_case&
         hi[std::size_t(h) * d + ch] = mx;
         mean[std::size_t(h) * d + ch] = static_cast<float>(sum / (double(group) * (t1 - t0)));
       }
-    std::vector<float> scores(std::size_t(c.past), std::numeric_limits<float>::quiet_NaN());  // sink/local unread
-    if (c.past > pc.max_pages()) {
+    const std::int32_t from = first.empty() ? 0 : std::min(first[std::size_t(t)], c.past), count = c.past - from;
+    // Logical pages' scores from `from` on; sink and local are unread, earlier pages no candidates.
+    std::vector<float> scores(std::size_t(count), std::numeric_limits<float>::quiet_NaN());
+    if (count > pc.max_pages()) {
       const oomb::tensor_view<const oomb::bf16, 3> tile_q(qv.data() + t0 * st[0], {t1 - t0, c.q_heads, d}, st);
       oomb::tile_scorer per_query(c.kind, c.q_heads, c.kv_heads, d);  // the CPU's per-query score
       per_query.load(tile_q);
       oomb::tile_scorer mean_query(oomb::score_kind::mean, c.kv_heads, c.kv_heads, d);
       mean_query.load(oomb::tensor_view<const float, 3>(mean.data(), {1, c.kv_heads, d}, {std::int64_t(c.kv_heads) * d, d, 1}));
-      for (std::int32_t i = c.sink; i < c.past - c.local; ++i) {
+      for (std::int32_t i = from + c.sink; i < c.past - c.local; ++i) {
         const std::int32_t id = ids[std::size_t(i)];
         float best = -INFINITY;
         if (s.token_count(id) > 0)
@@ -130,7 +134,7 @@ std::vector<std::vector<std::int32_t>> reference_selection(const selection_case&
                                 : oomb::mean_key_score(a, s.mean_of(id, h), d);
             best = std::max(best, x);
           }
-        scores[std::size_t(i)] = best;
+        scores[std::size_t(i - from)] = best;
         float cpu = 0;
         per_query.score(s, &id, 1, &cpu);
         if (c.kind == oomb::score_kind::quest) {
@@ -145,12 +149,22 @@ std::vector<std::vector<std::int32_t>> reference_selection(const selection_case&
       }
     }
     rows.emplace_back();
-    selector.select(scores.data(), c.past, rows.back());
+    selector.select(scores.data(), count, rows.back());
+    for (std::int32_t& pg : rows.back()) pg += from;
   }
   return rows;
 }
 
-void run_selection_case(const selection_case& c, std::uint64_t seed) {
+// select_tiles' output table: tile_indptr and its tile_pages.
+struct selection_table {
+  std::vector<std::int32_t> indptr, pages;
+  bool operator==(const selection_table& o) const { return indptr == o.indptr && pages == o.pages; }
+};
+
+// Runs select_tiles on seeded random inputs against reference_selection, with per-tile first pages
+// `first` (one a tile; empty: none, select_tiles without them) uploaded for the device.
+selection_table run_selection_case(const selection_case& c, std::uint64_t seed,
+                                   const std::vector<std::int32_t>& first = {}) {
   CAPTURE(oomb::to_string(c.kind));
   CAPTURE(c.q_heads);
   CAPTURE(c.kv_heads);
@@ -189,7 +203,17 @@ void run_selection_case(const selection_case& c, std::uint64_t seed) {
                    : oomb::tensor_view<const oomb::bf16, 3>::index_array{std::int64_t(c.q_heads) * d, d, 1};
   const oomb::tensor_view<const oomb::bf16, 3> host_q(q.data(), {c.queries, c.q_heads, d}, strides);
 
-  const auto expected = reference_selection(c, sums, host_q, ids);
+  const auto expected = reference_selection(c, sums, host_q, ids, first);
+  if (c.tile == 1 && c.q_heads == c.kv_heads) {  // one-query tiles without GQA: the model is the CPU's selector
+    oomb::tile_selector cpu({c.tile, c.kind, {c.budget, c.sink, c.local}}, c.q_heads, c.kv_heads, d);
+    oomb::sparse_page_table table;
+    if (first.empty()) cpu.select(sums.view(), host_q, ids.data(), c.past, table);
+    else cpu.select(sums.view(), host_q, ids.data(), c.past, first.data(), table);
+    for (std::int32_t t = 0; t < table.num_tiles(); ++t) {
+      const auto [b, e] = table.tile(t);
+      REQUIRE(std::vector<std::int32_t>(b, e) == expected[std::size_t(t)]);
+    }
+  }
 
   device_summaries_copy dsums(sums);
   // Only the statistics the kind reads: the kernels must not touch the others.
@@ -213,21 +237,31 @@ void run_selection_case(const selection_case& c, std::uint64_t seed) {
   OOMB_CUDA_CHECK(cudaMemset(pages.ptr, 0x7b, pages.n * 4), "test");
   oomb::cuda_stream stream;
   const oomb::tensor_view<const oomb::bf16, 3> dev_q(dq.ptr, {c.queries, c.q_heads, d}, strides, oomb::memory_kind::device);
-  const oomb::tile_selection_result r = oomb::select_tiles(plan, dsums.view, dev_q, dids.ptr, c.past, indptr.ptr,
-                                                           pages.ptr, ws.ptr, plan.workspace_bytes, stream.view());
+  REQUIRE((first.empty() || first.size() == std::size_t(tiles)));
+  device_buffer<std::int32_t> dfirst(std::max<std::size_t>(first.size(), 1));
+  if (!first.empty()) upload(dfirst, first);
+  const oomb::tile_selection_result r =
+      oomb::select_tiles(plan, dsums.view, dev_q, dids.ptr, c.past, first.empty() ? nullptr : dfirst.ptr, indptr.ptr,
+                         pages.ptr, ws.ptr, plan.workspace_bytes, stream.view());
   stream.synchronize();
   REQUIRE(r.tiles == tiles);
   REQUIRE(r.pages_per_tile == plan.pages_per_tile(c.past));
   const auto got_indptr = download(indptr.ptr, std::size_t(tiles) + 1);
-  const auto got_pages = download(pages.ptr, std::size_t(tiles) * r.pages_per_tile);
+  REQUIRE(got_indptr[0] == 0);
+  REQUIRE(got_indptr[std::size_t(tiles)] <= tiles * r.pages_per_tile);
+  REQUIRE(std::is_sorted(got_indptr.begin(), got_indptr.end()));
+  const auto got_pages = download(pages.ptr, std::size_t(got_indptr[std::size_t(tiles)]));
   for (std::int32_t t = 0; t < tiles; ++t) {
     CAPTURE(t);
-    REQUIRE(got_indptr[std::size_t(t)] == t * r.pages_per_tile);
-    const std::vector<std::int32_t> row(got_pages.begin() + std::ptrdiff_t(t) * r.pages_per_tile,
-                                        got_pages.begin() + std::ptrdiff_t(t + 1) * r.pages_per_tile);
+    // Without first pages every row is pages_per_tile long.
+    if (first.empty()) REQUIRE(got_indptr[std::size_t(t)] == t * r.pages_per_tile);
+    REQUIRE(got_indptr[std::size_t(t) + 1] - got_indptr[std::size_t(t)] == std::int32_t(expected[std::size_t(t)].size()));
+    const std::vector<std::int32_t> row(got_pages.begin() + got_indptr[std::size_t(t)],
+                                        got_pages.begin() + got_indptr[std::size_t(t) + 1]);
     REQUIRE(row == expected[std::size_t(t)]);
   }
-  REQUIRE(got_indptr[std::size_t(tiles)] == tiles * r.pages_per_tile);
+  if (first.empty()) REQUIRE(got_indptr[std::size_t(tiles)] == tiles * r.pages_per_tile);
+  return {got_indptr, got_pages};
 }
 
 }  // namespace
@@ -558,4 +592,81 @@ TEST_CASE("select_tiles and plan_tile_selection: bad input throws before anythin
                                      50, indptr.ptr, pages.ptr, ws.ptr, plan.workspace_bytes, stream.view()),
                   oomb::invalid_argument);  // host memory
   stream.synchronize();
+}
+
+namespace {
+
+// First pages for `tiles` tiles over `past` pages, by tile index mod 8: 0; the past (no candidate);
+// beyond it (clamped: none); max_pages before it (every candidate, unscored) and one more (scored);
+// fewer candidates than max_pages; anywhere in [0, past] (mid-range) twice.
+std::vector<std::int32_t> random_first_pages(std::int32_t tiles, std::int32_t past, std::int32_t max_pages,
+                                             std::mt19937_64& rng) {
+  std::vector<std::int32_t> first(static_cast<std::size_t>(tiles));
+  for (std::int32_t t = 0; t < tiles; ++t) {
+    std::int32_t f = 0;
+    switch (t % 8) {
+      case 0: f = 0; break;
+      case 1: f = past; break;
+      case 2: f = past + 1 + std::int32_t(rng() % 5); break;
+      case 3: f = past - max_pages; break;
+      case 4: f = past - max_pages - 1; break;
+      case 5: f = past - 1 - std::int32_t(rng() % std::uint64_t(std::max(max_pages, 1))); break;
+      default: f = std::int32_t(rng() % std::uint64_t(past + 1)); break;
+    }
+    first[std::size_t(t)] = std::max(f, 0);
+  }
+  return first;
+}
+
+}  // namespace
+
+TEST_CASE("select_tiles with per-tile first pages (packed documents): tile t selects among [first_t, past) as the "
+          "host model (and, for one-query tiles without GQA, the CPU's tile_selector) does") {
+  using K = oomb::score_kind;
+  const selection_case cases[] = {
+      // kind, q_heads, kv_heads, d, queries, tile, budget, sink, local, past, repeated ids, head-major
+      {K::quest, 8, 2, 64, 1100, 64, 5, 1, 2, 60, false, false},  // 18 tiles: groups of 8 and a partial one
+      {K::mean, 8, 2, 64, 1100, 64, 5, 1, 2, 60, false, true},
+      {K::quest, 28, 4, 128, 1100, 128, 16, 1, 1, 400, true, false},  // 7B heads, exact ties
+      {K::mean, 28, 4, 128, 1000, 128, 64, 0, 0, 1000, true, true},
+      {K::quest, 16, 8, 128, 1100, 128, 10, 1, 2, 120, false, false},  // 8 x 128 channels: a tile per block
+      {K::mean, 16, 8, 128, 1100, 128, 10, 1, 2, 120, true, false},
+      {K::quest, 4, 4, 128, 1024, 128, 0, 2, 3, 50, false, false},  // B = 0: sink and local only
+      {K::quest, 8, 2, 64, 600, 64, 8, 4, 4, 14, false, false},     // past within budget: every candidate
+      {K::mean, 8, 2, 64, 600, 64, 8, 4, 4, 17, false, false},      // one page over
+      {K::quest, 8, 2, 64, 300, 128, 4, 1, 2, 0, false, false},     // no past
+      {K::quest, 2, 2, 64, 37, 1, 6, 1, 1, 90, true, false},        // one-query tiles without GQA
+      {K::mean, 2, 2, 64, 41, 1, 6, 1, 1, 90, false, true},
+  };
+  std::uint64_t seed = 3031;
+  for (const selection_case& c : cases) {
+    std::mt19937_64 rng(~seed);  // not the inputs' stream
+    const std::int32_t tiles = (c.queries + c.tile - 1) / c.tile;
+    const std::vector<std::int32_t> first = random_first_pages(tiles, c.past, c.budget + c.sink + c.local, rng);
+    const selection_table got = run_selection_case(c, seed++, first);
+    // Rows of tiles with fewer candidates than budget + sink + local are shorter.
+    if (c.past > 0) REQUIRE(got.indptr.back() < tiles * std::min(c.past, c.budget + c.sink + c.local));
+  }
+}
+
+TEST_CASE("select_tiles: no first pages (nullptr) give the output of first pages all 0, bit for bit, rows of "
+          "pages_per_tile each") {
+  using K = oomb::score_kind;
+  const selection_case cases[] = {
+      {K::quest, 8, 2, 64, 300, 128, 5, 1, 2, 60, false, false},
+      {K::mean, 8, 2, 64, 1100, 64, 5, 1, 2, 60, false, true},
+      {K::quest, 28, 4, 128, 130, 128, 16, 1, 1, 400, true, false},
+      {K::mean, 16, 8, 128, 300, 128, 10, 1, 2, 120, true, false},
+      {K::quest, 4, 4, 128, 256, 128, 0, 2, 3, 50, false, false},
+      {K::quest, 8, 2, 64, 200, 64, 8, 4, 4, 14, false, false},
+      {K::quest, 2, 2, 64, 37, 1, 6, 1, 1, 90, true, false},
+  };
+  std::uint64_t seed = 4041;
+  for (const selection_case& c : cases) {
+    const std::int32_t tiles = (c.queries + c.tile - 1) / c.tile;
+    // Same seed, same inputs; nullptr is checked against the first-page-free model (the old rule).
+    const selection_table none = run_selection_case(c, seed);
+    REQUIRE(none == run_selection_case(c, seed, std::vector<std::int32_t>(std::size_t(tiles), 0)));
+    ++seed;
+  }
 }

@@ -481,8 +481,21 @@ std::pair<std::int64_t, std::int64_t> selected_of_past(const oomb_trainer::selec
 }
 
 /// The GPU run's loss and gradients against the CPU's full sequence in double masked by the GPU
-/// run's own selections; the selections are partial, and the masked reference is far from dense
-/// (so a GPU backward that ignored the selection would fail).
+/// run's own selections, and that masked reference far from dense (so a GPU backward that ignored
+/// the selection would fail).
+void expect_masked_reference(const model_params<double>& host, const oomb_trainer::sequence& seq, const gpu_step& gpu) {
+  const model_config& cfg = host.config();
+  model_params<double> masked(cfg), dense(cfg);
+  const double masked_loss = oomb_trainer::full_sequence_loss_and_grad(host, masked, seq, &gpu.mask);
+  expect_step_close(gpu, masked_loss, masked);
+  oomb_trainer::full_sequence_loss_and_grad(host, dense, seq);
+  const std::vector<double> a(masked.data(), masked.data() + masked.size()), b(dense.data(), dense.data() + dense.size());
+  const double from_dense = trainer_test::worst_tensor_error(host, a, b, nullptr);
+  MESSAGE("masked reference vs dense: worst tensor " << from_dense);
+  CHECK(from_dense > 3 * grad_tolerance);
+}
+
+/// expect_masked_reference for a sequence of random tokens, the selections partial.
 template <class Backend>
 void compare_partial(const model_config& cfg, const chunk_options& opt, std::int64_t tokens, std::uint64_t seed) {
   const model_params<double> host = bf16_weights(cfg, seed);
@@ -492,14 +505,51 @@ void compare_partial(const model_config& cfg, const chunk_options& opt, std::int
   MESSAGE("selected " << sel.first << " of " << sel.second << " past pages over the step");
   CHECK(sel.first > 0);
   CHECK(2 * sel.first < sel.second);
-  model_params<double> masked(cfg), dense(cfg);
-  const double masked_loss = oomb_trainer::full_sequence_loss_and_grad(host, masked, seq, &gpu.mask);
-  expect_step_close(gpu, masked_loss, masked);
-  oomb_trainer::full_sequence_loss_and_grad(host, dense, seq);
-  const std::vector<double> a(masked.data(), masked.data() + masked.size()), b(dense.data(), dense.data() + dense.size());
-  const double from_dense = trainer_test::worst_tensor_error(host, a, b, nullptr);
-  MESSAGE("masked reference vs dense: worst tensor " << from_dense);
-  CHECK(from_dense > 3 * grad_tolerance);
+  expect_masked_reference(host, seq, gpu);
+}
+
+/// expect_masked_reference for packed documents (`starts`): every tile selects among the pages of
+/// its first query's document only (from the page holding its start to the chunk's), all of them
+/// when they are at most budget + sink + local, else that many with the document's first page as
+/// the sink; some tiles select partially, some have fewer candidates than that, some none.
+template <class Backend>
+void compare_sparse_documents(const model_config& cfg, const chunk_options& opt, std::int64_t tokens,
+                              std::vector<std::int32_t> starts, std::uint64_t seed) {
+  const model_params<double> host = bf16_weights(cfg, seed);
+  oomb_trainer::sequence seq = trainer_test::random_sequence(tokens, cfg.vocab_size, seed + 1, /*masked=*/true);
+  for (std::int32_t d : starts) seq.mask[static_cast<std::size_t>(d)] = 0;  // as token_sequences packs them
+  seq.doc_starts = std::move(starts);
+  const gpu_step gpu = run_gpu<Backend>(host, opt, seq);
+  const std::vector<std::int32_t>& docs = seq.doc_starts;
+  const std::int32_t most = opt.budget + opt.sink + opt.local;
+  std::int64_t partial = 0, fewer = 0, none = 0;
+  for (std::size_t i = 0; i < gpu.mask.tables.size(); ++i) {
+    const std::int64_t c = static_cast<std::int64_t>(i) / cfg.num_hidden_layers;
+    const oomb::sparse_page_table& table = gpu.mask.tables[i];
+    const auto past = static_cast<std::int32_t>(c * opt.chunk / opt.page);
+    for (std::int32_t t = 0; t < table.num_tiles(); ++t) {
+      CAPTURE(c);
+      CAPTURE(t);
+      const std::int64_t q = c * opt.chunk + std::int64_t(t) * opt.tile;
+      const std::int32_t first = *(std::upper_bound(docs.begin(), docs.end(), q) - 1) / opt.page;
+      const std::int32_t candidates = std::max(0, past - first);
+      const auto [b, e] = table.tile(t);
+      CHECK(std::all_of(b, e, [&](std::int32_t pg) { return pg >= first && pg < past; }));
+      CHECK(e - b == std::min(most, candidates));
+      if (candidates > most) {
+        ++partial;
+        CHECK(*b == first);
+      }
+      if (candidates > 0 && candidates < most) ++fewer;
+      if (past > 0 && candidates == 0) ++none;
+    }
+  }
+  MESSAGE("tiles (all layers) selecting partially " << partial << ", among fewer than " << most << " pages " << fewer
+                                                    << ", with no candidate " << none);
+  CHECK(partial > 0);
+  CHECK(fewer > 0);
+  CHECK(none > 0);
+  expect_masked_reference(host, seq, gpu);
 }
 
 }  // namespace
@@ -543,6 +593,25 @@ TEST_CASE("cuda backend, offload, sparse: partial selections equal the masked CP
   mean.offload = true;
   mean.near_pages = 6;
   compare_partial<cuda_offload_ops>(config(4, 1, /*tied=*/false), mean, 310, 83);
+}
+
+TEST_CASE("cuda backend, sparse: packed documents select per document (from the page of the tile's document start) "
+          "and equal the masked CPU reference, in place and offload") {
+  // Quest, GQA 2, tiles of 64, chunks of 128 (8 pages): documents from 40 (mid-page 2), 256 (a
+  // chunk boundary), 350 and 420; tiles with 6 candidates (partial), 3 (fewer than 4), none (their
+  // document starts in the chunk, or past it: page 26 of a past of 24).
+  chunk_options opt = sparse_options(128, 64, /*budget=*/2, oomb::score_kind::quest);
+  opt.window_pages = 2;
+  const std::vector<std::int32_t> starts{0, 40, 256, 350, 420};
+  compare_sparse_documents<cuda_ops>(config(4, 2, /*tied=*/true), opt, /*tokens=*/640, starts, 91);
+  opt.offload = true;
+  opt.near_pages = 8;
+  opt.window_pages = 0;
+  compare_sparse_documents<cuda_offload_ops>(config(4, 2, /*tied=*/true), opt, /*tokens=*/640, starts, 91);
+  // Mean-key, GQA 4, tiles of 32, chunks of 64 (4 pages): the second chunk's past of 4 pages is
+  // within budget + sink + local, so its tiles take [first, 4) without the GPU.
+  compare_sparse_documents<cuda_ops>(config(4, 1, /*tied=*/false), sparse_options(64, 32, 2, oomb::score_kind::mean),
+                                     /*tokens=*/400, {0, 21, 100, 130, 300}, 93);
 }
 
 namespace {

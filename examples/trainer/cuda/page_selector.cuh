@@ -7,7 +7,8 @@
 // pages need not be near (offload) for it; they grow with the context and the device must not.
 // Selection gathers the layer's past entries into a compact device store (read once over the bus,
 // then as often as scoring needs; it holds one layer's past), and runs per query tile with
-// oomb::select_tiles over it (tile-level query summaries, CUB top-k, sink and local pages always);
+// oomb::select_tiles over it (tile-level query summaries, CUB top-k, sink and local pages always;
+// with packed documents each tile's candidates start at its document's first page, tile_first);
 // the table is copied back to the host sparse_page_table the seam wants, with one
 // event wait per call: in stage 1 a layer's selection depends on its own queries, and the trainer
 // stores the host table for stage 2. No other call waits for the device. Its device work is the
@@ -126,27 +127,33 @@ class cuda_page_selector {
     ring_.release(t, stream_);
   }
 
-  /// The past pages (the first `past` of the layer's `ids`) each query tile of q [n][hq * d]
-  /// (device) attends, into the host table `out`. Waits for the device once, unless the budget
-  /// covers the whole past (then every tile takes every page, as the CPU does, without the GPU).
-  /// Per-document candidates (tile_first) are not in the GPU selection yet: refused, as the
-  /// attention refuses per-document bounds (cuda_ops.cuh).
+  /// The past pages (the first `past` of the layer's `ids`, from tile_first[t] on for tile t, or
+  /// from 0 when null: a host array, one entry per tile) each query tile of q [n][hq * d] (device)
+  /// attends, into the host table `out`. Waits for the device once, unless the budget covers the
+  /// whole past (then every tile takes every candidate, as the CPU does, without the GPU).
   void select(const T* q, std::int64_t n, oomb::id_span ids, std::int32_t past, const std::int32_t* tile_first,
               oomb::sparse_page_table& out) {
-    OOMB_EXPECTS(tile_first == nullptr, "cuda_page_selector: --packing documents needs per-document page selection, "
-                 "which the GPU selector does not take yet (issue 31); use --device cpu");
     OOMB_EXPECTS(n > 0 && past >= 0 && past <= static_cast<std::int64_t>(ids.size()), "cuda_page_selector::select: ",
                  n, " queries, past ", past, " of ", ids.size(), " pages");
-    out.clear();
     const auto tiles = static_cast<std::int32_t>((n + config_.tile_queries - 1) / config_.tile_queries);
+    if (tile_first != nullptr)
+      for (std::int32_t t = 0; t < tiles; ++t)
+        OOMB_EXPECTS(tile_first[t] >= 0, "cuda_page_selector::select: tile ", t, " has a negative first page ",
+                     tile_first[t]);
+    out.clear();
     if (past <= config_.pages.max_pages()) {
-      chosen_.resize(static_cast<std::size_t>(past));
-      for (std::int32_t i = 0; i < past; ++i) chosen_[static_cast<std::size_t>(i)] = i;
-      for (std::int32_t t = 0; t < tiles; ++t) out.add_tile(chosen_);
+      for (std::int32_t t = 0; t < tiles; ++t) {
+        const std::int32_t first = tile_first == nullptr ? 0 : std::min(tile_first[t], past);
+        chosen_.resize(static_cast<std::size_t>(past - first));
+        std::iota(chosen_.begin(), chosen_.end(), first);
+        out.add_tile(chosen_);
+      }
       return;
     }
     forget_pending();
     plan_for(tiles, past);
+    // Rows are at most per_tile long (shorter from a late first page): read back their capacity,
+    // so that one wait brings indptr and pages together.
     const std::int32_t per_tile = plan_.pages_per_tile(past);
     const auto entries = static_cast<std::size_t>(tiles) * static_cast<std::size_t>(per_tile);
     {
@@ -154,11 +161,17 @@ class cuda_page_selector {
       const auto t = ring_.upload(ids.data(), static_cast<std::size_t>(past), stream_);
       oomb::gather_page_summaries(summaries_, t.data, past, gathered_, stream_);  // entry i: logical page i
       ring_.release(t, stream_);
+      oomb::upload_ring::uploaded<std::int32_t> firsts{};
+      if (tile_first != nullptr) firsts = ring_.upload(tile_first, static_cast<std::size_t>(tiles), stream_);
       const oomb::tensor_view<const T, 3> queries(q, {n, hq_, d_}, {std::int64_t(hq_) * d_, d_, 1},
                                                   oomb::memory_kind::device);
-      oomb::select_tiles(plan_, gathered_.view(), queries, logical_.data(), past, indptr_.data(), pages_.data(),
-                         workspace_.data(), workspace_.size(), stream_);
+      oomb::select_tiles(plan_, gathered_.view(), queries, logical_.data(), past, firsts.data, indptr_.data(),
+                         pages_.data(), workspace_.data(), workspace_.size(), stream_);
+      if (tile_first != nullptr) ring_.release(firsts, stream_);
     }
+    OOMB_CUDA_CHECK(cudaMemcpyAsync(host_indptr_.get(), indptr_.data(), (std::size_t(tiles) + 1) * sizeof(std::int32_t),
+                                    cudaMemcpyDeviceToHost, stream_.get()),
+                    "cuda_page_selector: reading the selection's row offsets back");
     OOMB_CUDA_CHECK(cudaMemcpyAsync(host_pages_.get(), pages_.data(), entries * sizeof(std::int32_t),
                                     cudaMemcpyDeviceToHost, stream_.get()),
                     "cuda_page_selector: reading the selection back");
@@ -166,7 +179,8 @@ class cuda_page_selector {
     const auto waited = std::chrono::steady_clock::now();
     done_.wait();  // the one wait: stage 1 stores the selection on the host for stage 2
     wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - waited).count();
-    for (std::int32_t i = 0; i < tiles; ++i) out.add_tile(host_pages_.get() + std::size_t(i) * per_tile, per_tile);
+    const std::int32_t* indptr = host_indptr_.get();
+    for (std::int32_t i = 0; i < tiles; ++i) out.add_tile(host_pages_.get() + indptr[i], indptr[i + 1] - indptr[i]);
   }
 
   /// Seconds the host has been blocked in select()'s waits since construction.
@@ -206,6 +220,7 @@ class cuda_page_selector {
     indptr_.resize(static_cast<std::size_t>(plan_.max_tiles) + 1);
     const auto entries = static_cast<std::size_t>(std::max<std::int64_t>(plan_.max_entries(), 1));
     pages_.resize(entries);
+    host_indptr_ = oomb::make_pinned_staging<std::int32_t>(indptr_.size(), cudaHostAllocDefault, "cuda_page_selector");
     host_pages_ = oomb::make_pinned_staging<std::int32_t>(entries, cudaHostAllocDefault, "cuda_page_selector");
   }
 
@@ -224,7 +239,7 @@ class cuda_page_selector {
   oomb::tile_selection_plan plan_{};
   gpu::device_buffer<unsigned char> workspace_;
   gpu::device_buffer<std::int32_t> indptr_, pages_;
-  oomb::pinned_staging<std::int32_t> host_pages_;
+  oomb::pinned_staging<std::int32_t> host_indptr_, host_pages_;
   std::vector<std::int32_t> chosen_, forgotten_;
   double wait_seconds_ = 0;
 };

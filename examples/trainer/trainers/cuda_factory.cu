@@ -23,9 +23,6 @@ void require_cuda_device(const trainer_setup& s) {
   OOMB_EXPECTS(c.head_dim == 64 || c.head_dim == 128, "--device cuda: head_dim ", c.head_dim,
                " is not supported (the attention kernels take 64 and 128); use --device cpu");
   OOMB_EXPECTS(!s.full_backprop, "--device cuda: --full-backprop runs on the CPU only");
-  OOMB_EXPECTS(!s.documents || !s.chunk.sparse, "--device cuda: --packing documents with --sparse-budget needs "
-               "per-document page selection, which the GPU selector does not take yet; use dense attention on the GPU, "
-               "or --device cpu");
   if (s.chunk.sparse) check_gpu_sparse_tile(s.chunk.tile, c.num_attention_heads, c.num_key_value_heads);
 }
 

@@ -15,6 +15,13 @@
 // sink and local pages always, the `budget` best of the middle by the same ranking key (higher
 // score, then lower page index; NaN lowest), sorted by index.
 //
+// Candidates are tile_selector's: logical pages [0, past) for every tile, or per document (packed
+// sequences) [first_t, past) for tile t, from a device array of first pages: its sink pages from
+// first_t, its local pages up to past - 1, the budget over the middle, every candidate when there
+// are at most budget + sink + local. Pages below first_t never enter tile t's top-k (a page that
+// no tile of a scoring block has among its candidates is not read); rows then differ in length,
+// each starting after the rows before it.
+//
 // Everything is stream-ordered on one cuda_stream_view: no host synchronisation, no allocation.
 // plan_tile_selection() sizes the workspace for the largest call up front; select_tiles() only
 // launches kernels (and CUB's segmented radix sort) into it.
@@ -113,7 +120,8 @@ struct tile_selection_plan {
   std::int32_t q_heads = 0, kv_heads = 0, head_dim = 0;
   std::int32_t max_tiles = 0, max_past_pages = 0;
   std::int64_t max_scored = 0;  ///< middle pages per tile at most: max_past - sink - local
-  std::size_t query_summary_offset = 0, keys_offset = 0, sorted_offset = 0, segments_offset = 0, sort_offset = 0;
+  std::size_t query_summary_offset = 0, keys_offset = 0, sorted_offset = 0, segments_offset = 0,
+              segment_begins_offset = 0, sort_offset = 0;
   std::size_t sort_bytes = 0;
   std::size_t workspace_bytes = 0;  ///< device memory select_tiles() needs, 256-byte aligned
 
@@ -122,7 +130,8 @@ struct tile_selection_plan {
     const std::int64_t m = config.pages.max_pages();
     return static_cast<std::int32_t>(past_pages < m ? past_pages : m);
   }
-  /// Capacity tile_pages needs for the largest call: max_tiles * pages_per_tile(max_past_pages).
+  /// Capacity tile_pages needs for the largest call: max_tiles * pages_per_tile(max_past_pages)
+  /// (rows with first pages are no longer).
   std::int64_t max_entries() const noexcept { return std::int64_t(max_tiles) * pages_per_tile(max_past_pages); }
 };
 
@@ -165,8 +174,10 @@ inline tile_selection_plan plan_tile_selection(const tile_selection_config& conf
   at = align(at + std::size_t(keys) * sizeof(std::uint64_t));
   p.sorted_offset = at;
   at = align(at + std::size_t(keys) * sizeof(std::uint64_t));
-  p.segments_offset = at;
+  p.segments_offset = at;  // tile t's row of keys starts at segments[t], ends at segments[t + 1]
   at = align(at + (std::size_t(max_tiles) + 1) * sizeof(int));
+  p.segment_begins_offset = at;  // its sorted segment starts at its first page's key
+  at = align(at + std::size_t(max_tiles) * sizeof(int));
   p.sort_offset = at;
   at = align(at + p.sort_bytes);
   p.workspace_bytes = at;
@@ -174,7 +185,8 @@ inline tile_selection_plan plan_tile_selection(const tile_selection_config& conf
 }
 
 /// What select_tiles() wrote, known on the host without reading the device: `tiles` CSR rows of
-/// `pages_per_tile` pages each (tile_indptr[t] = t * pages_per_tile).
+/// `pages_per_tile` pages each (tile_indptr[t] = t * pages_per_tile); with first pages, of at most
+/// that many (tile t's: min(past - first_t, pages_per_tile), as tile_indptr says).
 struct tile_selection_result {
   std::int32_t tiles = 0;
   std::int32_t pages_per_tile = 0;
@@ -183,6 +195,29 @@ struct tile_selection_result {
 namespace detail {
 
 inline constexpr int tile_selection_threads = 128;
+
+/// Tile t's candidates [first, past) and the length of its CSR row: every candidate when there are
+/// at most max_pages (budget + sink + local), else max_pages.
+struct tile_candidates {
+  std::int32_t first, count, length;
+  bool all;
+};
+
+/// Tile t's candidates: from tile_first[t] (at most past; 0 when tile_first is null) to past.
+OOMB_HOST_DEVICE inline tile_candidates candidates_of(const std::int32_t* tile_first, std::int32_t t,
+                                                      std::int32_t past, std::int32_t max_pages) noexcept {
+  const std::int32_t first = tile_first == nullptr ? 0 : tile_first[t] < past ? tile_first[t] : past;
+  const std::int32_t count = past - first;
+  return {first, count, count <= max_pages ? count : max_pages, count <= max_pages};
+}
+
+/// Where tile t's scored keys start in its row (key j is logical page sink + j): at its first page,
+/// or at the row's end (none) when it takes every candidate unscored.
+OOMB_HOST_DEVICE inline std::int32_t scored_from(const std::int32_t* tile_first, std::int32_t t, std::int32_t past,
+                                                 std::int32_t max_pages, std::int32_t scored) noexcept {
+  const tile_candidates c = candidates_of(tile_first, t, past, max_pages);
+  return c.all ? scored : c.first;
+}
 
 OOMB_KERNEL_NAMESPACE_BEGIN
 
@@ -224,14 +259,18 @@ OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
 /// for the kTiles tiles kTiles * blockIdx.y, ... (their query summaries staged in shared memory),
 /// so each page summary is read once per kTiles tiles. Per (tile, KV head) it evaluates
 /// quest_box_bound / mean_key_score term for term in their order (lane d % 8, then
-/// tree_combine), so the scores are theirs bit for bit. Writes the ranking keys; block (0, 0)
-/// also writes the segment offsets.
+/// tree_combine), so the scores are theirs bit for bit. Writes the ranking keys (a page no tile of
+/// the block scores is not read); block (0, 0) also writes the segment offsets: rows of `scored`
+/// keys, tile t's segment from scored_from on, so keys of pages below its first page never enter
+/// its top-k.
 template <int kTiles>
 OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
     score_tile_pages_kernel(page_summary_view s, const std::int32_t* __restrict__ page_ids,
                             const float* __restrict__ q_lo, const float* __restrict__ q_hi, score_kind kind,
-                            std::int32_t tiles, std::int32_t sink, std::int32_t scored,
-                            std::uint64_t* __restrict__ keys, int* __restrict__ segments) {
+                            const std::int32_t* __restrict__ tile_first, std::int32_t tiles, std::int32_t past,
+                            std::int32_t max_pages, std::int32_t sink, std::int32_t scored,
+                            std::uint64_t* __restrict__ keys, int* __restrict__ segments,
+                            int* __restrict__ segment_begins) {
   extern __shared__ float tile_summary[];  // [kTiles][2][kv_heads][head_dim]
   const std::int32_t first = blockIdx.y * kTiles;
   const std::int32_t count = tiles - first < kTiles ? tiles - first : kTiles;
@@ -243,10 +282,15 @@ OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
     tile_summary[i] = r < row ? q_lo[at] : quest ? q_hi[at] : 0.0f;
   }
   if (blockIdx.x == 0 && blockIdx.y == 0)
-    for (std::int32_t t = threadIdx.x; t <= tiles; t += blockDim.x) segments[t] = t * scored;
+    for (std::int32_t t = threadIdx.x; t <= tiles; t += blockDim.x) {
+      segments[t] = t * scored;
+      if (t < tiles) segment_begins[t] = t * scored + scored_from(tile_first, t, past, max_pages, scored);
+    }
   __syncthreads();
   const std::int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= scored) return;
+  bool needed = false;
+  for (int t = 0; t < count; ++t) needed |= j >= scored_from(tile_first, first + t, past, max_pages, scored);
+  if (j >= scored || !needed) return;
   const std::int32_t logical = sink + j;
   const std::int32_t id = page_ids[logical];
   float best[kTiles];
@@ -281,38 +325,45 @@ OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
         best[t] = x > best[t] ? x : best[t];  // as tile_scorer: a NaN never replaces a number
       }
     }
+  // Every tile's key, also before its segment (neither sorted nor read): a test here costs ~20 registers.
   for (int t = 0; t < count; ++t) keys[std::int64_t(first + t) * scored + j] = page_rank_key(best[t], logical);
 }
 
 /// Block per tile: writes its CSR row (sink pages, the middle pages whose key reaches the
-/// budget-th largest, in index order, then local pages; or every page when none is scored) and
-/// its indptr entry.
+/// budget-th largest, in index order, then local pages; or every candidate when none is scored)
+/// after the rows of the tiles before it, and its indptr entry.
 template <int kThreads>
 OOMB_KERNEL void __launch_bounds__(kThreads)
     emit_tile_pages_kernel(const std::uint64_t* __restrict__ keys, const std::uint64_t* __restrict__ sorted,
-                           std::int32_t past, std::int32_t sink, std::int32_t local, std::int32_t budget,
-                           std::int32_t scored, bool all, std::int32_t* __restrict__ indptr,
-                           std::int32_t* __restrict__ pages) {
+                           const std::int32_t* __restrict__ tile_first, std::int32_t past, std::int32_t sink,
+                           std::int32_t local, std::int32_t budget, std::int32_t scored,
+                           std::int32_t* __restrict__ indptr, std::int32_t* __restrict__ pages) {
   using scan = cub::BlockScan<int, kThreads>;
   __shared__ typename scan::TempStorage scan_storage;
-  const std::int32_t tile = blockIdx.x;
-  const std::int32_t per_tile = all ? past : sink + budget + local;
-  std::int32_t* out = pages + std::int64_t(tile) * per_tile;
+  const std::int32_t tile = blockIdx.x, max_pages = sink + budget + local;
+  // The row's start: the earlier tiles' lengths summed (the scan's aggregate reaches every thread).
+  int earlier = 0, unused = 0, start = 0;
+  for (std::int32_t t = threadIdx.x; t < tile; t += kThreads) earlier += candidates_of(tile_first, t, past, max_pages).length;
+  scan(scan_storage).ExclusiveSum(earlier, unused, start);
+  __syncthreads();  // scan_storage is reused
+  const tile_candidates c = candidates_of(tile_first, tile, past, max_pages);
+  std::int32_t* out = pages + start;
   if (threadIdx.x == 0) {
-    indptr[tile + 1] = (tile + 1) * per_tile;
+    indptr[tile + 1] = start + c.length;
     if (tile == 0) indptr[0] = 0;
   }
-  if (all) {
-    for (std::int32_t i = threadIdx.x; i < past; i += kThreads) out[i] = i;
+  if (c.all) {
+    for (std::int32_t i = threadIdx.x; i < c.count; i += kThreads) out[i] = c.first + i;
     return;
   }
-  for (std::int32_t i = threadIdx.x; i < sink; i += kThreads) out[i] = i;
+  for (std::int32_t i = threadIdx.x; i < sink; i += kThreads) out[i] = c.first + i;
   for (std::int32_t i = threadIdx.x; i < local; i += kThreads) out[sink + budget + i] = past - local + i;
   if (budget == 0) return;
   const std::uint64_t* row = keys + std::int64_t(tile) * scored;
-  const std::uint64_t threshold = sorted[std::int64_t(tile) * scored + budget - 1];  // keys are distinct
+  // Keys are distinct; the segment starts at the first page's key.
+  const std::uint64_t threshold = sorted[std::int64_t(tile) * scored + c.first + budget - 1];
   int written = 0;
-  for (std::int32_t base = 0; base < scored; base += kThreads) {
+  for (std::int32_t base = c.first; base < scored; base += kThreads) {
     const std::int32_t j = base + std::int32_t(threadIdx.x);
     const int chosen = j < scored && row[j] >= threshold ? 1 : 0;
     int before = 0, total = 0;
@@ -329,20 +380,23 @@ OOMB_KERNEL_NAMESPACE_END
 
 /// Enqueues on `stream` the selection of every tile of `queries` ([n][q_heads][head_dim], device
 /// memory, bf16 or float, any strides; tile t holds queries [t * tile_queries, min(n, (t + 1) *
-/// tile_queries))), all with the causal past `past_pages` (candidates: logical pages
-/// [0, past_pages)), as tile_selector::select does with the scoring described at the top of this
-/// file. page_ids (device, past_pages entries) maps a logical page to its id in `summaries`
-/// (device memory). Writes tile_indptr (device, tiles + 1) and tile_pages (device, at least
-/// tiles * pages_per_tile entries): the page-sparse table the paged attention kernels take, and
-/// sparse_page_table's CSR layout. `workspace` is device memory of plan.workspace_bytes, 256-byte
-/// aligned, used by this call until it has run on the stream. Queries must be finite and page ids
-/// in range (neither is checked on the device). Throws invalid_argument (nothing enqueued) when
-/// the call exceeds the plan or shapes differ, cuda_error if a launch fails.
+/// tile_queries))), all with the causal past `past_pages`, tile t's candidates logical pages
+/// [min(tile_first_pages[t], past_pages), past_pages) (tile_first_pages: device, one non-negative
+/// entry per tile; null: 0 for every tile), as tile_selector::select does with the scoring
+/// described at the top of this file. page_ids (device, past_pages entries) maps a logical page to
+/// its id in `summaries` (device memory). Writes tile_indptr (device, tiles + 1) and tile_pages
+/// (device, at least tiles * pages_per_tile entries): the page-sparse table the paged attention
+/// kernels take, and sparse_page_table's CSR layout. `workspace` is device memory of
+/// plan.workspace_bytes, 256-byte aligned, used by this call until it has run on the stream.
+/// Queries must be finite, page ids in range and first pages non-negative (none is checked on the
+/// device). Throws invalid_argument (nothing enqueued) when the call exceeds the plan or shapes
+/// differ, cuda_error if a launch fails.
 template <class E>
 tile_selection_result select_tiles(const tile_selection_plan& plan, const page_summary_view& summaries,
                                    const tensor_view<E, 3>& queries, const std::int32_t* page_ids,
-                                   std::int32_t past_pages, std::int32_t* tile_indptr, std::int32_t* tile_pages,
-                                   void* workspace, std::size_t workspace_bytes, cuda_stream_view stream) {
+                                   std::int32_t past_pages, const std::int32_t* tile_first_pages,
+                                   std::int32_t* tile_indptr, std::int32_t* tile_pages, void* workspace,
+                                   std::size_t workspace_bytes, cuda_stream_view stream) {
   using element = std::remove_const_t<E>;
   const tile_selection_config& cfg = plan.config;
   const std::int64_t n = queries.extent(0);
@@ -372,7 +426,7 @@ tile_selection_result select_tiles(const tile_selection_plan& plan, const page_s
   auto* ws = static_cast<unsigned char*>(workspace);
   auto* keys = reinterpret_cast<std::uint64_t*>(ws + plan.keys_offset);
   auto* sorted = reinterpret_cast<std::uint64_t*>(ws + plan.sorted_offset);
-  if (!all && pc.budget > 0) {
+  if (!all && pc.budget > 0) {  // else no tile scores: every candidate, or sink and local only
     OOMB_EXPECTS(page_ids != nullptr && summaries.tokens != nullptr, "select_tiles: null page_ids or summaries");
     OOMB_EXPECTS(cfg.kind == score_kind::quest ? summaries.min != nullptr && summaries.max != nullptr
                                                : summaries.mean != nullptr,
@@ -388,36 +442,49 @@ tile_selection_result select_tiles(const tile_selection_plan& plan, const page_s
             plan.q_heads / plan.kv_heads, plan.head_dim, cfg.kind, q_lo, q_hi);
     OOMB_CUDA_CHECK_LAUNCH("select_tiles: summarising ", tiles, " query tiles");
     auto* segments = reinterpret_cast<int*>(ws + plan.segments_offset);
+    auto* begins = reinterpret_cast<int*>(ws + plan.segment_begins_offset);
     const unsigned blocks = static_cast<unsigned>((scored + detail::tile_selection_threads - 1) / detail::tile_selection_threads);
     // Eight tiles per block share each page read where their summaries fit 48 KiB of shared memory.
     const std::size_t per_tile = 2 * std::size_t(row) * sizeof(float);
     if (8 * per_tile <= 48 * 1024) {
       detail::score_tile_pages_kernel<8><<<dim3(blocks, unsigned(tiles + 7) / 8), detail::tile_selection_threads,
-                                           8 * per_tile, stream>>>(summaries, page_ids, q_lo, q_hi, cfg.kind, tiles,
-                                                                   pc.sink, scored, keys, segments);
+                                           8 * per_tile, stream>>>(summaries, page_ids, q_lo, q_hi, cfg.kind,
+                                                                   tile_first_pages, tiles, past_pages, pc.max_pages(),
+                                                                   pc.sink, scored, keys, segments, begins);
     } else {
       detail::score_tile_pages_kernel<1><<<dim3(blocks, unsigned(tiles)), detail::tile_selection_threads, per_tile,
-                                           stream>>>(summaries, page_ids, q_lo, q_hi, cfg.kind, tiles, pc.sink, scored,
-                                                     keys, segments);
+                                           stream>>>(summaries, page_ids, q_lo, q_hi, cfg.kind, tile_first_pages, tiles,
+                                                     past_pages, pc.max_pages(), pc.sink, scored, keys, segments,
+                                                     begins);
     }
     OOMB_CUDA_CHECK_LAUNCH("select_tiles: scoring ", scored, " pages for ", tiles, " tiles");
     std::size_t sort_bytes = 0;
     const int items = tiles * scored;
     OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(nullptr, sort_bytes, keys, sorted, items, tiles,
-                                                                     segments, segments + 1, 0, 64, stream.get()),
+                                                                     begins, segments + 1, 0, 64, stream.get()),
                     "select_tiles: sizing CUB's segmented sort");
     OOMB_EXPECTS(sort_bytes <= plan.sort_bytes, "select_tiles: CUB asks ", sort_bytes, " bytes for ", items,
                  " keys, more than the ", plan.sort_bytes, " planned for the largest call");
     OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(ws + plan.sort_offset, sort_bytes, keys, sorted,
-                                                                     items, tiles, segments, segments + 1, 0, 64,
+                                                                     items, tiles, begins, segments + 1, 0, 64,
                                                                      stream.get()),
                     "select_tiles: CUB's segmented sort of ", items, " keys");
   }
   constexpr int emit_threads = 256;
   detail::emit_tile_pages_kernel<emit_threads><<<tiles, emit_threads, 0, stream>>>(
-      keys, sorted, past_pages, pc.sink, pc.local, pc.budget, scored, all, tile_indptr, tile_pages);
+      keys, sorted, tile_first_pages, past_pages, pc.sink, pc.local, pc.budget, scored, tile_indptr, tile_pages);
   OOMB_CUDA_CHECK_LAUNCH("select_tiles: writing ", tiles, " tiles' pages");
   return {tiles, plan.pages_per_tile(past_pages)};
+}
+
+/// As above with every tile's candidates [0, past_pages): rows of pages_per_tile pages each.
+template <class E>
+tile_selection_result select_tiles(const tile_selection_plan& plan, const page_summary_view& summaries,
+                                   const tensor_view<E, 3>& queries, const std::int32_t* page_ids,
+                                   std::int32_t past_pages, std::int32_t* tile_indptr, std::int32_t* tile_pages,
+                                   void* workspace, std::size_t workspace_bytes, cuda_stream_view stream) {
+  return select_tiles(plan, summaries, queries, page_ids, past_pages, nullptr, tile_indptr, tile_pages, workspace,
+                      workspace_bytes, stream);
 }
 
 OOMB_NAMESPACE_END
