@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "model_util.hpp"
 #include "trainer/app/run.hpp"
 #include "trainer/io/config.hpp"
+#include "trainer/io/tokens.hpp"
 #include "trainer/trainers/cuda_factory.hpp"
 #include "training_test_util.hpp"
 
@@ -142,4 +144,45 @@ TEST_CASE("oomb-train --device cuda: the plan's GPU limit is cudaMemGetInfo's fr
                                                   oomb_trainer::cuda_trainer_factory()),
                        doctest::Contains("of GPU memory, 64.0 MiB available"), oomb::invalid_argument);
   CHECK_FALSE(fs::exists(never));
+}
+
+TEST_CASE("oomb-train --device cuda --packing documents: a version 2 file trains per document, in place as offload") {
+  temp_dir tmp("cuda-documents-run");
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
+  // 120 documents of 5 to 90 tokens, each a third prompt (mask 0) and the rest answer.
+  std::mt19937 rng(17);
+  std::vector<std::uint32_t> toks;
+  std::vector<std::uint64_t> starts;
+  std::vector<std::uint8_t> mask;
+  for (int d = 0; d < 120; ++d) {
+    starts.push_back(toks.size());
+    const std::uint32_t n = 5 + rng() % 86;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      toks.push_back(rng() % 300);
+      mask.push_back(i >= n / 3);
+    }
+  }
+  const std::string data = (tmp.path / "docs.tokens").string();
+  oomb_trainer::write_token_file(data, toks.data(), toks.size(), 300, starts, mask.data());
+  auto run = [&](const char* name, const char* packing, std::vector<std::string> extra) {
+    std::vector<std::string> a{"--config", config, "--data", data, "--packing", packing, "--seq-len", "256", "--chunk",
+                               "64", "--page", "16", "--steps", "3", "--lr", "1e-3", "--out", (tmp.path / name).string(),
+                               "--quiet", "--device", "cuda"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    oomb_trainer::training_run r(oomb_trainer::parse_train_options(a), {}, oomb_trainer::cuda_trainer_factory());
+    return losses_of(r);
+  };
+  const auto in_place = run("in-place", "documents", {});
+  const auto offload = run("offload", "documents", {"--offload", "--near-pages", "8"});
+  const auto stream = run("stream", "none", {});
+  for (std::size_t i = 0; i < in_place.size(); ++i) {
+    CAPTURE(i);
+    CHECK(std::isfinite(in_place[i]));
+    CHECK(std::abs(offload[i] - in_place[i]) <= 1e-3 * std::abs(in_place[i]));
+  }
+  // Per-document attention and positions: another loss than the same file read as one stream.
+  CHECK(std::abs(stream[0] - in_place[0]) > 1e-4 * std::abs(in_place[0]));
+  const auto log = log_lines(tmp.path / "in-place" / "log.jsonl");
+  REQUIRE(log.size() == 3);
+  CHECK(log[0].contains("padding_tokens"));
 }

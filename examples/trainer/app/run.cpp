@@ -19,7 +19,6 @@ trainer_setup setup_of(const train_options& o, const model_config& c) {
   trainer_setup s;
   s.config = c;
   s.full_backprop = o.full_backprop;
-  s.documents = o.packing == packing_kind::documents;
   s.max_tokens = o.seq_len;
   s.adam.weight_decay = o.weight_decay;
   s.adam.beta1 = o.adam_beta1;

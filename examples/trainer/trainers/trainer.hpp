@@ -35,7 +35,6 @@ struct trainer_setup {
   model_config config;
   chunk_options chunk;         ///< unused with full_backprop
   bool full_backprop = false;  ///< plain full-sequence backprop (the CPU's baseline)
-  bool documents = false;      ///< --packing documents: sequences carry documents (per-document attention)
   std::int64_t max_tokens = 0; ///< tokens of the longest sequence
   adamw_options adam;
   /// cuda: the tensors (layout order) whose optimizer state is on the GPU, the rest in pinned host
