@@ -500,6 +500,19 @@ int main(int argc, char** argv) {
   };
   const shape shapes[] = {{"28/4 d128", 28, 4, 128}, {"14/2 d64", 14, 2, 64}};
   const std::int32_t sq = 4096;
+  // A chunk of sq queries of shape s after `past` tokens, pages of 128.
+  auto config_of = [&](const shape& s, std::int64_t past) {
+    config c;
+    c.name = s.name;
+    c.sq = sq;
+    c.q_start = past;
+    c.hq = s.hq;
+    c.hkv = s.hkv;
+    c.d = s.d;
+    c.page = 128;
+    c.seed = 7;
+    return c;
+  };
   std::printf("forward kernels: %s (fwd columns: the public entry; 'mma.sync' = portable kernel forced)\n",
               forward_kernels == gpu::kernel_choice::portable ? "portable" : "automatic");
   std::printf("backward kernels: %s (bwd columns: the public entry; 'sm90 bwd' = Hopper backward forced)\n",
@@ -529,15 +542,7 @@ int main(int argc, char** argv) {
       for (std::int64_t past : pasts)
         for (std::int64_t length : doc_lengths) {
           if (head_dim != 0 && s.d != head_dim) continue;
-          config c;
-          c.name = s.name;
-          c.sq = sq;
-          c.q_start = past;
-          c.hq = s.hq;
-          c.hkv = s.hkv;
-          c.d = s.d;
-          c.page = 128;
-          c.seed = 7;
+          config c = config_of(s, past);
           c.documents = true;
           c.doc_starts = document_starts(past + sq, length, 11);
           const problem p(c, false);
@@ -571,15 +576,7 @@ int main(int argc, char** argv) {
   for (const auto& s : shapes)
     for (std::int64_t past : pasts) {
       if (head_dim != 0 && s.d != head_dim) continue;
-      config c;
-      c.name = s.name;
-      c.sq = sq;
-      c.q_start = past;
-      c.hq = s.hq;
-      c.hkv = s.hkv;
-      c.d = s.d;
-      c.page = 128;
-      c.seed = 7;
+      config c = config_of(s, past);
       const double flops_fwd = 4.0 * sq * double(past) * s.d * s.hq + 2.0 * sq * double(sq) * s.d * s.hq;
       const double flops_bwd = 2.5 * flops_fwd;
       const int r = reps;

@@ -1167,12 +1167,108 @@ TEST_CASE("attention: sanitize Hopper backward (tiny shapes, for compute-sanitiz
 
 namespace {
 
+/// Runs the kernels of one problem over a K/V pool whose page -1 is a NaN guard page (a kernel
+/// reading an id -1 poisons its outputs) and a gradient pool whose page -1 is a guard page that must
+/// stay bitwise (writing to a gradient id -1 is caught): forwards merged over the windows, backwards
+/// summed over them (outputs starting random), each checked against the CPU reference, and the
+/// gradient pages the reference leaves untouched checked bitwise.
+struct guarded_runs {
+  const problem& p;
+  const cpu_result& ref;
+  std::string name;
+  std::int64_t pair;
+  device_problem dp;
+  dev<bf16> pool;  // the guard page, then the problem's pool
+  dev<bf16> o_in;
+  dev<float> lse_in, delta;
+  bool merged;
+
+  guarded_runs(const problem& pr, const cpu_result& r, std::string n)
+      : p(pr), ref(r), name(std::move(n)), pair(pr.shape.pair_elements()), dp(pr), pool(guarded(pr)),
+        o_in(rounded(r.o_in)), lse_in(std::vector<float>(r.lse_in.begin(), r.lse_in.end())),
+        delta(std::size_t(pr.c.sq) * pr.c.hq), merged(pr.windows.size() > 1) {
+    gpu::backward_delta(p.c.sq, p.c.hq, p.c.d, o_in.p, dp.d_o.p, delta.p, nullptr);
+  }
+  static std::vector<bf16> guarded(const problem& pr) {
+    bf16 nan_bits;
+    const std::uint16_t nan16 = 0x7fc0;
+    std::memcpy(&nan_bits, &nan16, 2);
+    std::vector<bf16> v(static_cast<std::size_t>(pr.shape.pair_elements()), nan_bits);
+    v.insert(v.end(), pr.pool.begin(), pr.pool.end());
+    return v;
+  }
+  static std::vector<bf16> rounded(const std::vector<double>& o) {
+    std::vector<bf16> v(o.size());
+    for (std::size_t i = 0; i < o.size(); ++i) v[i] = bf16(float(o[i]));
+    return v;
+  }
+  /// The args of window w (-1: all pages) over the guarded pool.
+  gpu::attention_args args(int w) const {
+    auto a = dp.args(w);
+    a.kv.pool = oomb::page_pool_view<const bf16>::over(pool.p + pair, p.shape);
+    return a;
+  }
+  int w_begin() const { return merged ? 0 : -1; }
+  int w_end() const { return merged ? int(p.windows.size()) : 0; }
+
+  /// fwd(args, o, lse) per window into fp32 outputs, merged.
+  template <class F>
+  void forward(const std::string& kernel, F&& fwd) const {
+    const std::size_t qn = p.q.size(), ln = std::size_t(p.c.sq) * p.c.hq;
+    dev<float> o_acc(std::vector<float>(qn, 0.0f)), lse_acc(std::vector<float>(ln, -INFINITY)), o_w(qn), lse_w(ln);
+    for (int w = w_begin(); w < w_end(); ++w) {
+      o_w.fill_bytes(0xff);
+      lse_w.fill_bytes(0xff);
+      fwd(args(w), o_w.p, lse_w.p);
+      gpu::merge(p.c.sq, p.c.hq, p.c.d, o_acc.p, lse_acc.p, o_w.p, lse_w.p, nullptr);
+    }
+    sync();
+    check_forward(name + ", " + kernel + " forward]", to_double(o_acc.download()), lse_acc.download(), ref);
+  }
+
+  /// bwd(args, lse, delta, d_o, dq, dk, dv, grads) per window, summed.
+  template <class B>
+  void backward(const std::string& kernel, B&& bwd) const {
+    const auto& c = p.c;
+    const std::size_t qn = p.q.size(), kn = std::size_t(c.sq) * c.hkv * c.d;
+    const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * pair);
+    const auto dq0 = random_floats(qn, c.seed + 41), dk0 = random_floats(kn, c.seed + 42),
+               dv0 = random_floats(kn, c.seed + 43), g0 = random_floats(gn + std::size_t(pair), c.seed + 44);
+    dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);  // gp: the guard page, then the gradient pool
+    for (int w = w_begin(); w < w_end(); ++w)
+      bwd(args(w), lse_in.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p + pair, w));
+    sync();
+    gpu_result r;
+    r.o = ref.o;
+    r.lse.assign(ref.lse.begin(), ref.lse.end());
+    r.dq = minus(dq.download(), dq0);
+    r.dk_own = minus(dk.download(), dk0);
+    r.dv_own = minus(dv.download(), dv0);
+    const auto g1 = gp.download();
+    const bool guard_ok = std::memcmp(g1.data(), g0.data(), std::size_t(pair) * sizeof(float)) == 0;
+    const std::vector<float> g1p(g1.begin() + pair, g1.end()), g0p(g0.begin() + pair, g0.end());
+    r.dgrad = minus(g1p, g0p);
+    for (std::size_t i = 0; i < gn; ++i)
+      if (ref.dgrad[i] == 0.0 && std::memcmp(&g1p[i], &g0p[i], sizeof(float)) != 0) r.untouched_ok = false;
+    check_errors(name + ", " + kernel + " backward]", compare(r, ref), r.untouched_ok);
+    CHECK_MESSAGE(guard_ok, name << ", " << kernel << ": a gradient page id -1 was written");
+  }
+};
+
+/// Backward through the public entry with a sparse workspace (none needed: one int).
+template <class... Rest>
+void public_backward(const gpu::attention_args& a, Rest... rest) {
+  dev<std::int32_t> ws(static_cast<std::size_t>(std::max<std::int64_t>(1, attn_test::workspace_ints(a))));
+  attn_test::backward(a, rest..., nullptr, {ws.p, static_cast<std::int64_t>(ws.n)});
+  sync();
+}
+
 /// The trainer's sparse window tables (algo/paged_attention.hpp, plan_windows): a past page that no
 /// query tile selected lies inside a window's range with id -1 and grad id -1, and its K/V are not
 /// in memory. Here every byte the kernels must not read is NaN: the unselected pages' old memory,
-/// the spare ids, and one page pair just before the pool (where id -1 points); the unselected
-/// entries name a spare gradient page, which must stay bitwise unchanged (as must every unselected
-/// page's).
+/// the spare ids and the guard page id -1 points at (guarded_runs); a gradient written through an
+/// entry -1 lands in the gradient guard page, which must stay bitwise (as must every unselected
+/// page's own gradient page).
 void check_unselected_pages_unread(const config& c, double keep) {
   problem p(c);
   // A fresh selection that leaves every third past page unselected by all tiles (the generator's
@@ -1198,109 +1294,41 @@ void check_unselected_pages_unread(const config& c, double keep) {
   REQUIRE(unselected < past);
   const cpu_result ref = run_cpu(p);  // the ids still valid: unselected pages contribute nothing
 
+  // The unselected pages as the trainer lists them: id -1, and their memory NaN.
   bf16 nan_bits;
   const std::uint16_t nan16 = 0x7fc0;
   std::memcpy(&nan_bits, &nan16, 2);
   std::vector<char> live(static_cast<std::size_t>(p.n_ids), 0);
   for (std::int32_t pg = 0; pg < p.npages; ++pg) {
     const std::int32_t id = p.seq_ids[static_cast<std::size_t>(pg)];
-    if (needed[static_cast<std::size_t>(pg)]) {
+    if (needed[static_cast<std::size_t>(pg)])
       live[static_cast<std::size_t>(id)] = 1;
-    } else {
-      p.grad_id[static_cast<std::size_t>(id)] = -1;
+    else
       p.seq_ids[static_cast<std::size_t>(pg)] = -1;
-    }
   }
   const std::int64_t pair = p.shape.pair_elements();
   for (std::int32_t id = 0; id < p.n_ids; ++id)
-    if (!live[static_cast<std::size_t>(id)])
-      std::fill_n(p.pool.begin() + id * pair, pair, nan_bits);
-  std::vector<bf16> guarded_pool(static_cast<std::size_t>(pair), nan_bits);
-  guarded_pool.insert(guarded_pool.end(), p.pool.begin(), p.pool.end());
-  std::vector<char> grad_used(static_cast<std::size_t>(p.n_grad), 0);
-  for (std::int32_t g : p.grad_id)
-    if (g >= 0) grad_used[static_cast<std::size_t>(g)] = 1;
-  const auto spare = std::find(grad_used.begin(), grad_used.end(), 0) - grad_used.begin();
-  // Per window, each entry's gradient page with the unselected ones pointing at the spare.
-  std::vector<std::unique_ptr<dev<std::int32_t>>> guarded_grads;
-  for (int w = 0; w <= int(p.windows.size()); ++w) {
-    auto g = p.entry_grads(w < int(p.windows.size()) ? p.windows[static_cast<std::size_t>(w)] : window_range{0, p.npages});
-    for (auto& e : g)
-      if (e < 0) e = static_cast<std::int32_t>(spare);
-    guarded_grads.push_back(std::make_unique<dev<std::int32_t>>(g));
-  }
+    if (!live[static_cast<std::size_t>(id)]) std::fill_n(p.pool.begin() + id * pair, pair, nan_bits);
+  const guarded_runs run(p, ref,
+                         c.name + " [" + std::to_string(unselected) + " of " + std::to_string(past) +
+                             " past pages unselected, " + std::to_string(p.windows.size()) + " windows");
 
-  device_problem dp(p);
-  dev<bf16> gpool(guarded_pool);
-  auto args = [&](int w) {
-    auto a = dp.args(w);
-    a.kv.pool = oomb::page_pool_view<const bf16>::over(gpool.p + pair, p.shape);
-    return a;
-  };
-  const bool merged = p.windows.size() > 1;
-  const std::string name = c.name + " [" + std::to_string(unselected) + " of " + std::to_string(past) +
-                           " past pages unselected, " + std::to_string(p.windows.size()) + " windows";
-
-  // Forward through the public entry, windows merged.
-  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
-  dev<float> o_acc(std::vector<float>(qn, 0.0f)), lse_acc(std::vector<float>(ln, -INFINITY)), o_w(qn), lse_w(ln);
-  for (int w = merged ? 0 : -1; w < (merged ? int(p.windows.size()) : 0); ++w) {
-    o_w.fill_bytes(0xff);
-    lse_w.fill_bytes(0xff);
-    attn_test::forward(args(w), o_w.p, lse_w.p, nullptr);
-    gpu::merge(c.sq, c.hq, c.d, o_acc.p, lse_acc.p, o_w.p, lse_w.p, nullptr);
-  }
-  sync();
-  check_forward(name + ", forward]", to_double(o_acc.download()), lse_acc.download(), ref);
-
-  // Backward through the given launcher, outputs starting random; returns what was added.
-  std::vector<bf16> o_in(qn);
-  for (std::size_t i = 0; i < qn; ++i) o_in[i] = bf16(float(ref.o_in[i]));
-  dev<bf16> o_dev(o_in);
-  dev<float> lse_dev(std::vector<float>(ref.lse_in.begin(), ref.lse_in.end())), delta(ln);
-  gpu::backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
-  const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * pair);
-  auto backward = [&](const std::string& kernel, auto&& bwd) {
-    const auto dq0 = random_floats(qn, c.seed + 31), dk0 = random_floats(kn, c.seed + 32),
-               dv0 = random_floats(kn, c.seed + 33), g0 = random_floats(gn, c.seed + 34);
-    dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);
-    for (int w = merged ? 0 : -1; w < (merged ? int(p.windows.size()) : 0); ++w) {
-      auto grads = dp.grads(gp.p, w);
-      grads.grad_page = guarded_grads[w < 0 ? p.windows.size() : static_cast<std::size_t>(w)]->p;
-      bwd(args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads);
-    }
-    sync();
-    gpu_result r;
-    r.o = ref.o;
-    r.lse.assign(ref.lse.begin(), ref.lse.end());
-    r.dq = minus(dq.download(), dq0);
-    r.dk_own = minus(dk.download(), dk0);
-    r.dv_own = minus(dv.download(), dv0);
-    const auto g1 = gp.download();
-    r.dgrad = minus(g1, g0);
-    for (std::size_t i = 0; i < gn; ++i)
-      if (ref.dgrad[i] == 0.0 && std::memcmp(&g1[i], &g0[i], sizeof(float)) != 0) r.untouched_ok = false;
-    check_errors(name + ", " + kernel + " backward]", compare(r, ref), r.untouched_ok);
-  };
-  backward("portable", [&](const gpu::attention_args& a, auto... rest) {
+  run.forward("public", [&](const gpu::attention_args& a, float* o, float* l) { attn_test::forward(a, o, l, nullptr); });
+  run.backward("portable", [&](const gpu::attention_args& a, auto... rest) {
     if (c.d == 128)
       attn_test::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr);
     else
       attn_test::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr);
   });
   if (hopper_device() && c.page >= 128) {
-    backward("sm90", [&](const gpu::attention_args& a, auto... rest) {
+    run.backward("sm90", [&](const gpu::attention_args& a, auto... rest) {
       if (c.d == 128)
         attn_test::launch_backward_sm90<gpu::backward_sm90_config<128>::type>(a, rest..., nullptr, 0);
       else
         attn_test::launch_backward_sm90<gpu::backward_sm90_config<64>::type>(a, rest..., nullptr, 0);
     });
     // the trainer's call: the public entry with a workspace, past blocks by selection count (hs2)
-    backward("public with workspace", [&](const gpu::attention_args& a, auto... rest) {
-      dev<std::int32_t> ws(static_cast<std::size_t>(attn_test::workspace_ints(a)));
-      attn_test::backward(a, rest..., nullptr, {ws.p, static_cast<std::int64_t>(ws.n)});
-      sync();
-    });
+    run.backward("public with workspace", [&](const gpu::attention_args& a, auto... rest) { public_backward(a, rest...); });
   }
 }
 
@@ -1337,42 +1365,14 @@ std::unique_ptr<problem> documents_problem(const config& c, bool holes) {
 void check_documents(const problem& p, const cpu_result& ref) {
   const config& c = p.c;
   const auto dropped = std::count(p.seq_ids.begin(), p.seq_ids.end(), -1);
-  const bool holes = dropped > 0;
-
-  const std::int64_t pair = p.shape.pair_elements();
-  bf16 nan_bits;
-  const std::uint16_t nan16 = 0x7fc0;
-  std::memcpy(&nan_bits, &nan16, 2);
-  std::vector<bf16> guarded_pool(static_cast<std::size_t>(pair), nan_bits);
-  guarded_pool.insert(guarded_pool.end(), p.pool.begin(), p.pool.end());
-  device_problem dp(p);
-  dev<bf16> gpool(guarded_pool);
-  auto args = [&](int w) {
-    auto a = dp.args(w);
-    a.kv.pool = oomb::page_pool_view<const bf16>::over(gpool.p + pair, p.shape);
-    return a;
-  };
-  const bool merged = p.windows.size() > 1;
-  const int w_begin = merged ? 0 : -1, w_end = merged ? int(p.windows.size()) : 0;
   std::string name = c.name + " [" + std::to_string(c.doc_starts.size() + 1) + " documents";
-  if (holes) name += ", " + std::to_string(dropped) + " pages below every bound id -1";
-  if (merged) name += ", " + std::to_string(p.windows.size()) + " windows";
+  if (dropped > 0) name += ", " + std::to_string(dropped) + " pages below every bound id -1";
+  if (p.windows.size() > 1) name += ", " + std::to_string(p.windows.size()) + " windows";
+  const guarded_runs run(p, ref, name);
 
-  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
-  auto forward = [&](const std::string& kernel, auto&& fwd) {
-    dev<float> o_acc(std::vector<float>(qn, 0.0f)), lse_acc(std::vector<float>(ln, -INFINITY)), o_w(qn), lse_w(ln);
-    for (int w = w_begin; w < w_end; ++w) {
-      o_w.fill_bytes(0xff);
-      lse_w.fill_bytes(0xff);
-      fwd(args(w), o_w.p, lse_w.p);
-      gpu::merge(c.sq, c.hq, c.d, o_acc.p, lse_acc.p, o_w.p, lse_w.p, nullptr);
-    }
-    sync();
-    check_forward(name + ", " + kernel + " forward]", to_double(o_acc.download()), lse_acc.download(), ref);
-  };
-  forward("public", [&](const gpu::attention_args& a, float* o, float* l) { attn_test::forward(a, o, l, nullptr); });
+  run.forward("public", [&](const gpu::attention_args& a, float* o, float* l) { attn_test::forward(a, o, l, nullptr); });
   for (int split = 1; split <= 4; ++split)
-    forward("portable split " + std::to_string(split), [&](const gpu::attention_args& a, float* o, float* l) {
+    run.forward("portable split " + std::to_string(split), [&](const gpu::attention_args& a, float* o, float* l) {
       if (c.d == 128)
         attn_test::launch_forward<gpu::forward_config<128>::type>(a, o, l, nullptr, split);
       else
@@ -1381,60 +1381,26 @@ void check_documents(const problem& p, const cpu_result& ref) {
   const bool sm90 = hopper_device() && c.page >= 128;
   if (sm90)
     for (int split = 1; split <= 3; ++split)
-      forward("sm90 split " + std::to_string(split), [&](const gpu::attention_args& a, float* o, float* l) {
+      run.forward("sm90 split " + std::to_string(split), [&](const gpu::attention_args& a, float* o, float* l) {
         if (c.d == 128)
           attn_test::launch_forward_sm90<gpu::forward_sm90_config<128>::type>(a, o, l, nullptr, split);
         else
           attn_test::launch_forward_sm90<gpu::forward_sm90_config<64>::type>(a, o, l, nullptr, split);
       });
 
-  std::vector<bf16> o_in(qn);
-  for (std::size_t i = 0; i < qn; ++i) o_in[i] = bf16(float(ref.o_in[i]));
-  dev<bf16> o_dev(o_in);
-  dev<float> lse_dev(std::vector<float>(ref.lse_in.begin(), ref.lse_in.end())), delta(ln);
-  gpu::backward_delta(c.sq, c.hq, c.d, o_dev.p, dp.d_o.p, delta.p, nullptr);
-  const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * pair);
-  auto backward = [&](const std::string& kernel, auto&& bwd) {
-    const auto dq0 = random_floats(qn, c.seed + 41), dk0 = random_floats(kn, c.seed + 42),
-               dv0 = random_floats(kn, c.seed + 43), g0 = random_floats(gn + std::size_t(pair), c.seed + 44);
-    dev<float> dq(dq0), dk(dk0), dv(dv0), gp(g0);  // gp: the guard page, then the gradient pool
-    for (int w = w_begin; w < w_end; ++w) {
-      auto grads = dp.grads(gp.p + pair, w);
-      bwd(args(w), lse_dev.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads);
-    }
-    sync();
-    gpu_result r;
-    r.o = ref.o;
-    r.lse.assign(ref.lse.begin(), ref.lse.end());
-    r.dq = minus(dq.download(), dq0);
-    r.dk_own = minus(dk.download(), dk0);
-    r.dv_own = minus(dv.download(), dv0);
-    const auto g1 = gp.download();
-    const bool guard_ok = std::memcmp(g1.data(), g0.data(), std::size_t(pair) * sizeof(float)) == 0;
-    const std::vector<float> g1p(g1.begin() + pair, g1.end()), g0p(g0.begin() + pair, g0.end());
-    r.dgrad = minus(g1p, g0p);
-    for (std::size_t i = 0; i < gn; ++i)
-      if (ref.dgrad[i] == 0.0 && std::memcmp(&g1p[i], &g0p[i], sizeof(float)) != 0) r.untouched_ok = false;
-    check_errors(name + ", " + kernel + " backward]", compare(r, ref), r.untouched_ok);
-    CHECK_MESSAGE(guard_ok, name << ", " << kernel << ": a gradient page id -1 was written");
-  };
-  backward("public", [&](const gpu::attention_args& a, auto... rest) {
-    dev<std::int32_t> ws(static_cast<std::size_t>(std::max<std::int64_t>(1, attn_test::workspace_ints(a))));
-    attn_test::backward(a, rest..., nullptr, {ws.p, static_cast<std::int64_t>(ws.n)});
-    sync();
-  });
+  run.backward("public", [&](const gpu::attention_args& a, auto... rest) { public_backward(a, rest...); });
   for (int split = 1; split <= 2; ++split)
-    backward("portable qsplit " + std::to_string(split) + (split == 2 ? " stagger" : ""),
-             [&](const gpu::attention_args& a, auto... rest) {
-               if (c.d == 128)
-                 attn_test::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr, split, split);
-               else
-                 attn_test::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr, split, split);
-             });
+    run.backward("portable qsplit " + std::to_string(split) + (split == 2 ? " stagger" : ""),
+                 [&](const gpu::attention_args& a, auto... rest) {
+                   if (c.d == 128)
+                     attn_test::launch_backward<gpu::backward_config<128>::type>(a, rest..., nullptr, split, split);
+                   else
+                     attn_test::launch_backward<gpu::backward_config<64>::type>(a, rest..., nullptr, split, split);
+                 });
   if (!sm90) return;
   auto sm90_backward = [&](const std::string& what, auto cfg, int split, int order, bool workspace) {
     using Cfg = decltype(cfg);
-    backward(what, [&](const gpu::attention_args& a, auto... rest) {
+    run.backward(what, [&](const gpu::attention_args& a, auto... rest) {
       if (!workspace) {
         attn_test::launch_backward_sm90<Cfg>(a, rest..., nullptr, split, order);
         return;
