@@ -215,6 +215,7 @@ ref_args<T> base_args(const oomb_attention_args& a) {
   r.hkv = a.hkv;
   r.d = a.d;
   r.scale = static_cast<T>(a.scale);
+  r.key_lower = a.key_lower;  // every window of the call: the reference checks the bounds
   return r;
 }
 

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define OOMB_C_ABI_VERSION 2
+#define OOMB_C_ABI_VERSION 3
 
 /* The library is built with hidden visibility: only what carries OOMB_C_API is exported. */
 #if defined(_WIN32)
@@ -162,6 +162,9 @@ typedef struct {
   const int32_t* tile_indptr;
   const int32_t* tile_pages;
   int32_t tile;
+  /* Packed documents (v3): query i attends only keys at positions >= key_lower[i], the start of
+   * its document (int64 [sq], non-decreasing, at most q_start + i); NULL = one document. */
+  const int64_t* key_lower;
 } oomb_attention_args;
 
 /* o [sq][hq][d], lse [hq][sq] (natural log). */

@@ -78,6 +78,7 @@ att::attention_args translate(const oomb_cuda_attention_args* c) {
     a.tile_pages = c->tile_pages;
     a.tile = c->tile;
   }
+  a.key_lower = c->key_lower;
   return a;
 }
 

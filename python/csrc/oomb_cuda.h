@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define OOMB_CUDA_ABI_VERSION 1
+#define OOMB_CUDA_ABI_VERSION 2
 
 OOMB_C_API int32_t oomb_cuda_abi_version(void);
 OOMB_C_API const char* oomb_cuda_last_error(void);
@@ -52,6 +52,9 @@ typedef struct {
   const int32_t* tile_pages;
   int32_t tile;
   int32_t portable; /* nonzero: the portable kernels even on Hopper (tests compare the two) */
+  /* Packed documents (v2): device int64 [sq], query i attends only keys at positions >=
+   * key_lower[i] (non-decreasing, at most q_start + i; not checked on the device); NULL = one document. */
+  const int64_t* key_lower;
 } oomb_cuda_attention_args;
 
 /* o bf16 [sq][hq][d], lse fp32 [hq][sq] (natural log). */

@@ -30,9 +30,10 @@ def random_pages(pool_pages, page, hkv, d, gen):
     return pool
 
 
+@pytest.mark.parametrize("documents", [False, True], ids=["one-document", "packed"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 @pytest.mark.parametrize("d,hq,hkv", [(64, 14, 2), (128, 28, 4), (128, 8, 8)], ids=["d64g7", "d128g7", "d128g1"])
-def test_attention_op_matches_the_cpu_reference(d, hq, hkv, sparse):
+def test_attention_op_matches_the_cpu_reference(d, hq, hkv, sparse, documents):
     # 5 past pages scattered in a pool of 12 whose other pages are NaN (never read), a chunk of 200
     # queries (two pages, the last one partial) at q_start 640: fresh random bf16 data.
     gen = torch.Generator().manual_seed(d * 100 + hq + sparse)
@@ -52,6 +53,11 @@ def test_attention_op_matches_the_cpu_reference(d, hq, hkv, sparse):
         ti = torch.tensor([0, 3, 5], dtype=torch.int32)
         tp = torch.cat(picks)
     scale = 1 / math.sqrt(d)
+    # Packed documents: starting mid-page in the past (300) and mid-chunk (queries 60 and 130).
+    kl = None
+    if documents:
+        pos = torch.arange(q_start, q_start + sq)
+        kl = torch.where(pos >= 770, 770, torch.where(pos >= 700, 700, 300)).to(torch.int64)
     # Gradient pages: KV id i -> gradient page grad_ids[i]; they start random (the op ADDS into them).
     grad_ids = torch.randperm(12, generator=gen).to(torch.int32)
     start = torch.randn((12, 2, page, hkv, d), generator=gen)
@@ -61,17 +67,18 @@ def test_attention_op_matches_the_cpu_reference(d, hq, hkv, sparse):
     ops.write_pages(gpu_pool, k.to(DEV), v.to(DEV), own_ids)  # the kernels read the chunk through its pages
     args = (q.to(DEV), k.to(DEV), v.to(DEV), gpu_pool, past_ids)
     sel = (None if ti is None else ti.to(DEV), None if tp is None else tp.to(DEV))
-    o, lse = ops.attention(*args, None, None, q_start, scale, *sel, 128, own_ids)
+    kl_dev = None if kl is None else kl.to(DEV)
+    o, lse = ops.attention(*args, None, None, q_start, scale, *sel, 128, own_ids, kl_dev)
     dq, dk, dv = ops.attention_backward(d_o.to(DEV), *args[:3], o, lse, gpu_pool, past_ids, gpool, grad_ids, q_start,
-                                        scale, *sel, 128, own_ids)
+                                        scale, *sel, 128, own_ids, kl_dev)
     torch.cuda.synchronize()
 
     # The reference: the same bf16 values in float64 on the CPU.
     pool64, q64, k64, v64 = pool.double(), q.double(), k.double(), v.double()
-    o64, lse64 = ops.attention(q64, k64, v64, pool64, past_ids, None, None, q_start, scale, ti, tp, 128)
+    o64, lse64 = ops.attention(q64, k64, v64, pool64, past_ids, None, None, q_start, scale, ti, tp, 128, None, kl)
     g64 = torch.zeros((12, 2, page, hkv, d), dtype=torch.float64)
     dq64, dk64, dv64 = ops.attention_backward(d_o.double(), q64, k64, v64, o64, lse64, pool64, past_ids, g64,
-                                              grad_ids, q_start, scale, ti, tp, 128)
+                                              grad_ids, q_start, scale, ti, tp, 128, None, kl)
     assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
     errors = {"o": rel(o.cpu(), o64), "dq": rel(dq.cpu(), dq64), "dk": rel(dk.cpu(), dk64), "dv": rel(dv.cpu(), dv64)}
     lse_err = float((lse.cpu().double() - lse64).abs().max())
@@ -80,10 +87,12 @@ def test_attention_op_matches_the_cpu_reference(d, hq, hkv, sparse):
     errors["dpast"] = rel(added, g64[touched])
     untouched = torch.ones(12, dtype=torch.bool)
     untouched[touched] = False
-    print(f"d{d} {hq}/{hkv} {'sparse' if sparse else 'dense'}: {errors}, lse {lse_err:.1e}")
+    print(f"d{d} {hq}/{hkv} {'sparse' if sparse else 'dense'}{' packed' if documents else ''}: {errors}, "
+          f"lse {lse_err:.1e}")
     if os.environ.get("OOMB_TEST_OUT"):
         with open(os.path.join(os.environ["OOMB_TEST_OUT"], "op_accuracy.jsonl"), "a") as f:
-            f.write(json.dumps({"d": d, "hq": hq, "hkv": hkv, "sparse": sparse, "lse_abs": lse_err, **errors}) + "\n")
+            f.write(json.dumps({"d": d, "hq": hq, "hkv": hkv, "sparse": sparse, "documents": documents,
+                                "lse_abs": lse_err, **errors}) + "\n")
     # bf16 outputs (o, dq, dk, dv: 8 bits of mantissa) and fp32 accumulation: relative errors of a
     # few bf16 ulps; the fp32 gradient pages and lse closer.
     assert errors["o"] <= 8e-3 and lse_err <= 1e-3
@@ -147,6 +156,33 @@ def test_driver_bf16_is_as_close_to_fp64_as_hf_bf16_training(family, keep, ids_o
     assert summary["median_ratio"] <= 1.05, summary
     assert summary["max_ratio"] <= 1.5, summary
     assert cr.memory()["kv_in_use"] == 0 and cr.memory()["grad_in_use"] == 0
+
+
+def test_driver_bf16_packed_documents_as_close_as_one_stream(ids_of):
+    # 1000 tokens of four documents (starting mid-page at 300 and 690, on a chunk boundary at 512,
+    # mid-chunk at 850), chunks of 256, pages of 128: the bf16 GPU driver's gradients against the
+    # fp64 CPU driver's of the same packed row (equal to each document trained alone,
+    # test_documents.py), as close as the same comparison of the row as one stream.
+    model64 = make_model("qwen2", **tiny("qwen2"))
+    ids = ids_of(1000)
+    starts = [0, 300, 512, 690, 850]
+    pos = torch.cat([torch.arange(b - a) for a, b in zip(starts, starts[1:] + [1000])])[None]
+    labels = ids.clone()
+    labels[0, starts] = -100
+    errors = {}
+    for name, position_ids in (("packed", pos), ("stream", None)):
+        model64.zero_grad(set_to_none=True)
+        ChunkRecurrent(model64, chunk=256, page=128, max_tokens=1024).forward_backward(
+            ids, labels=labels, position_ids=position_ids)
+        want = {n: p.grad.clone() for n, p in model64.named_parameters()}
+        model = make_model("qwen2", **tiny("qwen2")).to(DEV, torch.bfloat16)  # the same weights, rounded
+        cr = ChunkRecurrent(model, chunk=256, page=128, max_tokens=1024)
+        cr.forward_backward(ids.to(DEV), labels=labels.to(DEV),
+                            position_ids=None if position_ids is None else position_ids.to(DEV))
+        errors[name] = statistics.median(rel(p.grad.cpu(), want[n]) for n, p in model.named_parameters())
+        assert cr.memory()["kv_in_use"] == 0
+    print(json.dumps(errors))
+    assert errors["packed"] <= 1.5 * errors["stream"] + 1e-3, errors
 
 
 def test_pools_come_from_torchs_allocator():

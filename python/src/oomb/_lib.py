@@ -10,8 +10,8 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 2
-CUDA_ABI_VERSION = 1
+ABI_VERSION = 3
+CUDA_ABI_VERSION = 2
 DTYPE_F32 = 0
 DTYPE_F64 = 1
 DTYPE_BF16 = 2
@@ -96,6 +96,7 @@ class AttentionArgs(ctypes.Structure):
         ("tile_indptr", c_p),
         ("tile_pages", c_p),
         ("tile", c_i32),
+        ("key_lower", c_p),
     ]
 
 
@@ -118,6 +119,7 @@ class CudaAttentionArgs(ctypes.Structure):
         ("tile_pages", c_p),
         ("tile", c_i32),
         ("portable", c_i32),
+        ("key_lower", c_p),
     ]
 
 

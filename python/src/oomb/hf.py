@@ -34,7 +34,9 @@ class ChunkRecurrentTrainer(transformers.Trainer):
     its pages, sized for ``max_tokens``) is made once, here, and kept as ``self.chunk_recurrent``.
 
     Batches are dicts with ``input_ids`` and optionally ``labels`` (HF's convention: unshifted,
-    -100 for no target), ``attention_mask`` (all ones: padding is refused) and ``loss_mask``.
+    -100 for no target), ``attention_mask`` (all ones: padding is refused), ``loss_mask`` and
+    ``position_ids`` (packed documents, as ``DataCollatorWithFlattening`` makes them: each document
+    attends only itself, at its own positions).
     Rows of a batch run one after another (one row's pages at a time).
     Not supported: several GPUs through ``n_gpu > 1`` (``DataParallel``), DeepSpeed, FSDP,
     Trainer's context parallelism; a custom ``compute_loss_func`` (the driver's loss is HF's
@@ -76,5 +78,6 @@ class ChunkRecurrentTrainer(transformers.Trainer):
         else:
             scale = 1.0 / self.current_gradient_accumulation_steps
         loss = self.chunk_recurrent.forward_backward(ids, labels=labels, loss_mask=loss_mask,
-                                                     attention_mask=inputs.get("attention_mask"), scale=scale)
+                                                     attention_mask=inputs.get("attention_mask"), scale=scale,
+                                                     position_ids=inputs.get("position_ids"))
         return (loss * scale).detach().to(self.args.device)

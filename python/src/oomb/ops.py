@@ -14,6 +14,9 @@ tile_pages, tile, own_ids=None) -> (o, lse)``
     they are required: the kernels read the chunk's own keys through its pages, so the caller writes
     ``k``, ``v`` there first (``write_pages``; the op stays functional, as autograd needs, and does not
     check the pages' contents). The CPU path reads ``k``, ``v`` themselves and ignores them.
+    ``key_lower`` (int64 [sq], optional): packed documents; query i attends only keys at positions
+    ``>= key_lower[i]``, the start of its document (non-decreasing, at most ``q_start + i``):
+    block-diagonal causal attention. Every attention op below takes it last.
 ``oomb::attention_backward(...) -> (dq, dk, dv)``, mutates ``grad_pool``: that backward as an op.
 ``oomb::attention_kept(q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale,
 tile_indptr, tile_pages, tile, own_ids=None) -> o``: ``oomb::attention`` whose forward was already
@@ -61,7 +64,8 @@ def _ptr(t: Optional[Tensor]) -> Optional[int]:
 
 
 def _check_common(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, past_ids: Tensor, q_start: int,
-                  tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], own_ids: Optional[Tensor] = None):
+                  tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], own_ids: Optional[Tensor] = None,
+                  key_lower: Optional[Tensor] = None):
     if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape:
         raise ValueError(f"oomb.attention: q must be [sq, hq, d] and k, v [sq, hkv, d]; got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -103,10 +107,15 @@ def _check_common(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, past_ids: Te
     if own_ids is not None and (own_ids.dtype != torch.int32 or own_ids.dim() != 1 or own_ids.numel() != own):
         raise ValueError(f"oomb.attention: own_ids must be int32 [{own}] (one id per page of the chunk), got "
                          f"{own_ids.dtype} {tuple(own_ids.shape)}")
+    if key_lower is not None and (key_lower.dtype != torch.int64 or key_lower.dim() != 1 or key_lower.numel() != sq):
+        raise ValueError(f"oomb.attention: key_lower must be int64 [{sq}] (one bound per query), got "
+                         f"{key_lower.dtype} {tuple(key_lower.shape)}")
 
 
 def _args(q: Tensor, kv_own: Tensor, kv_pool: Tensor, past_ids: Tensor, q_start: int, scale: float,
-          tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], tile: int) -> _lib.AttentionArgs:
+          tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], tile: int,
+          key_lower: Optional[Tensor] = None) -> _lib.AttentionArgs:
+    """The C call's arguments; every tensor given must be contiguous host memory the caller keeps alive."""
     sq, hq, d = q.shape
     a = _lib.AttentionArgs()
     a.struct_size = ctypes.sizeof(_lib.AttentionArgs)
@@ -123,6 +132,7 @@ def _args(q: Tensor, kv_own: Tensor, kv_pool: Tensor, past_ids: Tensor, q_start:
     a.tile_indptr = _ptr(tile_indptr)
     a.tile_pages = _ptr(tile_pages) if tile_pages is not None and tile_pages.numel() else None
     a.tile = tile
+    a.key_lower = _ptr(key_lower)
     return a
 
 
@@ -140,7 +150,7 @@ def _ints_on(device: torch.device, *parts: Tensor) -> Tensor:
 
 
 def _cuda_args(q: Tensor, kv_pool: Tensor, past_ids: Tensor, own_ids: Tensor, q_start: int, scale: float,
-               tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], tile: int):
+               tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], tile: int, key_lower: Optional[Tensor]):
     """The call's arguments and the tensors they point into (kept alive by the caller until the
     launch has been enqueued; torch's allocator orders any reuse after it on the stream)."""
     sq, hq, d = q.shape
@@ -167,6 +177,10 @@ def _cuda_args(q: Tensor, kv_pool: Tensor, past_ids: Tensor, own_ids: Tensor, q_
             tp = torch.zeros(1, dtype=torch.int32, device=q.device)
         keep += [ti, tp]
         a.tile_indptr, a.tile_pages, a.tile = ti.data_ptr(), tp.data_ptr(), tile
+    if key_lower is not None:
+        kl = to_device(key_lower, q.device, torch.int64).contiguous()
+        keep.append(kl)
+        a.key_lower = kl.data_ptr()
     return a, keep
 
 
@@ -174,19 +188,19 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _cuda_forward(q, k, v, kv_pool, past_ids, own_ids, q_start, scale, tile_indptr, tile_pages, tile):
+def _cuda_forward(q, k, v, kv_pool, past_ids, own_ids, q_start, scale, tile_indptr, tile_pages, tile, key_lower):
     cl = _lib.cuda_lib()
     q = q.contiguous()
     sq, hq, d = q.shape
     o = torch.empty_like(q)
     lse = torch.empty((hq, sq), dtype=torch.float32, device=q.device)
-    a, _keep = _cuda_args(q, kv_pool, past_ids, own_ids, q_start, scale, tile_indptr, tile_pages, tile)
+    a, _keep = _cuda_args(q, kv_pool, past_ids, own_ids, q_start, scale, tile_indptr, tile_pages, tile, key_lower)
     _lib.check_cuda(cl.oomb_cuda_attention_forward(ctypes.byref(a), o.data_ptr(), lse.data_ptr(), _stream(q.device)))
     return o, lse
 
 
 def _cuda_backward(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, own_ids, q_start, scale,
-                   tile_indptr, tile_pages, tile):
+                   tile_indptr, tile_pages, tile, key_lower):
     cl = _lib.cuda_lib()
     q, o, d_o, lse = q.contiguous(), o.contiguous(), d_o.contiguous(), lse.contiguous()
     if lse.dtype != torch.float32 or o.dtype != torch.bfloat16 or d_o.dtype != torch.bfloat16:
@@ -194,7 +208,7 @@ def _cuda_backward(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids,
                         f"{d_o.dtype}, {lse.dtype}")
     sq, hq, d = q.shape
     hkv = k.shape[1]
-    a, keep = _cuda_args(q, kv_pool, past_ids, own_ids, q_start, scale, tile_indptr, tile_pages, tile)
+    a, keep = _cuda_args(q, kv_pool, past_ids, own_ids, q_start, scale, tile_indptr, tile_pages, tile, key_lower)
     grad_base, grad_pages = None, None
     if past_ids.numel():
         if grad_pool.dtype != torch.float32 or grad_pool.device != q.device:
@@ -223,25 +237,29 @@ def _cuda_backward(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids,
 @torch.library.custom_op("oomb::attention", mutates_args=())
 def attention(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, past_ids: Tensor, grad_pool: Optional[Tensor],
               grad_ids: Optional[Tensor], q_start: int, scale: float, tile_indptr: Optional[Tensor],
-              tile_pages: Optional[Tensor], tile: int, own_ids: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages, own_ids)
+              tile_pages: Optional[Tensor], tile: int, own_ids: Optional[Tensor] = None,
+              key_lower: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages, own_ids, key_lower)
     if q.device.type == "cuda":
-        return _cuda_forward(q, k, v, kv_pool, past_ids, own_ids, q_start, scale, tile_indptr, tile_pages, tile)
+        return _cuda_forward(q, k, v, kv_pool, past_ids, own_ids, q_start, scale, tile_indptr, tile_pages, tile,
+                             key_lower)
     q = q.contiguous()
     kv_own = torch.stack([k, v]).contiguous()
     ids = past_ids.contiguous()
     ti = None if tile_indptr is None else tile_indptr.contiguous()
     tp = None if tile_pages is None else tile_pages.contiguous()
     sq, hq, d = q.shape
+    kl = None if key_lower is None else key_lower.contiguous()
     o = torch.empty_like(q)
     lse = q.new_empty((hq, sq))
-    a = _args(q, kv_own, kv_pool, ids, q_start, scale, ti, tp, tile)
+    a = _args(q, kv_own, kv_pool, ids, q_start, scale, ti, tp, tile, kl)
     check(lib.oomb_attention_forward(ctypes.byref(a), o.data_ptr(), lse.data_ptr()))
     return o, lse
 
 
 @attention.register_fake
-def _(q, k, v, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile, own_ids=None):
+def _(q, k, v, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile, own_ids=None,
+      key_lower=None):
     sq, hq, _d = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((hq, sq), dtype=_lse_dtype(q))
 
@@ -250,8 +268,9 @@ def _(q, k, v, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indp
 def attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, kv_pool: Tensor,
                        past_ids: Tensor, grad_pool: Optional[Tensor], grad_ids: Optional[Tensor], q_start: int,
                        scale: float, tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor],
-                       tile: int, own_ids: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages, own_ids)
+                       tile: int, own_ids: Optional[Tensor] = None,
+                       key_lower: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages, own_ids, key_lower)
     past = past_ids.numel()
     if past and (grad_pool is None or grad_ids is None):
         raise ValueError(f"oomb.attention_backward: {past} past pages need grad_pool and grad_ids")
@@ -266,16 +285,17 @@ def attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, 
                          f"{kv_pool.shape[0]} entries (one per KV page id)")
     if q.device.type == "cuda":
         return _cuda_backward(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, own_ids, q_start, scale,
-                              tile_indptr, tile_pages, tile)
+                              tile_indptr, tile_pages, tile, key_lower)
     q, o, lse, d_o = q.contiguous(), o.contiguous(), lse.contiguous(), d_o.contiguous()
     kv_own = torch.stack([k, v]).contiguous()
     ids = past_ids.contiguous()
     ti = None if tile_indptr is None else tile_indptr.contiguous()
     tp = None if tile_pages is None else tile_pages.contiguous()
+    kl = None if key_lower is None else key_lower.contiguous()
     dq = torch.empty_like(q)
     dk = torch.empty_like(kv_own[0])
     dv = torch.empty_like(kv_own[1])
-    a = _args(q, kv_own, kv_pool, ids, q_start, scale, ti, tp, tile)
+    a = _args(q, kv_own, kv_pool, ids, q_start, scale, ti, tp, tile, kl)
     check(lib.oomb_attention_backward(ctypes.byref(a), o.data_ptr(), lse.data_ptr(), d_o.data_ptr(),
                                       dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), _ptr(grad_pool),
                                       0 if grad_pool is None else grad_pool.shape[0], _ptr(grad_ids),
@@ -285,30 +305,31 @@ def attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, 
 
 @attention_backward.register_fake
 def _(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile,
-      own_ids=None):
+      own_ids=None, key_lower=None):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile, own_ids = inputs
+    q, k, v, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile, own_ids, \
+        key_lower = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, o, lse, past_ids)
     # Not saved as tensors for backward: the pools and the gradient table are oomb's state, which
     # later calls write (the next layer's K/V pages, the backward's gradient pages), and the sparse
-    # selection and own pages, which never change within the step.
-    ctx.state = (kv_pool, grad_pool, grad_ids, tile_indptr, tile_pages, own_ids)
+    # selection, own pages and document bounds, which never change within the step.
+    ctx.state = (kv_pool, grad_pool, grad_ids, tile_indptr, tile_pages, own_ids, key_lower)
     ctx.q_start, ctx.scale, ctx.tile = q_start, scale, tile
 
 
 def _backward(ctx, d_o, _d_lse):
     q, k, v, o, lse, past_ids = ctx.saved_tensors
-    kv_pool, grad_pool, grad_ids, tile_indptr, tile_pages, own_ids = ctx.state
+    kv_pool, grad_pool, grad_ids, tile_indptr, tile_pages, own_ids, key_lower = ctx.state
     dq, dk, dv = attention_backward(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, ctx.q_start,
-                                    ctx.scale, tile_indptr, tile_pages, ctx.tile, own_ids)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+                                    ctx.scale, tile_indptr, tile_pages, ctx.tile, own_ids, key_lower)
+    return (dq, dk, dv) + (None,) * 11
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
@@ -318,8 +339,8 @@ attention.register_autograd(_backward, setup_context=_setup_context)
 def attention_kept(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, kv_pool: Tensor, past_ids: Tensor,
                    grad_pool: Optional[Tensor], grad_ids: Optional[Tensor], q_start: int, scale: float,
                    tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], tile: int,
-                   own_ids: Optional[Tensor] = None) -> Tensor:
-    _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages, own_ids)
+                   own_ids: Optional[Tensor] = None, key_lower: Optional[Tensor] = None) -> Tensor:
+    _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages, own_ids, key_lower)
     sq, hq, d = q.shape
     if o.shape != q.shape or o.dtype != q.dtype or lse.shape != (hq, sq) or lse.dtype != _lse_dtype(q):
         raise ValueError(f"oomb.attention_kept: o {o.dtype} {tuple(o.shape)} and lse {lse.dtype} {tuple(lse.shape)} "
@@ -329,20 +350,21 @@ def attention_kept(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, kv_p
 
 @attention_kept.register_fake
 def _(q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile,
-      own_ids=None):
+      own_ids=None, key_lower=None):
     return torch.empty_like(o, memory_format=torch.contiguous_format)
 
 
 def _kept_setup_context(ctx, inputs, output):
-    q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile, own_ids = inputs
+    q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile, own_ids, \
+        key_lower = inputs
     ctx.save_for_backward(q, k, v, o, lse, past_ids)
-    ctx.state = (kv_pool, grad_pool, grad_ids, tile_indptr, tile_pages, own_ids)
+    ctx.state = (kv_pool, grad_pool, grad_ids, tile_indptr, tile_pages, own_ids, key_lower)
     ctx.q_start, ctx.scale, ctx.tile = q_start, scale, tile
 
 
 def _kept_backward(ctx, d_o):
     dq, dk, dv = _backward(ctx, d_o, None)[:3]
-    return (dq, dk, dv) + (None,) * 12
+    return (dq, dk, dv) + (None,) * 13
 
 
 attention_kept.register_autograd(_kept_backward, setup_context=_kept_setup_context)
@@ -432,9 +454,9 @@ def _(pool, page_ids, dk, dv):
 # ---- attention over a store's own pages (offload: streamed through its near tiers) -------------
 
 def _store_args(store, q: Tensor, kv_own: Tensor, q_start: int, scale: float, tile_indptr: Optional[Tensor],
-                tile_pages: Optional[Tensor], tile: int) -> _lib.AttentionArgs:
+                tile_pages: Optional[Tensor], tile: int, key_lower: Optional[Tensor]) -> _lib.AttentionArgs:
     a = _args(q, kv_own, store.kv_pool, torch.empty(0, dtype=torch.int32), q_start, scale, tile_indptr, tile_pages,
-              tile)
+              tile, key_lower)
     a.pool, a.past_ids = None, None  # the store's own pages
     return a
 
@@ -449,9 +471,9 @@ def _check_store_pools(op: str, store, kv_pool: Tensor, grad_pool: Tensor):
 
 
 def _check_store_call(op: str, store, q: Tensor, k: Tensor, v: Tensor, layer: int, q_start: int,
-                      tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor]):
+                      tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], key_lower: Optional[Tensor]):
     _check_common(q, k, v, store.kv_pool, torch.empty(q_start // store.page_size, dtype=torch.int32), q_start,
-                  tile_indptr, tile_pages)
+                  tile_indptr, tile_pages, key_lower=key_lower)
     if not 0 <= layer < store.layers:
         raise ValueError(f"oomb.{op}: layer {layer} out of range [0, {store.layers})")
 
@@ -459,28 +481,29 @@ def _check_store_call(op: str, store, q: Tensor, k: Tensor, v: Tensor, layer: in
 @torch.library.custom_op("oomb::store_attention", mutates_args=(), device_types="cpu")
 def store_attention(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, grad_pool: Tensor, store: int, seq: int,
                     layer: int, q_start: int, scale: float, tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor],
-                    tile: int) -> Tuple[Tensor, Tensor]:
+                    tile: int, key_lower: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """oomb::attention over the past pages of (seq, layer) of the PagedStore at address `store`
     (``kv_pool``/``grad_pool`` are that store's pools, named so a graph sees what the op reads and
     its backward writes). With offload the past streams through the store's near tiers, window by
     window, and the backward adds into gradient slots that reach ``grad_pool`` at flush_grads()."""
     st = store_at(store)
     _check_store_pools("store_attention", st, kv_pool, grad_pool)
-    _check_store_call("store_attention", st, q, k, v, layer, q_start, tile_indptr, tile_pages)
+    _check_store_call("store_attention", st, q, k, v, layer, q_start, tile_indptr, tile_pages, key_lower)
     q = q.contiguous()
     kv_own = torch.stack([k, v]).contiguous()
     ti = None if tile_indptr is None else tile_indptr.contiguous()
     tp = None if tile_pages is None else tile_pages.contiguous()
+    kl = None if key_lower is None else key_lower.contiguous()
     sq, hq, _d = q.shape
     o = torch.empty_like(q)
     lse = q.new_empty((hq, sq))
-    a = _store_args(st, q, kv_own, q_start, scale, ti, tp, tile)
+    a = _store_args(st, q, kv_own, q_start, scale, ti, tp, tile, kl)
     check(lib.oomb_store_attention_forward(st.address, seq, layer, ctypes.byref(a), o.data_ptr(), lse.data_ptr()))
     return o, lse
 
 
 @store_attention.register_fake
-def _(q, k, v, kv_pool, grad_pool, store, seq, layer, q_start, scale, tile_indptr, tile_pages, tile):
+def _(q, k, v, kv_pool, grad_pool, store, seq, layer, q_start, scale, tile_indptr, tile_pages, tile, key_lower=None):
     sq, hq, _d = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((hq, sq))
 
@@ -489,46 +512,48 @@ def _(q, k, v, kv_pool, grad_pool, store, seq, layer, q_start, scale, tile_indpt
 def store_attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, kv_pool: Tensor,
                              grad_pool: Tensor, store: int, seq: int, layer: int, q_start: int, scale: float,
                              tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor],
-                             tile: int) -> Tuple[Tensor, Tensor, Tensor]:
+                             tile: int, key_lower: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     st = store_at(store)
     _check_store_pools("store_attention_backward", st, kv_pool, grad_pool)
-    _check_store_call("store_attention_backward", st, q, k, v, layer, q_start, tile_indptr, tile_pages)
+    _check_store_call("store_attention_backward", st, q, k, v, layer, q_start, tile_indptr, tile_pages, key_lower)
     q, o, lse, d_o = q.contiguous(), o.contiguous(), lse.contiguous(), d_o.contiguous()
     kv_own = torch.stack([k, v]).contiguous()
     ti = None if tile_indptr is None else tile_indptr.contiguous()
     tp = None if tile_pages is None else tile_pages.contiguous()
+    kl = None if key_lower is None else key_lower.contiguous()
     dq = torch.empty_like(q)
     dk = torch.empty_like(kv_own[0])
     dv = torch.empty_like(kv_own[1])
-    a = _store_args(st, q, kv_own, q_start, scale, ti, tp, tile)
+    a = _store_args(st, q, kv_own, q_start, scale, ti, tp, tile, kl)
     check(lib.oomb_store_attention_backward(st.address, seq, layer, ctypes.byref(a), o.data_ptr(), lse.data_ptr(),
                                             d_o.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()))
     return dq, dk, dv
 
 
 @store_attention_backward.register_fake
-def _(d_o, q, k, v, o, lse, kv_pool, grad_pool, store, seq, layer, q_start, scale, tile_indptr, tile_pages, tile):
+def _(d_o, q, k, v, o, lse, kv_pool, grad_pool, store, seq, layer, q_start, scale, tile_indptr, tile_pages, tile,
+      key_lower=None):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
 
 
 def _store_setup_context(ctx, inputs, output):
-    q, k, v, kv_pool, grad_pool, store, seq, layer, q_start, scale, tile_indptr, tile_pages, tile = inputs
+    q, k, v, kv_pool, grad_pool, store, seq, layer, q_start, scale, tile_indptr, tile_pages, tile, key_lower = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.state = (kv_pool, grad_pool, tile_indptr, tile_pages)
+    ctx.state = (kv_pool, grad_pool, tile_indptr, tile_pages, key_lower)
     ctx.call = (store, seq, layer, q_start, scale, tile)
 
 
 def _store_backward(ctx, d_o, _d_lse):
     q, k, v, o, lse = ctx.saved_tensors
-    kv_pool, grad_pool, tile_indptr, tile_pages = ctx.state
+    kv_pool, grad_pool, tile_indptr, tile_pages, key_lower = ctx.state
     store, seq, layer, q_start, scale, tile = ctx.call
     dq, dk, dv = store_attention_backward(d_o, q, k, v, o, lse, kv_pool, grad_pool, store, seq, layer, q_start,
-                                          scale, tile_indptr, tile_pages, tile)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+                                          scale, tile_indptr, tile_pages, tile, key_lower)
+    return (dq, dk, dv) + (None,) * 11
 
 
 store_attention.register_autograd(_store_backward, setup_context=_store_setup_context)

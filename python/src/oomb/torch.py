@@ -248,7 +248,8 @@ class ChunkRecurrent:
     # -- the step ------------------------------------------------------------------------------
     def forward_backward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
                          loss_mask: Optional[torch.Tensor] = None,
-                         attention_mask: Optional[torch.Tensor] = None, scale: float = 1.0) -> torch.Tensor:
+                         attention_mask: Optional[torch.Tensor] = None, scale: float = 1.0,
+                         position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Runs both stages; adds full-sequence backprop's gradient of the loss to every parameter's
         ``.grad`` (as ``loss.backward()`` would) and returns the loss (detached).
 
@@ -259,6 +260,13 @@ class ChunkRecurrent:
         by their number; ``labels`` (default ``input_ids``) use -100 for tokens that are no target,
         ``loss_mask`` (same shape, bool) keeps only the labels where it is true. A batch of several
         rows is accumulated row by row (one row's pages at a time), with the batch's loss.
+
+        ``position_ids`` (same shape) packs documents into a row as HF's packed rows do
+        (``DataCollatorWithFlattening``): positions restart at 0 at each document and count up by
+        one. Each document is then trained as if alone: its RoPE positions are those, and its
+        queries attend only its own keys (the attention's per-document bounds). The labels say
+        which targets count (the collator puts -100 at each document's first token, so no token
+        predicts across a boundary). Without them, a row is one document at positions 0, 1, ...
         """
         global _active
         ids = input_ids
@@ -282,6 +290,7 @@ class ChunkRecurrent:
                 raise RefusedError("oomb: attention_mask has zeros (padding); oomb attends every token of the "
                                    "sequence, and transformers drops masks for attention it does not know, so a "
                                    "padded batch would be trained silently wrong: pass unpadded rows")
+        bounds = self._document_bounds(position_ids, ids.shape)
         if labels is None:
             labels = ids
         labels = labels[None] if labels.dim() == 1 else labels
@@ -320,7 +329,7 @@ class ChunkRecurrent:
                     f"(it stays {model.config._attn_implementation!r}): its attention does not go through "
                     "transformers' AttentionInterface")
             for b in range(batch):
-                run = _Run(self, n)
+                run = _Run(self, n, *(bounds[b] if bounds is not None else (None, None)))
                 _active = run
                 try:
                     total += run.step(ids[b], targets[b], count, float(scale))
@@ -331,6 +340,34 @@ class ChunkRecurrent:
         finally:
             model.set_attn_implementation(previous)
         return total.to(torch.float64 if self.dtype == torch.float64 else torch.float32)
+
+    def _document_bounds(self, position_ids: Optional[torch.Tensor], shape):
+        """Per row of a packed batch: its positions and each token's document start (key_lower),
+        or None for a row that is one document at 0, 1, ...; None for no position_ids."""
+        if position_ids is None:
+            return None
+        pos = position_ids[None] if position_ids.dim() == 1 else position_ids
+        if tuple(pos.shape) != tuple(shape) or pos.dtype not in (torch.int64, torch.int32):
+            raise RefusedError(f"oomb: position_ids must be integer {tuple(shape)} like input_ids, got {pos.dtype} "
+                               f"{tuple(pos.shape)}")
+        pos = pos.to("cpu", torch.int64)
+        packed = torch.cat([pos[:, :1] == 0, (pos[:, 1:] == 0) | (pos[:, 1:] == pos[:, :-1] + 1)], dim=1)
+        if not bool(packed.all()):
+            row, i = (~packed).nonzero()[0].tolist()
+            raise RefusedError(f"oomb: position_ids[{row}, {i}] = {int(pos[row, i])}: positions must start at 0 "
+                               "and either count up by one or restart at 0 where a document starts (HF's packed "
+                               "rows, DataCollatorWithFlattening); other positions are not supported")
+        lower = torch.arange(pos.shape[1], dtype=torch.int64)[None] - pos
+        out = []
+        for b in range(pos.shape[0]):
+            if int(lower[b, -1]) == 0:  # one document
+                out.append((None, None))
+                continue
+            if self.sparse is not None:
+                raise RefusedError("oomb: packed documents (position_ids restarting) with page-sparse attention: "
+                                   "the package's selection does not yet keep each tile to its document")
+            out.append((pos[b].to(self.device), ops.to_device(lower[b], self.device)))
+        return out
 
     def memory(self) -> dict:
         """oomb's pools (host memory from the library's host resource, or on CUDA blocks of torch's
@@ -365,9 +402,13 @@ class _Generators:
 class _Run:
     """One sequence's two stages; what the registered attention function consults."""
 
-    def __init__(self, driver: ChunkRecurrent, n: int):
+    def __init__(self, driver: ChunkRecurrent, n: int, positions: Optional[torch.Tensor] = None,
+                 key_lower: Optional[torch.Tensor] = None):
         self.d = driver
         self.n = n
+        #: packed documents: each token's RoPE position and document start (None: one document)
+        self.positions = positions
+        self.key_lower = key_lower
         self.stage = 0
         self.chunk_index = 0
         self.q_start = 0
@@ -442,23 +483,30 @@ class _Run:
         else:
             self.captured[layer] = (key, value)
         indptr, pages = d.selections.get(key_, (None, None))
+        kl = None if self.key_lower is None else self.key_lower[self.q_start:self.q_start + sq]
         if d.offload is not None:  # the past streams through the store's near tiers
             o, _lse = ops.store_attention(q, k, v, store.kv_pool, store.grad_pool, store.address, seq, layer,
-                                          self.q_start, scale, indptr, pages, tile)
+                                          self.q_start, scale, indptr, pages, tile, kl)
         elif self.stage == 1:
             o, lse = ops.attention(q, k, v, store.kv_pool, past_ids, None, None, self.q_start, scale, indptr, pages,
-                                   tile, own_ids if on_cuda else None)
+                                   tile, own_ids if on_cuda else None, kl)
             if d.keep_attention_outputs:
                 self.kept[key_] = (o, lse)
         elif key_ in self.kept:  # stage 2 with stage 1's outputs: only the backward runs
             o_kept, lse_kept = self.kept.pop(key_)
             o = ops.attention_kept(q, k, v, o_kept, lse_kept, store.kv_pool, past_ids, store.grad_pool,
                                    store.grad_ids, self.q_start, scale, indptr, pages, tile,
-                                   own_ids if on_cuda else None)
+                                   own_ids if on_cuda else None, kl)
         else:
             o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, store.grad_pool, store.grad_ids, self.q_start,
-                                    scale, indptr, pages, tile, own_ids if on_cuda else None)
+                                    scale, indptr, pages, tile, own_ids if on_cuda else None, kl)
         return o.unsqueeze(0), None
+
+    def _positions(self, s0: int, s1: int, device: torch.device) -> torch.Tensor:
+        """The RoPE positions of tokens [s0, s1) as [1, s1 - s0]: the packed row's, or s0, s0 + 1, ..."""
+        if self.positions is not None:
+            return self.positions[None, s0:s1]
+        return torch.arange(s0, s1, device=device)[None]
 
     # -- the two stages ----------------------------------------------------------------------------
     def _head_backward(self, hidden: torch.Tensor, targets: torch.Tensor, count: int, scale: float,
@@ -503,8 +551,7 @@ class _Run:
                 store.append(seq, s1 - s0)
                 self.chunk_index, self.q_start = c, s0
                 self.called = set()
-                base(input_ids=ids[None, s0:s1], position_ids=torch.arange(s0, s1, device=ids.device)[None],
-                     use_cache=False)
+                base(input_ids=ids[None, s0:s1], position_ids=self._positions(s0, s1, ids.device), use_cache=False)
                 if len(self.called) != d.layers:  # a layer attended on its own: it would miss the past
                     missing = sorted(set(range(d.layers)) - self.called)
                     raise RefusedError(f"oomb: layers {missing} did not call attention through transformers' "
@@ -529,7 +576,7 @@ class _Run:
                     if past.numel():
                         store.touch_grads(past)
                 self.captured = {}
-                hidden = base(input_ids=ids[None, s0:s1], position_ids=torch.arange(s0, s1, device=ids.device)[None],
+                hidden = base(input_ids=ids[None, s0:s1], position_ids=self._positions(s0, s1, ids.device),
                               use_cache=False).last_hidden_state
                 loss, d_hidden = self._head_backward(hidden, targets[s0:s1], count, scale, loss_dtype)
                 roots, grads = [hidden], [d_hidden]  # linear: later chunks' gk/gv carry the rest
