@@ -246,3 +246,29 @@ def test_a_dropped_store_frees_its_pools():
     assert ref() is None
     with pytest.raises(ValueError, match="no live PagedStore"):
         oomb.pages.store_at(address)
+
+
+def test_attention_with_document_bounds_equals_masked_pytorch_and_passes_opcheck(problem):
+    # Documents start at 5 (past, mid-page), 40 and 45 (the chunk's queries 8 and 13): query i sees
+    # keys from its document's start (key_lower) to itself.
+    p = problem
+    st, dt = p["st"], p["dt"]
+    tol = 1e-12 if dt == torch.float64 else 2e-5
+    pos = torch.arange(32, 52)
+    key_lower = torch.where(pos >= 45, 45, torch.where(pos >= 40, 40, 5)).to(torch.int64)
+    q = p["q"].clone().requires_grad_()
+    k = p["k"][32:].clone().requires_grad_()
+    v = p["v"][32:].clone().requires_grad_()
+    args = (q, k, v, st.kv_pool, p["past"], st.grad_pool, st.grad_ids, 32, 1 / math.sqrt(D), None, None, 128, None,
+            key_lower)
+    o, lse = ops.attention(*args)
+    g = HQ // HKV
+    kk, vv = p["k"].repeat_interleave(g, 1), p["v"].repeat_interleave(g, 1)
+    s = torch.einsum("ihd,jhd->hij", p["q"], kk) / math.sqrt(D)
+    keys = torch.arange(52)[None]
+    s = s.masked_fill((keys > pos[:, None]) | (keys < key_lower[:, None]), -math.inf)
+    assert (o - torch.einsum("hij,jhd->ihd", torch.softmax(s, -1), vv)).abs().max() <= tol
+    assert (lse - torch.logsumexp(s, -1)).abs().max() <= tol
+    torch.library.opcheck(ops.attention, args)
+    with pytest.raises(ValueError, match="key_lower must be int64"):
+        ops.attention(*args[:-1], key_lower.to(torch.int32))
