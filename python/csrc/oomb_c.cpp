@@ -709,7 +709,8 @@ int oomb_store_summarize(oomb_store* store, int32_t seq, int32_t layer, int32_t 
 
 int oomb_store_select(oomb_store* store, int32_t seq, int32_t layer, const void* q, int64_t sq, int32_t hq,
                       int64_t q_start, int32_t tile, int32_t budget, int32_t sink, int32_t local,
-                      int32_t scoring, int32_t* indptr, int32_t* pages, int64_t pages_capacity) {
+                      int32_t scoring, const int32_t* tile_first, int32_t* indptr, int32_t* pages,
+                      int64_t pages_capacity) {
   return guarded([&] {
     check_store(store);
     OOMB_C_EXPECTS(store->summaries != nullptr, "select: the store keeps no page summaries");
@@ -735,7 +736,10 @@ int oomb_store_select(oomb_store* store, int32_t seq, int32_t layer, const void*
       const oomb::tensor_view<const E, 3> queries(static_cast<const E*>(q), {sq, hq, c.head_dim},
                                                   {std::int64_t(hq) * c.head_dim, c.head_dim, 1});
       oomb::sparse_page_table out;
-      selector.select(store->summaries->view(), queries, ids.data(), past, out);
+      if (tile_first != nullptr)
+        selector.select(store->summaries->view(), queries, ids.data(), past, tile_first, out);
+      else
+        selector.select(store->summaries->view(), queries, ids.data(), past, out);
       OOMB_C_EXPECTS(out.num_entries() <= pages_capacity, "select: ", out.num_entries(),
                      " selected pages, room for ", pages_capacity);
       std::copy(out.indptr().begin(), out.indptr().end(), indptr);

@@ -125,12 +125,15 @@ OOMB_C_API int oomb_store_stats_get(const oomb_store* store, oomb_store_stats* o
  * [first, last) of (seq, layer) as they are in the pool (whole pages, written once), and select,
  * for every tile of `tile` queries of q ([sq][hq][head_dim], positions q_start.., q_start a page
  * boundary), sink + local + the `budget` best-scoring past pages (scoring 0: Quest bound, 1: mean
- * key). Out: indptr [ceil(sq / tile) + 1] and pages (at most tiles * min(past, budget + sink +
+ * key). tile_first (v3; NULL: 0 for every tile): per tile the first logical page it may select
+ * (packed documents: the page holding its first query's document start), its sink counted from
+ * there. Out: indptr [ceil(sq / tile) + 1] and pages (at most tiles * min(past, budget + sink +
  * local) entries: logical page indices, ascending per tile). */
 OOMB_C_API int oomb_store_summarize(oomb_store* store, int32_t seq, int32_t layer, int32_t first, int32_t last);
 OOMB_C_API int oomb_store_select(oomb_store* store, int32_t seq, int32_t layer, const void* q, int64_t sq, int32_t hq,
                       int64_t q_start, int32_t tile, int32_t budget, int32_t sink, int32_t local,
-                      int32_t scoring, int32_t* indptr, int32_t* pages, int64_t pages_capacity);
+                      int32_t scoring, const int32_t* tile_first, int32_t* indptr, int32_t* pages,
+                      int64_t pages_capacity);
 
 /* Offload bookkeeping (no-ops for a store without near tiers): K/V of logical pages [first, last)
  * of (seq, layer) were written into their homes by the caller; write every gradient page that a

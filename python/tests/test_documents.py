@@ -1,14 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Packed documents (position_ids restarting at 0, as DataCollatorWithFlattening makes them): the
 driver trains each document as if it were alone, equal to full-sequence backprop over each
-document separately; the documents matter; bad positions and the unsupported combination are
-refused by name."""
+document separately; the documents matter; bad positions are refused by name. (Page-sparse packed
+documents: test_sparse.py.)"""
 import pytest
 import torch
 import transformers
 
 from conftest import FAMILIES, VOCAB, make_model, worst_error
-from oomb.torch import ChunkRecurrent, Offload, RefusedError, SparseConfig
+from oomb.torch import ChunkRecurrent, Offload, RefusedError
 
 TOL64 = 1e-10
 # 170 tokens in chunks of 32 and pages of 16: documents start mid-page and mid-chunk (13, 140,
@@ -78,7 +78,7 @@ def test_the_documents_matter_and_one_document_is_no_packing():
     assert all(torch.equal(p.grad, plain[n]) for n, p in model.named_parameters())
 
 
-def test_bad_positions_and_packed_sparse_are_refused():
+def test_bad_positions_are_refused():
     model = make_model("llama")
     batch, _docs = packed()
     cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=N)
@@ -92,10 +92,7 @@ def test_bad_positions_and_packed_sparse_are_refused():
         cr.forward_backward(ids, position_ids=jump)
     with pytest.raises(RefusedError, match="must be integer"):
         cr.forward_backward(ids, position_ids=batch["position_ids"][:, :10])
-    sparse = ChunkRecurrent(model, chunk=32, page=16, max_tokens=N, sparse=SparseConfig(budget=2))
-    with pytest.raises(RefusedError, match="page-sparse"):
-        sparse.forward_backward(ids, labels=batch["labels"], position_ids=batch["position_ids"])
-    assert sparse.memory()["kv_in_use"] == 0
+    assert cr.memory()["kv_in_use"] == 0
 
 
 def test_trainer_with_data_collator_with_flattening_trains_each_document_alone(tmp_path):

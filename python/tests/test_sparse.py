@@ -85,3 +85,56 @@ def test_sparse_with_a_budget_covering_the_past_is_dense(ids_of):
     cr.forward_backward(ids)
     worst, where = worst_error(model, ref)
     assert worst <= 1e-10, f"{where} off by {worst:.3e}"
+
+
+def test_sparse_packed_documents_select_per_document_and_equal_the_masked_full_sequence():
+    # 256 tokens, chunks of 32, pages of 16, tiles of 16; documents at 37 (mid-page) and 200 (mid-
+    # chunk): the long middle document's tiles choose 3 of up to 8 of its own past pages, never one
+    # wholly before 37; tiles whose document starts in their chunk select nothing.
+    n, chunk, page, tile = 256, 32, 16, 16
+    starts = [0, 37, 200]
+    model = make_model("qwen2")
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g)
+    pos = torch.cat([torch.arange(b - a) for a, b in zip(starts, starts[1:] + [n])])[None]
+    labels = ids.clone()
+    labels[0, starts] = -100
+    sparse = SparseConfig(budget=1, sink=1, local=1, tile=tile)
+    cr = ChunkRecurrent(model, chunk=chunk, page=page, max_tokens=n, sparse=sparse)
+    loss = cr.forward_backward(ids, labels=labels, position_ids=pos)
+    got = {name: p.grad.clone() for name, p in model.named_parameters()}
+    doc_start = torch.arange(n) - pos[0]
+    partial = 0
+    for (layer, c), (indptr, pages) in cr.selections.items():
+        for t in range(len(indptr) - 1):
+            q0 = c * chunk + t * tile
+            chosen = pages[indptr[t]:indptr[t + 1]].tolist()
+            first = int(doc_start[q0]) // page
+            assert all(first <= p < c * chunk // page for p in chosen), (layer, c, t, chosen)
+            candidates = max(0, c * chunk // page - first)
+            assert len(chosen) == min(candidates, 3)
+            partial += candidates > 3
+    assert partial > 0  # the budget really left pages out
+    # The reference: the model's own attention at the packed positions, masked causally, per
+    # document and by the selections stage 1 stored.
+    masks = selection_masks(cr.selections, model.config.num_hidden_layers, n, chunk, page, tile)
+    same_doc = doc_start[None, :] == doc_start[:, None]
+    _masks.clear()
+    _masks.update({layer: m & same_doc for layer, m in masks.items()})
+    targets = shift(labels)
+    model.set_attn_implementation("oomb_test_masked")
+    try:
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        count = int((targets != -100).sum())
+        ref_loss = F.cross_entropy(logits[0], targets[0], ignore_index=-100, reduction="sum") / count
+        ref_loss.backward()
+    finally:
+        model.set_attn_implementation("sdpa")
+    ref = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    for name, p in model.named_parameters():
+        p.grad = got[name]
+    worst, where = worst_error(model, ref)
+    print(f"sparse packed documents: worst per-tensor gradient error {worst:.2e} ({where})")
+    assert abs(float(loss) - float(ref_loss)) <= 1e-12 * abs(float(ref_loss))
+    assert worst <= 1e-10, f"{where} off by {worst:.3e}"

@@ -176,7 +176,7 @@ _signatures = {
     "oomb_store_stats_get": ([c_p, ctypes.POINTER(StoreStats)], ctypes.c_int),
     "oomb_store_summarize": ([c_p, c_i32, c_i32, c_i32, c_i32], ctypes.c_int),
     "oomb_store_select": (
-        [c_p, c_i32, c_i32, c_p, c_i64, c_i32, c_i64, c_i32, c_i32, c_i32, c_i32, c_i32, c_p, c_p, c_i64],
+        [c_p, c_i32, c_i32, c_p, c_i64, c_i32, c_i64, c_i32, c_i32, c_i32, c_i32, c_i32, c_p, c_p, c_p, c_i64],
         ctypes.c_int,
     ),
     "oomb_store_kv_written": ([c_p, c_i32, c_i32, c_i32, c_i32], ctypes.c_int),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
+from typing import Optional
 
 import torch
 
@@ -220,9 +221,10 @@ class PagedStore:
         check(lib.oomb_store_summarize(self._handle(), seq, layer, first, last))
 
     def select(self, seq: int, layer: int, q: torch.Tensor, q_start: int, *, tile: int, budget: int,
-               sink: int, local: int, scoring: str = "quest"):
+               sink: int, local: int, scoring: str = "quest", tile_first: Optional[torch.Tensor] = None):
         """Per tile of `tile` queries of q ([sq, hq, head_dim]), the past pages it attends: (indptr,
-        pages), int32, logical page indices ascending per tile."""
+        pages), int32, logical page indices ascending per tile. ``tile_first`` (int32, one per tile;
+        packed documents): tile t selects among logical pages from tile_first[t] on, its sink first."""
         q = q.detach().contiguous()
         if q.dtype != self.dtype:
             raise TypeError(f"oomb: select: queries are {q.dtype}, the store holds {self.dtype}")
@@ -233,8 +235,13 @@ class PagedStore:
         indptr = torch.empty(tiles + 1, dtype=torch.int32)
         pages = torch.empty(cap, dtype=torch.int32)
         code = {"quest": 0, "mean": 1}[scoring]
+        if tile_first is not None:
+            tile_first = tile_first.to("cpu", torch.int32).contiguous()
+            if tile_first.numel() != tiles:
+                raise ValueError(f"oomb: select: tile_first has {tile_first.numel()} entries for {tiles} tiles")
         check(lib.oomb_store_select(self._handle(), seq, layer, q.data_ptr(), sq, hq, q_start, tile, budget,
-                                    sink, local, code, indptr.data_ptr(), pages.data_ptr(), cap))
+                                    sink, local, code, None if tile_first is None else tile_first.data_ptr(),
+                                    indptr.data_ptr(), pages.data_ptr(), cap))
         return indptr, pages[: int(indptr[-1])].clone()
 
     # -- offload ------------------------------------------------------------------------------

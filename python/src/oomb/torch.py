@@ -363,9 +363,6 @@ class ChunkRecurrent:
             if int(lower[b, -1]) == 0:  # one document
                 out.append((None, None))
                 continue
-            if self.sparse is not None:
-                raise RefusedError("oomb: packed documents (position_ids restarting) with page-sparse attention: "
-                                   "the package's selection does not yet keep each tile to its document")
             out.append((pos[b].to(self.device), ops.to_device(lower[b], self.device)))
         return out
 
@@ -470,6 +467,7 @@ class _Run:
         tile = sp.tile if sp else 128
         own_ids = store.page_ids(seq, layer, first, first + -(-sq // page))
         on_cuda = d.device.type == "cuda"
+        kl = None if self.key_lower is None else self.key_lower[self.q_start:self.q_start + sq]  # documents
         if self.stage == 1 or on_cuda:  # CUDA's kernels read the chunk itself through its pages: stage 2 too
             ops.write_pages(store.kv_pool, k.detach(), v.detach(), own_ids)
         if self.stage == 1:
@@ -477,13 +475,16 @@ class _Run:
                 store.kv_written(seq, layer, first, first + own_ids.numel())
             if sp is not None:
                 if first > 0:
+                    # Packed documents: each tile selects among its document's pages, from the page
+                    # holding its first query's document start (the bounds mask the rest).
+                    tile_first = None if kl is None else (kl[::sp.tile] // page).to("cpu", torch.int32)
                     d.selections[key_] = store.select(seq, layer, q, self.q_start, tile=sp.tile, budget=sp.budget,
-                                                      sink=sp.sink, local=sp.local, scoring=sp.scoring)
+                                                      sink=sp.sink, local=sp.local, scoring=sp.scoring,
+                                                      tile_first=tile_first)
                 store.summarize(seq, layer, first, first + own_ids.numel())
         else:
             self.captured[layer] = (key, value)
         indptr, pages = d.selections.get(key_, (None, None))
-        kl = None if self.key_lower is None else self.key_lower[self.q_start:self.q_start + sq]
         if d.offload is not None:  # the past streams through the store's near tiers
             o, _lse = ops.store_attention(q, k, v, store.kv_pool, store.grad_pool, store.address, seq, layer,
                                           self.q_start, scale, indptr, pages, tile, kl)
