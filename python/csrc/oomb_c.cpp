@@ -289,20 +289,25 @@ void forward_window(const ref_args<T>& w, const oomb_attention_args& a, bool fir
   ref::merge_partial(static_cast<std::int32_t>(a.sq), a.hq, a.d, o, lse, o2.data(), l2.data());
 }
 
-/// Whether some tile of a sparse call selects a logical page in [first, first + n); `need`, if
-/// given, gets which (always all of them for a dense call).
-bool selects_any(const oomb_attention_args& a, std::int32_t first, std::int32_t n, std::vector<char>* need) {
-  if (need != nullptr) need->assign(static_cast<std::size_t>(n), a.tile_indptr == nullptr ? 1 : 0);
-  if (a.tile_indptr == nullptr) return n > 0;
-  const std::int64_t tiles = (a.sq + a.tile - 1) / a.tile;
-  bool any = false;
-  for (std::int64_t e = 0; e < a.tile_indptr[tiles]; ++e) {
-    const std::int32_t p = a.tile_pages[e] - first;
-    if (p < 0 || p >= n) continue;
-    any = true;
-    if (need != nullptr) (*need)[static_cast<std::size_t>(p)] = 1;
+/// Whether the call reads some logical page in [first, first + n): a sparse call's tiles select
+/// it, and no page wholly below every query's document bound (key_lower[0]) is read; `need`, if
+/// given, gets which (dense, one document: all of them). A page not needed is not brought near and
+/// needs no gradient page.
+bool reads_any(const oomb_attention_args& a, std::int32_t first, std::int32_t n, std::vector<char>* need) {
+  std::vector<char> own;
+  std::vector<char>& want = need != nullptr ? *need : own;
+  want.assign(static_cast<std::size_t>(n), a.tile_indptr == nullptr ? 1 : 0);
+  if (a.tile_indptr != nullptr) {
+    const std::int64_t tiles = (a.sq + a.tile - 1) / a.tile;
+    for (std::int64_t e = 0; e < a.tile_indptr[tiles]; ++e) {
+      const std::int32_t p = a.tile_pages[e] - first;
+      if (p >= 0 && p < n) want[static_cast<std::size_t>(p)] = 1;
+    }
   }
-  return any;
+  if (a.key_lower != nullptr)
+    for (std::int32_t i = 0; i < n; ++i)
+      if ((std::int64_t(first) + i + 1) * a.page_size <= a.key_lower[0]) want[static_cast<std::size_t>(i)] = 0;
+  return std::find(want.begin(), want.end(), 1) != want.end();
 }
 
 template <class T>
@@ -413,7 +418,7 @@ void store_forward(oomb_store& s, host_store<E>& t, std::int32_t seq, std::int32
     std::vector<std::int32_t> want, slots, table;
     for (std::int32_t w0 = 0; w0 < np; w0 += W) {
       const std::int32_t n = std::min(W, np - w0);
-      if (!selects_any(a, w0, n, &need)) continue;  // a sparse window no tile reads: not even brought near
+      if (!reads_any(a, w0, n, &need)) continue;  // a window the call does not read: not even brought near
       want.clear();
       for (std::int32_t i = 0; i < n; ++i)
         if (need[static_cast<std::size_t>(i)]) want.push_back(ids[static_cast<std::size_t>(w0 + i)]);
@@ -460,7 +465,7 @@ void store_backward(oomb_store& s, host_store<E>& t, std::int32_t seq, std::int3
     std::vector<std::int32_t> want, grad_want, slots, grad_slots, table, entry_grads;
     for (std::int32_t w0 = 0; w0 < np; w0 += W) {
       const std::int32_t n = std::min(W, np - w0);
-      if (!selects_any(a, w0, n, &need)) continue;
+      if (!reads_any(a, w0, n, &need)) continue;
       want.clear();
       grad_want.clear();
       for (std::int32_t i = 0; i < n; ++i) {

@@ -111,3 +111,25 @@ def test_trainer_with_data_collator_with_flattening_trains_each_document_alone(t
     trainer.training_step(model, dict(batch))
     worst, where = worst_error(model, ref)
     assert worst <= TOL64, f"{where} off by {worst:.3e}"
+
+
+@pytest.mark.parametrize("offload", [None, Offload(kv_slots=3)], ids=["in-place", "offload"])
+def test_pages_of_earlier_documents_get_no_gradient_page_and_do_not_move(offload):
+    # A long first document, then a second one from token 150: chunks after it read nothing before
+    # page 9 (150 // 16), so they touch no gradient page there and, with offload, bring none near.
+    model = make_model("qwen3")
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, VOCAB, (1, N), generator=g)
+    pos = torch.cat([torch.arange(150), torch.arange(N - 150)])[None]
+    labels = ids.clone()
+    labels[0, [0, 150]] = -100
+    use = {}
+    for name, position_ids in (("packed", pos), ("stream", None)):
+        cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=N, offload=offload)
+        cr.forward_backward(ids, labels=labels, position_ids=position_ids)
+        mem = cr.memory()
+        use[name] = (mem["grad_high_water"], mem["near"]["kv"]["bytes_to_near"] if offload else 0)
+        model.zero_grad(set_to_none=True)
+    assert use["packed"][0] < use["stream"][0], use  # fewer gradient pages
+    if offload is not None:
+        assert use["packed"][1] < use["stream"][1], use  # fewer K/V pages moved

@@ -569,11 +569,16 @@ class _Run:
                     rng.set(chunk_states[c])
                 self.chunk_index, self.q_start = c, s0
                 first = s0 // page
+                # Packed documents: no page wholly before this chunk's first document is read (nor
+                # selected: each tile selects from its own document's start on).
+                visible = 0 if self.key_lower is None else min(first, int(self.key_lower[s0]) // page)
                 for layer in range(d.layers):  # gradient pages for the past this chunk attends
                     past = store.page_ids(seq, layer, 0, first)
                     sel = d.selections.get((layer, c))
                     if sel is not None:
                         past = past[torch.unique(sel[1].long())] if sel[1].numel() else past[:0]
+                    else:
+                        past = past[visible:]
                     if past.numel():
                         store.touch_grads(past)
                 self.captured = {}
