@@ -1,9 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """Tiny random models of each tested family, built by transformers here (no downloads), and the
 full-sequence reference every test compares with."""
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# torch.compile's caches of this run only: a graph another checkout compiled (its ops' schemas
+# older or newer) must not be reused here.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="oomb-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import pytest  # noqa: E402
