@@ -15,7 +15,7 @@ def test_docs_quote_the_example():
                           str(PYTHON / "README.md"), str(ROOT / "docs" / "pytorch.md")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "4 snippet(s) match" in out.stdout
+    assert "5 snippet(s) match" in out.stdout
 
 
 def test_the_example_trains():
@@ -25,8 +25,8 @@ def test_the_example_trains():
 
 
 def test_the_trainer_example_trains(tmp_path):
-    for extra in ([], ["--lora"]):
-        out_dir = tmp_path / ("lora" if extra else "full")
+    for extra in ([], ["--lora"], ["--packed"]):
+        out_dir = tmp_path / (extra[0][2:] if extra else "full")
         run = subprocess.run([sys.executable, str(PYTHON / "examples" / "train_trainer.py"), str(out_dir)] + extra,
                              check=True, capture_output=True, text=True, timeout=300)
         assert run.stdout.count("'loss'") + run.stderr.count("'loss'") >= 4
