@@ -45,16 +45,18 @@ def each_alone(model, docs):
     return total, grads
 
 
-@pytest.mark.parametrize("offload", [None, Offload(kv_slots=3)], ids=["in-place", "offload"])
+@pytest.mark.parametrize("offload,keep", [(None, False), (Offload(kv_slots=3), False), (None, True)],
+                         ids=["in-place", "offload", "kept-outputs"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_packed_documents_equal_each_document_alone(family, offload):
+def test_packed_documents_equal_each_document_alone(family, offload, keep):
     model = make_model(family)
     batch, docs = packed()
     ref_loss, ref = each_alone(model, docs)
-    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=N, offload=offload)
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=N, offload=offload, keep_attention_outputs=keep)
     loss = cr.forward_backward(batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"])
     worst, where = worst_error(model, ref)
-    print(f"{family} {'offload' if offload else 'in place'}: worst per-tensor gradient error {worst:.2e} ({where})")
+    mode = "offload" if offload else "kept outputs" if keep else "in place"
+    print(f"{family} {mode}: worst per-tensor gradient error {worst:.2e} ({where})")
     assert abs(float(loss) - ref_loss) <= 1e-12 * abs(ref_loss)
     assert worst <= TOL64, f"{family}: {where} off by {worst:.3e}"
     assert cr.memory()["kv_in_use"] == 0 and cr.memory()["grad_in_use"] == 0

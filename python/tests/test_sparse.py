@@ -87,7 +87,8 @@ def test_sparse_with_a_budget_covering_the_past_is_dense(ids_of):
     assert worst <= 1e-10, f"{where} off by {worst:.3e}"
 
 
-def test_sparse_packed_documents_select_per_document_and_equal_the_masked_full_sequence():
+@pytest.mark.parametrize("offload", [None, Offload(kv_slots=2)], ids=["in-place", "offload"])
+def test_sparse_packed_documents_select_per_document_and_equal_the_masked_full_sequence(offload):
     # 256 tokens, chunks of 32, pages of 16, tiles of 16; documents at 37 (mid-page) and 200 (mid-
     # chunk): the long middle document's tiles choose 3 of up to 8 of its own past pages, never one
     # wholly before 37; tiles whose document starts in their chunk select nothing.
@@ -100,7 +101,7 @@ def test_sparse_packed_documents_select_per_document_and_equal_the_masked_full_s
     labels = ids.clone()
     labels[0, starts] = -100
     sparse = SparseConfig(budget=1, sink=1, local=1, tile=tile)
-    cr = ChunkRecurrent(model, chunk=chunk, page=page, max_tokens=n, sparse=sparse)
+    cr = ChunkRecurrent(model, chunk=chunk, page=page, max_tokens=n, sparse=sparse, offload=offload)
     loss = cr.forward_backward(ids, labels=labels, position_ids=pos)
     got = {name: p.grad.clone() for name, p in model.named_parameters()}
     doc_start = torch.arange(n) - pos[0]
@@ -135,6 +136,6 @@ def test_sparse_packed_documents_select_per_document_and_equal_the_masked_full_s
     for name, p in model.named_parameters():
         p.grad = got[name]
     worst, where = worst_error(model, ref)
-    print(f"sparse packed documents: worst per-tensor gradient error {worst:.2e} ({where})")
+    print(f"sparse packed documents{' offload' if offload else ''}: worst per-tensor gradient error {worst:.2e} ({where})")
     assert abs(float(loss) - float(ref_loss)) <= 1e-12 * abs(float(ref_loss))
     assert worst <= 1e-10, f"{where} off by {worst:.3e}"
