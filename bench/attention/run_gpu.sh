@@ -2,7 +2,9 @@
 # One call on the GPU machine does everything for the attention kernels: gpu tests, compute-sanitizer
 # (memcheck, racecheck) on the tiny shapes, the benchmark, and the PyTorch SDPA baseline; logs go to
 # $OUT (the benchmark's and the baseline's raw results also as bench.jsonl / sdpa.jsonl). Run from the repository root with the binaries built here copied to $BIN (.gpu/attn):
-#   bash bench/attention/run_gpu.sh [all|tests|bench|sdpa|sanitize|memcheck|ncu]...
+#   bash bench/attention/run_gpu.sh [all|tests|bench|documents|sdpa|sanitize|memcheck|ncu]...
+# documents: bench_attention --documents $DOC_LENGTHS (4096,16384): packed documents, the public
+# entries with per-document bounds against the same calls without, time per attended key pair.
 # TEST_TC filters the test cases (doctest -tc); BENCH_ENV (e.g. OOMB_ATTENTION_BACKWARD=portable)
 # sets the benchmark's kernel choice for the public entries;
 # memcheck is sanitize without racecheck; ncu (not part of all) profiles one launch of the dense Hopper
@@ -30,6 +32,11 @@ fi
 if has bench; then
   env ${BENCH_ENV:-} timeout "${BENCH_TIMEOUT:-240}" "$BIN/bench_attention" --json "$OUT/bench.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
   summary+=("bench rc=$?")
+fi
+if has documents; then
+  timeout "${BENCH_TIMEOUT:-240}" "$BIN/bench_attention" --documents "${DOC_LENGTHS:-4096,16384}" --json "$OUT/documents.jsonl" \
+    2>&1 | tee "$OUT/documents.log"
+  summary+=("documents rc=$?")
 fi
 if has sdpa; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/attention/sdpa_baseline.py --json "$OUT/sdpa.jsonl" ${SDPA_ARGS:-} 2>&1 | tee "$OUT/sdpa.log"
