@@ -105,7 +105,7 @@ model and data
                         while the next fits, the rest of the sequence padding (masked out); a document
                         longer than N is cut into windows of N. No target across a document boundary
                         counts; each document attends only its own keys and its positions start at 0
-                        (per-document attention: --device cpu only, the CUDA kernels do not take it yet)
+                        (per-document attention, both devices)
   --synthetic NAME      built-in task instead of --data: kv-recall (records in the first chunk, queried
                         in later ones; the loss counts answer tokens only)
   --kv-keys K, --kv-values M, --kv-queries Q
