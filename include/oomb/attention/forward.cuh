@@ -85,13 +85,9 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     cp_async_16(sQ + dst0 + i * RPP * (D * 2), src, ok);
   }
 
-  // Tiles visible to at least one row: from the first reaching the block's smallest document bound
-  // (that of its first query) to the last the causal mask leaves its last query.
-  const std::int64_t lower_lo = key_lower_rel(p, q_lo), lower_hi = key_lower_rel(p, q_hi);
-  const int n_first = p.key_lower != nullptr ? keys.first_tile_reaching(BN, p.q_start + lower_lo) : 0;
-  const int n_blocks = keys.visible_tiles(BN, qpos_hi);
-  const int span = n_blocks > n_first ? n_blocks - n_first : 0;
-  const int b_begin = n_first + span * rank / split, b_end = n_first + span * (rank + 1) / split;
+  int b_begin, b_end;  // this CTA's share of the tiles some row sees
+  keys.cluster_share(p, BN, q_lo, qpos_hi, rank, split, b_begin, b_end);
+  const std::int64_t lower_hi = key_lower_rel(p, q_hi);  // the block's largest document bound
 
   // Page ids of a tile, fetched one tile before its load is issued.
   std::int32_t ids[KV_PASSES];

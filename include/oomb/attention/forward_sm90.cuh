@@ -86,13 +86,9 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   const virtual_keys keys(p, p.tile_indptr ? q_lo / p.tile : 0);
   const std::int32_t vlen = keys.vlen;
   const std::int32_t page_mask = (1 << p.log_page) - 1;
-  // Tiles visible to at least one row (forward.cuh): from the first reaching the block's smallest
-  // document bound to the last the causal mask leaves its last query.
-  const std::int64_t lower_lo = key_lower_rel(p, q_lo), lower_hi = key_lower_rel(p, q_hi);
-  const int n_first = p.key_lower != nullptr ? keys.first_tile_reaching(BN, p.q_start + lower_lo) : 0;
-  const int n_blocks = keys.visible_tiles(BN, qpos_hi);
-  const int span = n_blocks > n_first ? n_blocks - n_first : 0;
-  const int b_begin = n_first + span * rank / split, b_end = n_first + span * (rank + 1) / split;
+  int b_begin, b_end;  // this CTA's share of the tiles some row sees
+  keys.cluster_share(p, BN, q_lo, qpos_hi, rank, split, b_begin, b_end);
+  const std::int64_t lower_hi = key_lower_rel(p, q_hi);  // the block's largest document bound
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {

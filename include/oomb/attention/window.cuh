@@ -172,6 +172,17 @@ struct virtual_keys {
     }
     return lo;
   }
+  /// The tiles [begin, end) of `tile_keys` slots that CTA `rank` of a `split`-CTA cluster takes of
+  /// those some row of a block sees: from the first reaching the block's smallest document bound
+  /// (that of its first query, q_lo) to the last the causal mask leaves its last query (qpos_hi).
+  __device__ __forceinline__ void cluster_share(const kernel_params& p, int tile_keys, int q_lo, std::int64_t qpos_hi,
+                                                int rank, int split, int& begin, int& end) const {
+    const int first = p.key_lower != nullptr ? first_tile_reaching(tile_keys, __ldg(p.key_lower + q_lo)) : 0;
+    const int last = visible_tiles(tile_keys, qpos_hi);
+    const int span = last > first ? last - first : 0;
+    begin = first + span * rank / split;
+    end = first + span * (rank + 1) / split;
+  }
   /// The first tile of `tile_keys` slots holding a key at or after absolute position `lower` (a row
   /// block's smallest per-document bound): the tiles before it are below every row's bound.
   __device__ __forceinline__ int first_tile_reaching(int tile_keys, std::int64_t lower) const {

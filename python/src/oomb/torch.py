@@ -342,8 +342,9 @@ class ChunkRecurrent:
         return total.to(torch.float64 if self.dtype == torch.float64 else torch.float32)
 
     def _document_bounds(self, position_ids: Optional[torch.Tensor], shape):
-        """Per row of a packed batch: its positions and each token's document start (key_lower),
-        or None for a row that is one document at 0, 1, ...; None for no position_ids."""
+        """Per row of a packed batch: its positions (on the model's device) and each token's
+        document start (key_lower, on the host), or None for a row that is one document at 0, 1,
+        ...; None for no position_ids."""
         if position_ids is None:
             return None
         pos = position_ids[None] if position_ids.dim() == 1 else position_ids
@@ -363,7 +364,7 @@ class ChunkRecurrent:
             if int(lower[b, -1]) == 0:  # one document
                 out.append((None, None))
                 continue
-            out.append((pos[b].to(self.device), ops.to_device(lower[b], self.device)))
+            out.append((pos[b].to(self.device), lower[b]))
         return out
 
     def memory(self) -> dict:
@@ -403,9 +404,11 @@ class _Run:
                  key_lower: Optional[torch.Tensor] = None):
         self.d = driver
         self.n = n
-        #: packed documents: each token's RoPE position and document start (None: one document)
+        #: packed documents: each token's RoPE position and document start (None: one document); the
+        #: starts on the host for the driver's page arithmetic, on the device for the attention
         self.positions = positions
-        self.key_lower = key_lower
+        self.key_lower_host = key_lower
+        self.key_lower = None if key_lower is None else ops.to_device(key_lower, driver.device)
         self.stage = 0
         self.chunk_index = 0
         self.q_start = 0
@@ -477,7 +480,8 @@ class _Run:
                 if first > 0:
                     # Packed documents: each tile selects among its document's pages, from the page
                     # holding its first query's document start (the bounds mask the rest).
-                    tile_first = None if kl is None else (kl[::sp.tile] // page).to("cpu", torch.int32)
+                    tile_first = (None if kl is None else
+                                  (self.key_lower_host[self.q_start:self.q_start + sq:sp.tile] // page).to(torch.int32))
                     d.selections[key_] = store.select(seq, layer, q, self.q_start, tile=sp.tile, budget=sp.budget,
                                                       sink=sp.sink, local=sp.local, scoring=sp.scoring,
                                                       tile_first=tile_first)
@@ -571,7 +575,7 @@ class _Run:
                 first = s0 // page
                 # Packed documents: no page wholly before this chunk's first document is read (nor
                 # selected: each tile selects from its own document's start on).
-                visible = 0 if self.key_lower is None else min(first, int(self.key_lower[s0]) // page)
+                visible = 0 if self.key_lower_host is None else min(first, int(self.key_lower_host[s0]) // page)
                 for layer in range(d.layers):  # gradient pages for the past this chunk attends
                     past = store.page_ids(seq, layer, 0, first)
                     sel = d.selections.get((layer, c))
