@@ -69,12 +69,12 @@ def make_model(family: str, dtype=torch.float64, seed: int = 0, weight_std: floa
 FAMILIES = ["qwen2", "llama", "qwen3", "mistral"]
 
 
-def reference_grads(model, ids, targets):
+def reference_grads(model, ids, targets, position_ids=None):
     """Full-sequence backprop (the model's own attention, sdpa) of HF's loss computed in the model's
     dtype: sum of cross-entropies over targets != -100 divided by their number. targets[b, i] is
-    the label token i predicts."""
+    the label token i predicts; position_ids as the model takes them (default 0, 1, ...)."""
     model.zero_grad(set_to_none=True)
-    logits = model(input_ids=ids, use_cache=False).logits
+    logits = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
     count = int((targets != -100).sum())
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                              ignore_index=-100, reduction="sum") / count

@@ -122,17 +122,11 @@ def test_sparse_packed_documents_select_per_document_and_equal_the_masked_full_s
     same_doc = doc_start[None, :] == doc_start[:, None]
     _masks.clear()
     _masks.update({layer: m & same_doc for layer, m in masks.items()})
-    targets = shift(labels)
     model.set_attn_implementation("oomb_test_masked")
     try:
-        model.zero_grad(set_to_none=True)
-        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
-        count = int((targets != -100).sum())
-        ref_loss = F.cross_entropy(logits[0], targets[0], ignore_index=-100, reduction="sum") / count
-        ref_loss.backward()
+        ref_loss, ref = reference_grads(model, ids, shift(labels), position_ids=pos)
     finally:
         model.set_attn_implementation("sdpa")
-    ref = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
     for name, p in model.named_parameters():
         p.grad = got[name]
     worst, where = worst_error(model, ref)
