@@ -88,7 +88,10 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   const std::int32_t page_mask = (1 << p.log_page) - 1;
   int b_begin, b_end;  // this CTA's share of the tiles some row sees
   keys.cluster_share(p, BN, q_lo, qpos_hi, rank, split, b_begin, b_end);
-  const std::int64_t lower_hi = key_lower_rel(p, q_hi);  // the block's largest document bound
+  // Tiles before this one may start below some row's document bound (that of the block's last
+  // query, the largest): they take the per-row mask. An index, not the bound, so that a call without
+  // bounds carries nothing extra through the tile loop (0: no tile).
+  const int bounded_below = p.key_lower != nullptr ? keys.first_tile_reaching(BN, __ldg(p.key_lower + q_hi)) + 1 : 0;
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
@@ -192,12 +195,10 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   }
 
   int qrow[2];
-  std::int64_t qlow[2];  // the row's first visible key (key_lower_rel)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int R = r0 + c * 64 + w * 16 + g + 8 * h;
     qrow[h] = R < rows ? static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(R))) : q_hi;
-    qlow[h] = key_lower_rel(p, qrow[h]);
   }
 
   constexpr int NS = BN / 2, NO = D / 2;  // accumulator floats per thread
@@ -239,10 +240,12 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   // then the online softmax in base 2: exponentiates s_acc in place and returns the O correction per row.
   auto softmax = [&](int blk, float (&corr)[2]) {
     const std::int32_t v0 = blk * BN;
-    if (v0 + BN > vlen || keys.pos(v0 + BN - 1) > qpos_lo ||
-        (p.key_lower != nullptr && keys.pos(v0) - p.q_start < lower_hi)) {
+    if (v0 + BN > vlen || keys.pos(v0 + BN - 1) > qpos_lo || blk < bounded_below) {
       const std::int64_t k0 = keys.pos(v0) - p.q_start;  // a tile lies inside one page
       const std::int32_t valid = vlen - v0;
+      std::int64_t qlow[2];  // each row's first visible key, read here only: masked tiles are few
+#pragma unroll
+      for (int h = 0; h < 2; ++h) qlow[h] = key_lower_rel(p, qrow[h]);
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
