@@ -419,34 +419,81 @@ sparse_timing time_sparse(const problem& p, int reps) {
 }
 
 /// Packed documents: the public forward and backward (delta included) with per-document bounds and the
-/// same calls without them, and the query-key pairs each attends (per query head).
+/// same calls without them, and the query-key pairs each attends (per query head). Each runs over the
+/// whole window and over the window a caller launches (the trainer's paged_attention, the package's
+/// driver): from the page of the first query's document start, since no query reads a page below it.
+/// The trimmed calls without bounds are the baseline of the same grid: each query sees every key of
+/// that window up to itself.
 struct documents_timing {
-  timing fwd, bwd, fwd_plain, bwd_plain;
-  double pairs = 0, pairs_plain = 0;
+  struct side {
+    timing fwd, bwd;
+    double pairs = 0;
+  };
+  side bounded, trimmed, plain, plain_trimmed;
+  std::int32_t trimmed_pages = 0;  // pages left out of the trimmed window
+  int split = 0;                   // the plan's query split for the trimmed backward
+  timing bwd_split[4];             // the trimmed backward at forced query splits 1..4
 };
 
 documents_timing time_documents(const problem& p, int reps) {
   device_problem dp(p);
   const auto& c = p.c;
-  const auto bounded = dp.args();
-  auto plain = bounded;
-  plain.key_lower = nullptr;
+  const auto whole = dp.args();
+  // The trimmed window: its table lists pages [first, npages) of the sequence, its gradient view
+  // the same entries of the whole window's.
+  const std::int32_t first = static_cast<std::int32_t>(p.key_lower.front() / c.page);
+  const dev<std::int32_t> trimmed_table(std::vector<std::int32_t>{0, p.npages - first, p.last_len});
+  auto trim = [&](gpu::attention_args a) {
+    a.kv.table.indptr = trimmed_table.p;
+    a.kv.table.last_page_len = trimmed_table.p + 2;
+    a.kv.table.indices = dp.seq_ids.p + first;
+    a.first_page = first;
+    a.window_pages = p.npages - first;
+    return a;
+  };
+  auto unbounded = [](gpu::attention_args a) {
+    a.key_lower = nullptr;
+    return a;
+  };
   documents_timing t;
+  t.trimmed_pages = first;
   for (std::int32_t i = 0; i < c.sq; ++i) {
-    t.pairs += double(c.q_start + i - p.key_lower[std::size_t(i)] + 1);
-    t.pairs_plain += double(c.q_start + i + 1);
+    const std::int64_t pos = c.q_start + i;
+    t.bounded.pairs += double(pos - p.key_lower[std::size_t(i)] + 1);
+    t.plain.pairs += double(pos + 1);
+    t.plain_trimmed.pairs += double(pos - std::int64_t(first) * c.page + 1);
   }
-  auto run = [&](const gpu::attention_args& a, timing& fwd, timing& bwd) {
+  t.trimmed.pairs = t.bounded.pairs;
+  auto run = [&](const gpu::attention_args& a, std::int32_t skipped, documents_timing::side& out) {
     backward_buffers buf(dp);
-    fwd = time_ms(1, reps, [&] { attn_test::forward(a, buf.o.p, buf.lse.p, nullptr); });
-    bwd = time_ms(1, reps, [&] {
+    buf.grads.grad_page += skipped;
+    buf.grads.pages -= skipped;
+    out.fwd = time_ms(1, reps, [&] { attn_test::forward(a, buf.o.p, buf.lse.p, nullptr); });
+    out.bwd = time_ms(1, reps, [&] {
       gpu::backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
       attn_test::backward(a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, nullptr);
     });
   };
   // in turn, so that neither side always runs on a warmer device
-  run(plain, t.fwd_plain, t.bwd_plain);
-  run(bounded, t.fwd, t.bwd);
+  run(unbounded(whole), 0, t.plain);
+  run(whole, 0, t.bounded);
+  run(unbounded(trim(whole)), first, t.plain_trimmed);
+  run(trim(whole), first, t.trimmed);
+  // The plan's split assumes equal walks per key block; with documents they are not.
+  const auto a = trim(whole);
+  backward_buffers buf(dp);
+  buf.grads.grad_page += first;
+  buf.grads.pages -= first;
+  t.split = gpu::plan_backward(gpu::call_shape::of(a, buf.dq.p), attn_test::facts()).query_split;
+  for (int split = 1; split <= 4; ++split) {
+    gpu::plan_options o;
+    o.split = split;
+    const auto plan = gpu::plan_backward(gpu::call_shape::of(a, buf.dq.p), attn_test::facts(), o);
+    t.bwd_split[split - 1] = time_ms(1, reps, [&] {
+      gpu::backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
+      gpu::backward(plan, a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, {}, nullptr);
+    });
+  }
   return t;
 }
 
@@ -537,7 +584,7 @@ int main(int argc, char** argv) {
   }
   if (!doc_lengths.empty()) {
     std::printf("packed documents: the public entries with per-document bounds vs the same calls without; "
-                "TFLOP/s over attended pairs (4 d per pair forward, 2.5x backward), medians of %d\n", reps);
+                "time per attended pair, medians of %d\n", reps);
     for (const auto& s : shapes)
       for (std::int64_t past : pasts)
         for (std::int64_t length : doc_lengths) {
@@ -547,27 +594,50 @@ int main(int argc, char** argv) {
           c.doc_starts = document_starts(past + sq, length, 11);
           const problem p(c, false);
           const documents_timing t = time_documents(p, reps);
-          auto tf = [&](double pairs, double ms, double mult) { return mult * 4.0 * s.d * s.hq * pairs / ms / 1e9; };
-          // time per pair with bounds over time per pair without: 1.0 = the bounds cost nothing per pair
-          const double rf = (t.fwd.median / t.pairs) / (t.fwd_plain.median / t.pairs_plain);
-          const double rb = (t.bwd.median / t.pairs) / (t.bwd_plain.median / t.pairs_plain);
-          std::printf("  %-10s past %4lldK, documents ~%lld (%zu starts), pairs %.3g of %.3g: fwd %.3f ms (%.1f TFLOP/s) "
-                      "vs %.3f (%.1f), per pair %.3fx | bwd %.3f ms (%.1f) vs %.3f (%.1f), per pair %.3fx\n",
-                      s.name, (long long)(past / 1024), (long long)length, c.doc_starts.size(), t.pairs, t.pairs_plain,
-                      t.fwd.median, tf(t.pairs, t.fwd.median, 1), t.fwd_plain.median, tf(t.pairs_plain, t.fwd_plain.median, 1),
-                      rf, t.bwd.median, tf(t.pairs, t.bwd.median, 2.5), t.bwd_plain.median,
-                      tf(t.pairs_plain, t.bwd_plain.median, 2.5), rb);
+          // time per attended pair of x over that of y: 1.0 = as fast per pair
+          auto per_pair = [](const timing& x, double px, const timing& y, double py) {
+            return (x.median / px) / (y.median / py);
+          };
+          const double rf = per_pair(t.bounded.fwd, t.bounded.pairs, t.plain.fwd, t.plain.pairs);
+          const double rb = per_pair(t.bounded.bwd, t.bounded.pairs, t.plain.bwd, t.plain.pairs);
+          const double tfw = per_pair(t.trimmed.fwd, t.trimmed.pairs, t.plain.fwd, t.plain.pairs);
+          const double tbw = per_pair(t.trimmed.bwd, t.trimmed.pairs, t.plain.bwd, t.plain.pairs);
+          const double gfw = per_pair(t.trimmed.fwd, t.trimmed.pairs, t.plain_trimmed.fwd, t.plain_trimmed.pairs);
+          const double gbw = per_pair(t.trimmed.bwd, t.trimmed.pairs, t.plain_trimmed.bwd, t.plain_trimmed.pairs);
+          std::printf("  %-10s past %4lldK, documents ~%lld (%zu starts), pairs %.3g of %.3g; per pair vs without bounds: "
+                      "whole window fwd %.3fx bwd %.3fx | trimmed (%d pages fewer) fwd %.3fx bwd %.3fx | "
+                      "trimmed vs trimmed without bounds fwd %.3fx bwd %.3fx; ms fwd %.3f/%.3f/%.3f bwd %.3f/%.3f/%.3f "
+                      "(plain/whole/trimmed)\n",
+                      s.name, (long long)(past / 1024), (long long)length, c.doc_starts.size(), t.bounded.pairs,
+                      t.plain.pairs, rf, rb, t.trimmed_pages, tfw, tbw, gfw, gbw, t.plain.fwd.median,
+                      t.bounded.fwd.median, t.trimmed.fwd.median, t.plain.bwd.median, t.bounded.bwd.median,
+                      t.trimmed.bwd.median);
+          std::printf("    trimmed bwd ms at query split 1/2/3/4: %.3f/%.3f/%.3f/%.3f (the plan's: %d)\n",
+                      t.bwd_split[0].median, t.bwd_split[1].median, t.bwd_split[2].median, t.bwd_split[3].median,
+                      t.split);
           std::fflush(stdout);
-          if (jf != nullptr)
+          if (jf != nullptr) {
             std::fprintf(jf,
                          "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"device\": \"%s\", "
-                         "\"documents\": %lld, \"document_starts\": %zu, \"pairs\": %.0f, \"pairs_plain\": %.0f, "
-                         "\"ms_median_min_max\": {\"fwd\": [%f, %f, %f], \"fwd_plain\": [%f, %f, %f], \"bwd\": [%f, %f, %f], "
-                         "\"bwd_plain\": [%f, %f, %f]}, \"per_pair_ratio\": {\"fwd\": %f, \"bwd\": %f}}\n",
-                         s.name, (long long)past, sq, reps, prop.name, (long long)length, c.doc_starts.size(), t.pairs,
-                         t.pairs_plain, t.fwd.median, t.fwd.lo, t.fwd.hi, t.fwd_plain.median, t.fwd_plain.lo,
-                         t.fwd_plain.hi, t.bwd.median, t.bwd.lo, t.bwd.hi, t.bwd_plain.median, t.bwd_plain.lo,
-                         t.bwd_plain.hi, rf, rb);
+                         "\"documents\": %lld, \"document_starts\": %zu, \"trimmed_pages\": %d, \"pairs\": %.0f, "
+                         "\"pairs_plain\": %.0f, \"pairs_plain_trimmed\": %.0f, \"ms_median_min_max\": {",
+                         s.name, (long long)past, sq, reps, prop.name, (long long)length, c.doc_starts.size(),
+                         t.trimmed_pages, t.bounded.pairs, t.plain.pairs, t.plain_trimmed.pairs);
+            const std::pair<const char*, const documents_timing::side*> sides[] = {
+                {"", &t.bounded}, {"_trimmed", &t.trimmed}, {"_plain", &t.plain}, {"_plain_trimmed", &t.plain_trimmed}};
+            const char* sep = "";
+            for (const auto& [suffix, d] : sides) {
+              std::fprintf(jf, "%s\"fwd%s\": [%f, %f, %f], \"bwd%s\": [%f, %f, %f]", sep, suffix, d->fwd.median,
+                           d->fwd.lo, d->fwd.hi, suffix, d->bwd.median, d->bwd.lo, d->bwd.hi);
+              sep = ", ";
+            }
+            std::fprintf(jf,
+                         "}, \"per_pair_ratio\": {\"fwd\": %f, \"bwd\": %f, \"fwd_trimmed\": %f, \"bwd_trimmed\": %f, "
+                         "\"fwd_trimmed_vs_plain_trimmed\": %f, \"bwd_trimmed_vs_plain_trimmed\": %f}, "
+                         "\"trimmed_bwd_split\": %d, \"trimmed_bwd_ms_at_split_1_to_4\": [%f, %f, %f, %f]}\n",
+                         rf, rb, tfw, tbw, gfw, gbw, t.split, t.bwd_split[0].median, t.bwd_split[1].median,
+                         t.bwd_split[2].median, t.bwd_split[3].median);
+          }
         }
     if (jf != nullptr) std::fclose(jf);
     if (tf != nullptr) std::fclose(tf);
