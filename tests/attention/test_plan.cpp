@@ -159,7 +159,7 @@ TEST_CASE("attention plan: bad shapes and forced options are refused") {
   CHECK_THROWS_AS(att::plan_backward(call(256, 1024, 10, 81, 1), f, o), oomb::invalid_argument);
 }
 
-TEST_CASE("attention plan: a call with per-document bounds has its own shape and plans the same launch") {
+TEST_CASE("attention plan: a call with per-document bounds has its own shape; the Hopper backward splits its walks most") {
   const auto f = h200();
   const std::vector<std::int64_t> lower(64, 0);
   att::attention_args a;
@@ -183,6 +183,34 @@ TEST_CASE("attention plan: a call with per-document bounds has its own shape and
   const att::backward_plan bp = att::plan_backward(plain, f), bb = att::plan_backward(bounded, f);
   CHECK(bb.config == bp.config);
   CHECK(bb.key_blocks == bp.key_blocks);
-  CHECK(bb.query_split == bp.query_split);
   CHECK(bb.shape == bounded);
+  // Walks that end at their document differ in length, so the dense Hopper backward takes the largest
+  // split that keeps two query tiles per CTA (the wave rule assumes equal walks): 64 queries x 7 heads
+  // are 6 steps of 77 rows (11 whole queries), so split 3.
+  CHECK(bp.query_split == att::detail::backward_split(bp.key_blocks * 4, f.resident(bp.config), 6));
+  CHECK(bb.query_split == 3);
+  CHECK(att::detail::bounded_backward_split(1) == 1);
+  CHECK(att::detail::bounded_backward_split(3) == 1);
+  CHECK(att::detail::bounded_backward_split(4) == 2);
+  CHECK(att::detail::bounded_backward_split(7) == 3);
+  CHECK(att::detail::bounded_backward_split(8) == 4);
+  CHECK(att::detail::bounded_backward_split(224) == 4);
+  // A long chunk of a long window: the wave rule takes 1 or 2, the bounded call 4.
+  a.sq = 4096;
+  a.q_start = 65536;
+  a.window_pages = 544;
+  const std::vector<std::int64_t> lower_long(4096, 0);
+  a.key_lower = lower_long.data();
+  const att::backward_plan long_bounded = att::plan_backward(att::call_shape::of(a), f);
+  CHECK(long_bounded.query_split == 4);
+  // Forced splits, the portable kernels and sparse calls keep their own rules.
+  att::plan_options forced;
+  forced.split = 2;
+  CHECK(att::plan_backward(att::call_shape::of(a), f, forced).query_split == 2);
+  att::plan_options portable;
+  portable.kernels = att::kernel_choice::portable;
+  const att::call_shape long_shape = att::call_shape::of(a);
+  a.key_lower = nullptr;
+  CHECK(att::plan_backward(long_shape, f, portable).query_split ==
+        att::plan_backward(att::call_shape::of(a), f, portable).query_split);
 }

@@ -261,6 +261,19 @@ inline int backward_split(int blocks, int slots, int query_tiles) {
   return best;
 }
 
+/// The query split of a dense Hopper backward with per-document bounds: the most CTAs per key block
+/// (4) that keep two query tiles each. With documents a block's walk ends where its document does, so
+/// walks differ by up to the whole chunk and the wave arithmetic above (equal walks) does not hold;
+/// the longest walks set the time, and a split cuts every walk in interleaved steps. Measured on the
+/// H100 (bench_attention --documents, 18 shapes: 2K-16K documents, 16K-256K past, d64 and d128): split
+/// 4 was the fastest in 17 and within 1% in the last; the wave rule's choice was up to 2.1x slower
+/// (docs/attention.md).
+inline int bounded_backward_split(int query_tiles) {
+  int s = 4;
+  while (s > 1 && query_tiles < 2 * s) --s;
+  return s;
+}
+
 /// The sparse launch order (sparse_backward_plan) for `key_blocks` blocks of bn keys. cut = false:
 /// hs1's order, no block in pieces. Otherwise a block that every tile may attend (the own blocks;
 /// the window's first and last backward_sparse_end_pages pages) is cut into pieces of at most
@@ -387,8 +400,10 @@ inline backward_plan plan_backward(const call_shape& s, const device_facts& f, c
     }
   }
   const int query_tiles = static_cast<int>(detail::ceil_div(std::int64_t(s.sq) * group, p.step_rows));
-  p.query_split = o.split > 0 ? o.split
-                              : detail::backward_split(p.key_blocks * s.hkv, f.resident(p.config), query_tiles);
+  p.query_split = o.split > 0                    ? o.split
+                  : s.bounded && t.hopper && !s.sparse ? detail::bounded_backward_split(query_tiles)
+                                                     : detail::backward_split(p.key_blocks * s.hkv, f.resident(p.config),
+                                                                              query_tiles);
   return p;
 }
 
