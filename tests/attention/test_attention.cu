@@ -1415,6 +1415,7 @@ void check_documents(const problem& p, const cpu_result& ref) {
     using C = decltype(configs);
     sm90_backward("sm90", typename C::type{}, 0, 0, false);
     sm90_backward("sm90 qsplit 2", typename C::type{}, 2, 0, false);
+    sm90_backward("sm90 qsplit 4", typename C::type{}, 4, 0, false);  // the plan's split for bounded dense calls
     sm90_backward("sm90 unaligned-dq configuration", typename C::unaligned{}, 0, 0, false);
     sm90_backward("sm90 wide-group configuration", typename C::wide_group{}, 0, 0, false);
     if (c.sparse) {
