@@ -3,7 +3,7 @@
 # (memcheck, racecheck) on the tiny shapes, the benchmark, and the PyTorch SDPA baseline; logs go to
 # $OUT (the benchmark's and the baseline's raw results also as bench.jsonl / sdpa.jsonl). Run from the repository root with the binaries built here copied to $BIN (.gpu/attn):
 #   bash bench/attention/run_gpu.sh [all|tests|bench|documents|sdpa|sanitize|memcheck|ncu]...
-# documents: bench_attention --documents $DOC_LENGTHS (4096,16384): packed documents, the public
+# documents: bench_attention --documents $DOC_LENGTHS (2048,4096,16384): packed documents, the public
 # entries with per-document bounds against the same calls without, time per attended key pair.
 # TEST_TC filters the test cases (doctest -tc); BENCH_ENV (e.g. OOMB_ATTENTION_BACKWARD=portable)
 # sets the benchmark's kernel choice for the public entries;
@@ -34,7 +34,7 @@ if has bench; then
   summary+=("bench rc=$?")
 fi
 if has documents; then
-  timeout "${BENCH_TIMEOUT:-240}" "$BIN/bench_attention" --documents "${DOC_LENGTHS:-4096,16384}" --json "$OUT/documents.jsonl" \
+  timeout "${BENCH_TIMEOUT:-240}" "$BIN/bench_attention" --documents "${DOC_LENGTHS:-2048,4096,16384}" --json "$OUT/documents.jsonl" \
     2>&1 | tee "$OUT/documents.log"
   summary+=("documents rc=$?")
 fi
