@@ -11,8 +11,9 @@
 // line per shape and past: TFLOP/s median, min, max), --trace FILE (with the sparse run: one traced
 // launch of the sparse backward per shape, selection and launch order, every CTA's timeline as CSV
 // lines for tools/analysis/sparse_trace.py), --documents L[,L...] (instead of the table: packed
-// documents of about L tokens each, the public entries with per-document bounds against the same
-// calls without, time per attended key pair).
+// documents of about L tokens each, the public entries with per-document bounds over the whole and
+// the trimmed window against the same calls without, time per attended key pair, and the trimmed
+// backward at query splits 1-4).
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 #include <cmath>
