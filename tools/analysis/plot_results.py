@@ -10,6 +10,10 @@ attention_h200.png  bench/attention/results/<prefix>-{bench,sdpa}.jsonl: our pag
 lm_head_h200.png    bench/trainer_ops/results/lm_head_*_tiling_curve.jsonl: time against
                     workspace for the fused LM head + cross-entropy plans, materialised logits and
                     PyTorch
+attention_documents_h100.png  bench/attention/results/<documents>.jsonl (bench_attention --documents):
+                    time per attended key pair with per-document bounds over without, forward and
+                    backward, per shape, past and document length; and the trimmed backward's time
+                    at query splits 1-4 against split 4 (the plan's for bounded calls)
 sparse_backward_h200.png  bench/attention/results/<trace>-trace.csv.gz (bench_attention --trace):
                     where the page-sparse backward's SM time goes, per shape and selection, in
                     hs1's launch order and in the default one (tools/analysis/sparse_trace.py splits it)
@@ -89,6 +93,46 @@ def lm_head(out):
     fig.savefig(out, dpi=110)
 
 
+def documents(name, out):
+    data = rows(ROOT / f"bench/attention/results/{name}.jsonl")
+    shapes = sorted({r["heads"] for r in data}, reverse=True)
+    fig, axes = plt.subplots(2, len(shapes), figsize=(7 * len(shapes), 7.5))
+    for col, shape in enumerate(shapes):
+        mine = sorted((r for r in data if r["heads"] == shape), key=lambda r: (r["past"], r["documents"]))
+        labels = [f"{r['past'] // 1024}K\n{r['documents'] // 1024}K" for r in mine]
+        xs = range(len(mine))
+
+        def per_pair(r, side):  # bounded trimmed over unbounded whole window, per attended pair
+            m = r["ms_median_min_max"]
+            ms = r["trimmed_bwd_ms_at_split_1_to_4"][3] if side == "bwd" else m[f"{side}_trimmed"][0]
+            return (ms / r["pairs"]) / (m[f"{side}_plain"][0] / r["pairs_plain"])
+
+        ax = axes[0][col]
+        width = 0.38
+        for k, side in enumerate(("fwd", "bwd")):
+            ax.bar([x + (k - 0.5) * width for x in xs], [per_pair(r, side) for r in mine], width,
+                   label={"fwd": "forward", "bwd": "backward (split 4)"}[side])
+        ax.axhline(1.05, color="black", lw=0.8, ls="--", label="1.05 (the issue's target)")
+        ax.set_xticks(list(xs), labels, fontsize=7)
+        ax.set_title(f"{shape}: time per attended pair, bounded / unbounded")
+        ax.set_xlabel("past keys / document length")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax = axes[1][col]
+        width = 0.2
+        for k in range(4):
+            vals = [r["trimmed_bwd_ms_at_split_1_to_4"][k] / r["trimmed_bwd_ms_at_split_1_to_4"][3] for r in mine]
+            ax.bar([x + (k - 1.5) * width for x in xs], vals, width, label=f"split {k + 1}")
+        ax.set_xticks(list(xs), labels, fontsize=7)
+        ax.set_title(f"{shape}: bounded backward time / time at split 4")
+        ax.set_xlabel("past keys / document length")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"Packed documents, a 4,096-query chunk, {data[0]['device']} ({name})")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def sparse_backward(trace, out):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     import sparse_trace  # noqa: E402 (tools/analysis/sparse_trace.py)
@@ -119,13 +163,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attention-prefix", default="2026-12-02-hs3-call5")
     p.add_argument("--sparse-trace", default="2026-12-02-hs3-call5")
+    p.add_argument("--documents", default="2026-12-06-documents-split-sweep")
     args = p.parse_args()
     img = ROOT / "docs/img"
     img.mkdir(exist_ok=True)
     attention(args.attention_prefix, img / "attention_h200.png")
     lm_head(img / "lm_head_h200.png")
     sparse_backward(args.sparse_trace, img / "sparse_backward_h200.png")
-    print("wrote", img / "attention_h200.png", img / "lm_head_h200.png", img / "sparse_backward_h200.png")
+    documents(args.documents, img / "attention_documents_h100.png")
+    print("wrote", img / "attention_h200.png", img / "lm_head_h200.png", img / "sparse_backward_h200.png",
+          img / "attention_documents_h100.png")
 
 
 if __name__ == "__main__":
