@@ -131,12 +131,13 @@ double time_fwd(const device_problem& dp, int split, int reps) {
 }
 
 /// What a timed backward reads and writes: the forward's output and LSE, delta, and the
-/// gradients (zeroed), the past's gradient pages seen through `grads`.
+/// gradients (zeroed), the past's gradient pages seen through `grads` (for a window that leaves out
+/// the sequence's first `skipped` pages: its entries from there on).
 struct backward_buffers {
   dev<oomb::bf16> o;
   dev<float> lse, delta, dq, dk, dv, g;
   oomb::window_grad_view<float> grads;
-  explicit backward_buffers(const device_problem& dp)
+  explicit backward_buffers(const device_problem& dp, std::int32_t skipped = 0)
       : o(dp.h.q.size()),
         lse(std::size_t(dp.h.c.sq) * dp.h.c.hq),
         delta(lse.n),
@@ -145,6 +146,8 @@ struct backward_buffers {
         dv(dk.n),
         g(std::size_t(std::int64_t(dp.h.n_grad) * dp.h.shape.pair_elements())),
         grads(dp.grads(g.p)) {
+    grads.grad_page += skipped;
+    grads.pages -= skipped;
     dq.fill_bytes(0);
     dk.fill_bytes(0);
     dv.fill_bytes(0);
@@ -465,35 +468,31 @@ documents_timing time_documents(const problem& p, int reps) {
     t.plain_trimmed.pairs += double(pos - std::int64_t(first) * c.page + 1);
   }
   t.trimmed.pairs = t.bounded.pairs;
-  auto run = [&](const gpu::attention_args& a, std::int32_t skipped, documents_timing::side& out) {
-    backward_buffers buf(dp);
-    buf.grads.grad_page += skipped;
-    buf.grads.pages -= skipped;
-    out.fwd = time_ms(1, reps, [&] { attn_test::forward(a, buf.o.p, buf.lse.p, nullptr); });
-    out.bwd = time_ms(1, reps, [&] {
+  auto time_backward = [&](const gpu::attention_args& a, backward_buffers& buf, const gpu::plan_options& o) {
+    const auto plan = gpu::plan_backward(gpu::call_shape::of(a, buf.dq.p), attn_test::facts(), o);
+    return time_ms(1, reps, [&] {
       gpu::backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
-      attn_test::backward(a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, nullptr);
+      gpu::backward(plan, a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, {}, nullptr);
     });
+  };
+  auto run = [&](const gpu::attention_args& a, std::int32_t skipped, documents_timing::side& out) {
+    backward_buffers buf(dp, skipped);
+    out.fwd = time_ms(1, reps, [&] { attn_test::forward(a, buf.o.p, buf.lse.p, nullptr); });
+    out.bwd = time_backward(a, buf, {});
   };
   // in turn, so that neither side always runs on a warmer device
   run(unbounded(whole), 0, t.plain);
   run(whole, 0, t.bounded);
-  run(unbounded(trim(whole)), first, t.plain_trimmed);
-  run(trim(whole), first, t.trimmed);
-  // The plan's split assumes equal walks per key block; with documents they are not.
-  const auto a = trim(whole);
-  backward_buffers buf(dp);
-  buf.grads.grad_page += first;
-  buf.grads.pages -= first;
-  t.split = gpu::plan_backward(gpu::call_shape::of(a, buf.dq.p), attn_test::facts()).query_split;
+  const auto trimmed = trim(whole);
+  run(unbounded(trimmed), first, t.plain_trimmed);
+  run(trimmed, first, t.trimmed);
+  // The wave rule's split assumes equal walks per key block; with documents they are not.
+  backward_buffers buf(dp, first);
+  t.split = gpu::plan_backward(gpu::call_shape::of(trimmed, buf.dq.p), attn_test::facts()).query_split;
   for (int split = 1; split <= 4; ++split) {
     gpu::plan_options o;
     o.split = split;
-    const auto plan = gpu::plan_backward(gpu::call_shape::of(a, buf.dq.p), attn_test::facts(), o);
-    t.bwd_split[split - 1] = time_ms(1, reps, [&] {
-      gpu::backward_delta(c.sq, c.hq, c.d, buf.o.p, dp.d_o.p, buf.delta.p, nullptr);
-      gpu::backward(plan, a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, {}, nullptr);
-    });
+    t.bwd_split[split - 1] = time_backward(trimmed, buf, o);
   }
   return t;
 }
