@@ -400,10 +400,12 @@ inline backward_plan plan_backward(const call_shape& s, const device_facts& f, c
     }
   }
   const int query_tiles = static_cast<int>(detail::ceil_div(std::int64_t(s.sq) * group, p.step_rows));
-  p.query_split = o.split > 0                    ? o.split
-                  : s.bounded && t.hopper && !s.sparse ? detail::bounded_backward_split(query_tiles)
-                                                     : detail::backward_split(p.key_blocks * s.hkv, f.resident(p.config),
-                                                                              query_tiles);
+  if (o.split > 0)
+    p.query_split = o.split;
+  else if (s.bounded && t.hopper && !s.sparse)
+    p.query_split = detail::bounded_backward_split(query_tiles);
+  else
+    p.query_split = detail::backward_split(p.key_blocks * s.hkv, f.resident(p.config), query_tiles);
   return p;
 }
 
