@@ -13,7 +13,8 @@
 // lines for tools/analysis/sparse_trace.py), --documents L[,L...] (instead of the table: packed
 // documents of about L tokens each, the public entries with per-document bounds over the whole and
 // the trimmed window against the same calls without, time per attended key pair, and the trimmed
-// backward at query splits 1-4).
+// backward at query splits 1-4). On Hopper every shape also times the public backward planned
+// deterministic (plan_options::deterministic) beside the default.
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 #include <cmath>
@@ -108,6 +109,7 @@ struct result {
   timing bwd_sm90;         // the Hopper backward's dense configuration forced (hb6: Q/dO by TMA; 0: not a Hopper device / no sm_90a code)
   timing bwd_other;        // the unaligned-dq configuration forced (hb2: dQ by red.add from the consumers, 64-row steps)
   timing bwd_wide;         // forced: the wide-group dense configuration, Q/dO by cp.async (the dense default before hb6)
+  timing bwd_det;          // the public backward planned deterministic (dQ in key block order, no query split; Hopper only)
   double bwd_sm90_err;     // largest norm-wise difference Hopper (both) vs portable backward (dq, dk, dv, dpast), 16K only
 };
 
@@ -206,6 +208,16 @@ result time_one(const problem& p, int reps, bool lean = false) {
     gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
     attn_test::backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, {}, backward_kernels);
   });
+  if (gpu::detail::current_device_is_sm90()) {
+    gpu::plan_options det;
+    det.deterministic = true;
+    const auto plan = gpu::plan_backward(gpu::call_shape::of(a, dq.p), attn_test::facts(), det);
+    dev<std::int32_t> ws(static_cast<std::size_t>(plan.workspace_ints));
+    r.bwd_det = time_ms(1, reps, [&] {
+      gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      gpu::backward(plan, a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, {ws.p, plan.workspace_ints}, nullptr);
+    });
+  }
   if (gpu::detail::current_device_is_sm90() && !lean) {
     auto hopper = [&] {
       if (c.d == 128)
@@ -349,7 +361,7 @@ void trace_sparse(const problem& p, int order, const std::string& label, std::FI
   dev<std::uint64_t> tr(std::size_t(record::WORDS) << 20);  // up to 2^20 CTAs
   tr.fill_bytes(0);
   dev<std::int32_t> ws(static_cast<std::size_t>(attn_test::workspace_ints(a)));
-  const gpu::sparse_backward_workspace w{ws.p, static_cast<std::int64_t>(ws.n)};
+  const gpu::backward_workspace w{ws.p, static_cast<std::int64_t>(ws.n)};
   auto run = [&](auto traced, std::uint64_t* t) {
     constexpr bool Trace = decltype(traced)::value;
     if (c.d == 128)
@@ -410,7 +422,7 @@ sparse_timing time_sparse(const problem& p, int reps) {
     // An isolated 128-query tile at group 7 is 896 rows: 7 packed steps of 128 at d64, 8 whole-query steps of 126.
     t.bwd_packed = time_ms(1, reps, [&] {
       gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-      const gpu::sparse_backward_workspace w{ws.p, static_cast<std::int64_t>(ws.n)};
+      const gpu::backward_workspace w{ws.p, static_cast<std::int64_t>(ws.n)};
       if (c.d == 128)
         attn_test::launch_backward_sm90<gpu::backward_sm90_config<128>::wide_group>(a, lse.p, delta.p, dp.d_o.p, dq.p,
                                                                                        dk.p, dv.p, grads, nullptr, 0, 0, w);
@@ -759,6 +771,9 @@ int main(int argc, char** argv) {
                   s.name, (long long)(past / 1024), tfs(flops_bwd, paged.bwd_sm90.median),
                   tfs(flops_bwd, contig.bwd_sm90.median), tfs(flops_bwd, paged.bwd_wide.median),
                   tfs(flops_bwd, contig.bwd_wide.median));
+      if (paged.bwd_det.median > 0)
+        std::printf("  [deterministic bwd %s %lldK: %.1f TFLOP/s, %.3fx the public backward's time]\n", s.name,
+                    (long long)(past / 1024), tfs(flops_bwd, paged.bwd_det.median), paged.bwd_det.median / paged.bwd.median);
       if (jf != nullptr) {  // TFLOP/s of the median, slowest and fastest call
         auto tri = [&](double flops, const timing& t) {
           return std::to_string(tfs(flops, t.median)) + ", " + std::to_string(tfs(flops, t.hi)) + ", " +
@@ -774,7 +789,8 @@ int main(int argc, char** argv) {
                      "\"tflops_median_min_max\": {\"fwd_paged\": [%s], \"fwd_contig\": [%s], \"fwd_portable\": %f, "
                      "\"bwd_public_paged\": [%s], \"bwd_public_contig\": [%s], \"bwd_sm90_config_paged\": [%s], "
                      "\"bwd_sm90_config_contig\": [%s], \"bwd_hb2_paged\": [%s], \"bwd_hb2_contig\": [%s], "
-                     "\"bwd_sm90_wide_group_paged\": [%s], \"bwd_sm90_wide_group_contig\": [%s]}, "
+                     "\"bwd_sm90_wide_group_paged\": [%s], \"bwd_sm90_wide_group_contig\": [%s], "
+                     "\"bwd_deterministic_paged\": [%s]}, "
                      "\"bwd_sm90_config_ms_in_order\": {\"paged\": [%s], \"contig\": [%s]}, "
                      "\"bwd_vs_portable_err\": %g, \"backward_kernels\": \"%s\"}\n",
                      s.name, (long long)past, sq, r, prop.name, tri(flops_fwd, paged.fwd).c_str(),
@@ -783,6 +799,7 @@ int main(int argc, char** argv) {
                      tri(flops_bwd, paged.bwd_sm90).c_str(), tri(flops_bwd, contig.bwd_sm90).c_str(),
                      tri(flops_bwd, paged.bwd_other).c_str(), tri(flops_bwd, contig.bwd_other).c_str(),
                      tri(flops_bwd, paged.bwd_wide).c_str(), tri(flops_bwd, contig.bwd_wide).c_str(),
+                     tri(flops_bwd, paged.bwd_det).c_str(),
                      in_order(paged.bwd_sm90).c_str(), in_order(contig.bwd_sm90).c_str(),
                      std::max(paged.bwd_sm90_err, contig.bwd_sm90_err),
                      backward_kernels == gpu::kernel_choice::portable ? "portable" : "automatic");

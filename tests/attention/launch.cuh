@@ -21,13 +21,33 @@ void forward(const gpu::attention_args& a, O* o, float* lse, cudaStream_t stream
 }
 inline void backward(const gpu::attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
                      float* dq, float* dk, float* dv, oomb::window_grad_view<float> dpast, cudaStream_t stream,
-                     gpu::sparse_backward_workspace ws = {}, gpu::kernel_choice kernels = gpu::kernel_choice::automatic) {
+                     gpu::backward_workspace ws = {}, gpu::kernel_choice kernels = gpu::kernel_choice::automatic) {
   gpu::backward(gpu::plan_backward(gpu::call_shape::of(a, dq), facts(), {kernels}), a, lse, delta, d_o, dq, dk, dv,
                 dpast, ws, stream);
 }
 /// The workspace the public backward wants for a (a 16-byte aligned dq).
 inline std::int64_t workspace_ints(const gpu::attention_args& a) {
   return gpu::plan_backward(gpu::call_shape::of(a), facts()).workspace_ints;
+}
+
+/// The public backward planned deterministic (plan_options::deterministic), with a workspace of the
+/// plan's size allocated around the call (synchronous: for tests).
+inline void deterministic_backward(const gpu::attention_args& a, const float* lse, const float* delta,
+                                   const oomb::bf16* d_o, float* dq, float* dk, float* dv,
+                                   oomb::window_grad_view<float> dpast, cudaStream_t stream) {
+  gpu::plan_options o;
+  o.deterministic = true;
+  const auto plan = gpu::plan_backward(gpu::call_shape::of(a, dq), facts(), o);
+  std::int32_t* ws = nullptr;
+  if (cudaMalloc(&ws, static_cast<std::size_t>(plan.workspace_ints) * sizeof(std::int32_t) + 4) != cudaSuccess)
+    OOMB_FAIL(oomb::cuda_error, "deterministic_backward: cudaMalloc");
+  try {
+    gpu::backward(plan, a, lse, delta, d_o, dq, dk, dv, dpast, {ws, plan.workspace_ints}, stream);
+  } catch (...) {
+    cudaFree(ws);
+    throw;
+  }
+  if (cudaFree(ws) != cudaSuccess) OOMB_FAIL(oomb::cuda_error, "deterministic_backward: cudaFree");
 }
 
 /// Plans configuration Cfg with a forced split (0: the plan's) and order.
@@ -60,7 +80,7 @@ void launch_backward(const gpu::attention_args& a, const float* lse, const float
 template <class Cfg, bool Trace = false>
 void launch_backward_sm90(const gpu::attention_args& a, const float* lse, const float* delta, const oomb::bf16* d_o,
                           float* dq, float* dk, float* dv, oomb::window_grad_view<float> dpast, cudaStream_t stream,
-                          int split = 0, int order = 0, gpu::sparse_backward_workspace ws = {},
+                          int split = 0, int order = 0, gpu::backward_workspace ws = {},
                           std::uint64_t* trace = nullptr) {
   gpu::detail::launch_backward_sm90<Cfg, Trace>(
       gpu::plan_backward(gpu::call_shape::of(a, dq), facts(), forced<Cfg>(split, order)), a, lse, delta, d_o, dq, dk,

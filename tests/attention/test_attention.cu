@@ -699,9 +699,9 @@ TEST_CASE("attention: a sparse backward's workspace smaller than it needs is ref
   const std::int64_t need = plan.workspace_ints;
   CHECK(need == 2 * 37 * 2 + 1 + 37 * 2);
   std::int32_t ws[300] = {};
-  CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(plan, {ws, need}));
-  CHECK_NOTHROW(gpu::detail::check_sparse_backward_workspace(plan, {nullptr, 0}));
-  CHECK_THROWS_AS(gpu::detail::check_sparse_backward_workspace(plan, {ws, need - 1}), oomb::invalid_argument);
+  CHECK_NOTHROW(gpu::detail::check_backward_workspace(plan, {ws, need}));
+  CHECK_NOTHROW(gpu::detail::check_backward_workspace(plan, {nullptr, 0}));
+  CHECK_THROWS_AS(gpu::detail::check_backward_workspace(plan, {ws, need - 1}), oomb::invalid_argument);
   s.tile = 0;  // a bad tile is refused, not divided by
   CHECK_THROWS_AS(gpu::plan_backward(s, f), oomb::invalid_argument);
   s.sparse = false;
@@ -1428,6 +1428,10 @@ void check_documents(const problem& p, const cpu_result& ref) {
     sm90_all(gpu::backward_sm90_config<128>{});
   else
     sm90_all(gpu::backward_sm90_config<64>{});
+  if (!c.sparse)  // dQ in key block order: each step's run of blocks starts at its first bound's block
+    run.backward("sm90 deterministic", [&](const gpu::attention_args& a, auto... rest) {
+      attn_test::deterministic_backward(a, rest..., nullptr);
+    });
 }
 
 config documents(config c, std::vector<std::int64_t> starts) {
@@ -1493,4 +1497,126 @@ TEST_CASE("attention: one document (every bound 0) is the forward without bounds
       CHECK(std::memcmp(with.data(), without.data(), with.size() * sizeof(float)) == 0);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The deterministic backward (plan_options::deterministic): dQ added step by step in key block
+// order, no query split. It must match the CPU oracle like every kernel, and give the same bits on
+// every run, where the default adds dQ in arrival order.
+
+namespace {
+
+/// What one backward pass over every window of p adds to dq, dK, dV and the gradient pages (fp32
+/// bits), from fixed random starting values.
+std::vector<float> added_bits(const problem& p, const device_problem& dp, const dev<bf16>& o, const dev<float>& lse,
+                              bool deterministic) {
+  const auto& c = p.c;
+  const std::size_t qn = p.q.size(), ln = std::size_t(c.sq) * c.hq, kn = std::size_t(c.sq) * c.hkv * c.d;
+  const std::size_t gn = std::size_t(std::int64_t(p.n_grad) * p.shape.pair_elements());
+  dev<float> delta(ln);
+  gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+  dev<float> dq(random_floats(qn, c.seed + 51)), dk(random_floats(kn, c.seed + 52)), dv(random_floats(kn, c.seed + 53)),
+      gp(random_floats(gn, c.seed + 54));
+  const bool merged = p.windows.size() > 1;
+  for (int w = merged ? 0 : -1; w < (merged ? int(p.windows.size()) : 0); ++w) {
+    if (deterministic)
+      attn_test::deterministic_backward(dp.args(w), lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p, w), nullptr);
+    else
+      attn_test::backward(dp.args(w), lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, dp.grads(gp.p, w), nullptr);
+  }
+  sync();
+  std::vector<float> all = dq.download();
+  for (const auto& v : {dk.download(), dv.download(), gp.download()}) all.insert(all.end(), v.begin(), v.end());
+  return all;
+}
+
+std::size_t differing(const std::vector<float>& a, const std::vector<float>& b) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("attention: the deterministic Hopper backward matches the CPU reference and repeats bit for bit") {
+  if (!hopper_device()) {
+    MESSAGE("not a compute-capability 9.0 device: the deterministic backward is not run");
+    return;
+  }
+  std::printf("deterministic Hopper backward vs CPU reference, then repeated\n");
+  using oomb::kv_layout;
+  // Groups 1-7, both head sizes, partial steps, pages and tiles, several windows, documents.
+  const std::vector<config> cases = {
+      make("det g7 d128", 300, 1300, 14, 2, 128, 128),
+      make("det g1 d64 tm", 333, 1000, 2, 2, 64, 128, kv_layout::token_major),
+      make("det g5 d64", 200, 700, 10, 2, 64, 256),
+      make("det g2 d128 short", 70, 100, 4, 2, 128, 128),
+      windowed(make("det g4 d128 3 windows", 256, 1500, 8, 2, 128, 128), 3),
+      documents(make("det docs g7 d128", 300, 700, 14, 2, 128, 128), {389, 700, 750, 901, 950}),
+      documents(windowed(make("det docs g3 d64 2 windows", 290, 1000, 6, 2, 64, 128), 2), {130, 700, 1003, 1129}),
+  };
+  for (const config& c : cases) {
+    const problem p(c);
+    const cpu_result ref = run_cpu(p);
+    const bool merged = p.windows.size() > 1;
+    auto det = [](const gpu::attention_args& a, auto... rest) { attn_test::deterministic_backward(a, rest..., nullptr); };
+    const gpu_result g1 = run_backward(p, ref, det, merged), g2 = run_backward(p, ref, det, merged);
+    check_errors(c.name + " [deterministic]", compare(g1, ref), g1.untouched_ok);
+    INFO(c.name);
+    CHECK(g1.dq == g2.dq);
+    CHECK(g1.dk_own == g2.dk_own);
+    CHECK(g1.dv_own == g2.dv_own);
+    CHECK(g1.dgrad == g2.dgrad);
+  }
+  // Chunk-sized calls, where hundreds of blocks add into each step: the same bits three times, and
+  // the default's sums (checked against the oracle by the other cases) to fp32 rounding.
+  for (const config& c : {make("det large 28:4 d128 4096 x 16K", 4096, 16384, 28, 4, 128, 128),
+                          documents(make("det large docs 14:2 d64 4096 x 8K", 4096, 8192, 14, 2, 64, 128),
+                                    {3000, 8192, 9000, 11000})}) {
+    const problem p(c);
+    device_problem dp(p);
+    dev<bf16> o(p.q.size());
+    dev<float> lse(std::size_t(c.sq) * c.hq);
+    attn_test::forward(dp.args(), o.p, lse.p, nullptr);
+    const auto a = added_bits(p, dp, o, lse, true), b = added_bits(p, dp, o, lse, true), e = added_bits(p, dp, o, lse, true);
+    const auto x = added_bits(p, dp, o, lse, false), y = added_bits(p, dp, o, lse, false);
+    std::printf("  %-40s deterministic runs differ in %zu and %zu of %zu values; the default's two runs in %zu; "
+                "deterministic vs default rel %.2e\n",
+                c.name.c_str(), differing(a, b), differing(a, e), a.size(), differing(x, y), rel_err(a, x));
+    INFO(c.name);
+    CHECK(differing(a, b) == 0);
+    CHECK(differing(a, e) == 0);
+    CHECK(rel_err(a, x) <= 1e-5);
+  }
+}
+
+TEST_CASE("attention: a deterministic backward refuses what it cannot order, before any launch") {
+  if (!hopper_device()) {
+    MESSAGE("not a compute-capability 9.0 device: the deterministic backward is not run");
+    return;
+  }
+  const config c = make("det refusals", 100, 300, 14, 2, 128, 128);
+  const problem p(c);
+  device_problem dp(p);
+  dev<float> buf(std::size_t(c.sq) * c.hq * c.d);
+  gpu::plan_options o;
+  o.deterministic = true;
+  const auto plan = gpu::plan_backward(gpu::call_shape::of(dp.args(), buf.p), attn_test::facts(), o);
+  CHECK(plan.deterministic);
+  CHECK(plan.query_split == 1);
+  // no workspace, or one too small
+  CHECK_THROWS_AS(gpu::backward(plan, dp.args(), buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, dp.grads(buf.p), {}, nullptr),
+                  oomb::invalid_argument);
+  dev<std::int32_t> ws(static_cast<std::size_t>(plan.workspace_ints));
+  CHECK_THROWS_AS(gpu::backward(plan, dp.args(), buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, dp.grads(buf.p),
+                                {ws.p, plan.workspace_ints - 1}, nullptr),
+                  oomb::invalid_argument);
+  // the portable kernels and page-sparse calls
+  o.kernels = gpu::kernel_choice::portable;
+  CHECK_THROWS_AS(gpu::plan_backward(gpu::call_shape::of(dp.args(), buf.p), attn_test::facts(), o), oomb::invalid_argument);
+  o.kernels = gpu::kernel_choice::automatic;
+  const problem ps(sparse(make("det refusals sparse", 100, 300, 14, 2, 128, 128), 128));
+  device_problem dps(ps);
+  CHECK_THROWS_AS(gpu::plan_backward(gpu::call_shape::of(dps.args(), buf.p), attn_test::facts(), o), oomb::invalid_argument);
+  sync();
 }

@@ -214,3 +214,49 @@ TEST_CASE("attention plan: a call with per-document bounds has its own shape; th
   CHECK(att::plan_backward(long_shape, f, portable).query_split ==
         att::plan_backward(att::call_shape::of(a), f, portable).query_split);
 }
+
+TEST_CASE("attention plan: a deterministic backward takes no query split and a dQ turn per KV head and step") {
+  const auto f = h200();
+  att::plan_options o;
+  o.deterministic = true;
+  // 4,096 queries at group 7 in steps of 77 rows (d128: 80-row steps of whole queries): 373 steps
+  const auto dense = call(4096, 65536, (65536 + 4096) / 128);
+  const auto plan = att::plan_backward(dense, f, o);
+  CHECK(plan.deterministic);
+  CHECK(plan.config == K::backward_hopper_d128);
+  CHECK(plan.query_split == 1);
+  CHECK(plan.step_rows == 77);
+  CHECK(plan.query_steps() == (4096 * 7 + 76) / 77);
+  CHECK(plan.workspace_ints == 4 * plan.query_steps());
+  // the default on the same call splits to fill the wave; with bounds it splits 4 ways
+  auto bounded = dense;
+  bounded.bounded = true;
+  CHECK(att::plan_backward(bounded, f).query_split == 4);
+  CHECK(att::plan_backward(bounded, f, o).query_split == 1);
+  CHECK(!att::plan_backward(dense, f).deterministic);
+  // d64: steps of 128 rows at group 7 hold 18 queries
+  const auto d64 = att::plan_backward(call(1000, 4096, 40, 14, 2, 64), f, o);
+  CHECK(d64.config == K::backward_hopper_d64);
+  CHECK(d64.step_rows == 126);
+  CHECK(d64.workspace_ints == 2 * ((1000 * 7 + 125) / 126));
+  // what it cannot order is refused: page-sparse calls, the portable kernels (another GPU, short
+  // pages, or asked for), an 8-byte aligned dq, a forced query split, the d64 wide-group kernel
+  auto sp = dense;
+  sp.sparse = true;
+  sp.tile = 128;
+  CHECK_THROWS_AS(att::plan_backward(sp, f, o), oomb::invalid_argument);
+  CHECK_THROWS_AS(att::plan_backward(dense, h200(false), o), oomb::invalid_argument);
+  CHECK_THROWS_AS(att::plan_backward(call(512, 1024, 24, 28, 4, 128, 64), f, o), oomb::invalid_argument);
+  auto unaligned = dense;
+  unaligned.dq_aligned16 = false;
+  CHECK_THROWS_AS(att::plan_backward(unaligned, f, o), oomb::invalid_argument);
+  auto split = o;
+  split.split = 2;
+  CHECK_THROWS_AS(att::plan_backward(dense, f, split), oomb::invalid_argument);
+  split.split = 1;
+  CHECK(att::plan_backward(dense, f, split).query_split == 1);
+  CHECK_THROWS_AS(att::plan_backward(call(2, 0, 1, 160, 1, 64), f, o), oomb::invalid_argument);
+  auto portable = o;
+  portable.kernels = att::kernel_choice::portable;
+  CHECK_THROWS_AS(att::plan_backward(dense, f, portable), oomb::invalid_argument);
+}

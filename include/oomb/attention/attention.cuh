@@ -110,6 +110,7 @@ inline kernel_params make_params(const attention_args& a, int rows_per_tile_mult
   p.stagger = false;
   p.heads_interleaved = false;
   p.trace = nullptr;
+  p.dq_turns = nullptr;
   p.tile_rows_div = fast_divmod(a.tile_indptr != nullptr ? static_cast<std::uint32_t>(a.tile * group) : 1u);
   return p;
 }
@@ -362,6 +363,7 @@ void launch_backward(const backward_plan& plan, const attention_args& a, const f
   // Query-walk order (plan.order: 1 lockstep, 2 staggered; 0 = lockstep, measured equal within
   // noise on the H200, docs/history/attention.md v4).
   p.stagger = plan.order == 2;
+  OOMB_EXPECTS(!plan.deterministic, "attention_backward: the portable kernels have no deterministic order");
   check_backward_outputs(a, lse, delta, d_o, dq, dk_own, dv_own, dpast);
   const backward_outputs out{dq, dk_own, dv_own, dpast};
   const auto kernel = attention_backward_kernel<Cfg>;
@@ -376,36 +378,40 @@ void launch_backward(const backward_plan& plan, const attention_args& a, const f
 
 }  // namespace detail
 
-/// Device scratch for page-sparse backward calls, attention_backward_workspace_ints(args) ints: with
-/// it the Hopper backward launches only the past blocks that some tile selects, the most selected
-/// first (detail::sparse_backward_order_kernel; hs2), so the long walks start early and unselected
-/// blocks cost no CTA, and each CTA reads which tiles select its page instead of searching their
-/// lists (hs3); without it, in the window-ends-first order (hs1). Stream-ordered: one
-/// workspace serves the calls of one stream in turn.
-struct sparse_backward_workspace {
+/// Device scratch of a backward call, plan.workspace_ints ints (attention_backward_workspace_ints(args)
+/// through the C ABI). Page-sparse calls: with it the Hopper backward launches only the past blocks
+/// that some tile selects, the most selected first (detail::sparse_backward_order_kernel; hs2), so
+/// the long walks start early and unselected blocks cost no CTA, and each CTA reads which tiles
+/// select its page instead of searching their lists (hs3); without it, in the window-ends-first
+/// order (hs1). Deterministic calls (plan_options::deterministic): the dQ turn counters, required.
+/// Stream-ordered: one workspace serves the calls of one stream in turn.
+struct backward_workspace {
   std::int32_t* data = nullptr;
   std::int64_t ints = 0;
 };
 
 namespace detail {
 
-/// A workspace given to a sparse call must be large enough (a smaller one is a caller's mistake, not
-/// a reason to launch in another order).
-inline void check_sparse_backward_workspace(const backward_plan& plan, const sparse_backward_workspace& ws) {
+/// A workspace given to a call must be large enough (a smaller one is a caller's mistake, not a
+/// reason to launch in another order); a deterministic call needs one.
+inline void check_backward_workspace(const backward_plan& plan, const backward_workspace& ws) {
+  OOMB_EXPECTS(!plan.deterministic || ws.data != nullptr,
+               "attention_backward (deterministic): needs a workspace of backward_plan::workspace_ints (",
+               plan.workspace_ints, ") ints for its dQ turns");
   if (ws.data == nullptr) return;
-  OOMB_EXPECTS(ws.ints >= plan.workspace_ints, "attention_backward: the sparse workspace holds ", ws.ints,
+  OOMB_EXPECTS(ws.ints >= plan.workspace_ints, "attention_backward: the workspace holds ", ws.ints,
                " ints; this call needs ", plan.workspace_ints, " (backward_plan::workspace_ints)");
 }
 
 /// Launches the Hopper backward (backward_sm90.cuh) with configuration Cfg as `plan` says; throws
 /// when the shape or the binary does not support it (page_size < 128, no sm_90a code). ws: see
-/// sparse_backward_workspace. Trace (the benchmark's --trace): the kernel instance that records each
+/// backward_workspace. Trace (the benchmark's --trace): the kernel instance that records each
 /// CTA's timeline into `trace`, backward_trace_record::WORDS words per CTA of the grid (x fastest,
 /// then the KV head, then the query split); the product launches are untraced (nullptr).
 template <class Cfg, bool Trace = false>
 void launch_backward_sm90(const backward_plan& plan, const attention_args& a, const float* lse, const float* delta,
                           const bf16* d_o, float* dq, float* dk_own, float* dv_own,
-                          window_grad_view<float> dpast, cudaStream_t stream, sparse_backward_workspace ws = {},
+                          window_grad_view<float> dpast, cudaStream_t stream, backward_workspace ws = {},
                           std::uint64_t* trace = nullptr) {
   check_plan(plan.shape, call_shape::of(a, dq), "attention backward (sm90)");
   OOMB_EXPECTS(a.d == Cfg::D, "attention_backward: head_dim ", a.d, " does not match the kernel's ", Cfg::D);
@@ -428,10 +434,17 @@ void launch_backward_sm90(const backward_plan& plan, const attention_args& a, co
   allow_smem(kernel, Cfg::smem_bytes);
   if (plan.key_blocks == 0) return;
   const int ctas = plan.ctas_per_head;  // per KV head
+  check_backward_workspace(plan, ws);
+  if (plan.deterministic) {
+    OOMB_EXPECTS(Cfg::DQ_WRITER && !Cfg::DQ_OWN && a.tile_indptr == nullptr && plan.query_split == 1,
+                 "attention_backward (sm90, deterministic): the plan's configuration cannot order dQ");
+    const cudaError_t e = cudaMemsetAsync(ws.data, 0, static_cast<std::size_t>(plan.workspace_ints) * sizeof(std::int32_t), stream);
+    if (e != cudaSuccess) OOMB_FAIL(cuda_error, "attention_backward (deterministic): zeroing the dQ turns: ", cudaGetErrorString(e));
+    p.dq_turns = ws.data;
+  }
   if (a.tile_indptr != nullptr) {
     p.plan = plan.sparse;
     const int past_blocks = p.plan.own_kb;
-    check_sparse_backward_workspace(plan, ws);
     if (plan.workspace_ints > 0 && ws.data != nullptr) {
       sparse_backward_order_kernel<><<<1, ORDER_THREADS, 0, stream>>>(p, past_blocks, a.kv.pool.page_size / Cfg::BN,
                                                                     ws.data);
@@ -532,7 +545,7 @@ int config_blocks_per_sm(bool sm90) {
 #define OOMB_ATTENTION_DETAIL_HOPPER_BACKWARD(kw, name)                                                   \
   kw void launch_backward_sm90<OOMB_ATTENTION_DETAIL_CFG(name), false>(                                   \
       const backward_plan&, const attention_args&, const float*, const float*, const bf16*, float*, \
-      float*, float*, window_grad_view<float>, cudaStream_t, sparse_backward_workspace, std::uint64_t*); \
+      float*, float*, window_grad_view<float>, cudaStream_t, backward_workspace, std::uint64_t*); \
   kw bool sm90_backward_built<OOMB_ATTENTION_DETAIL_CFG(name)>();                                         \
   kw int config_blocks_per_sm<OOMB_ATTENTION_DETAIL_CFG(name)>(bool);
 #define OOMB_ATTENTION_INSTANCES(kw)                                              \
@@ -634,11 +647,11 @@ void backward_delta(std::int32_t sq, std::int32_t hq, std::int32_t d, const O* o
 
 /// Backward over one window as `plan` (plan_backward) says; see the file comment. dq, dk_own, dv_own,
 /// gradient pages: fp32, added to, 8-byte aligned (a 16-byte aligned dq lets the Hopper kernel use
-/// its faster dQ path: plan with call_shape::of(args, dq)). ws: optional scratch for sparse calls of
-/// plan.workspace_ints ints (sparse_backward_workspace).
+/// its faster dQ path: plan with call_shape::of(args, dq)). ws: scratch of plan.workspace_ints ints
+/// (backward_workspace): optional for sparse calls, required by deterministic ones.
 inline void backward(const backward_plan& plan, const attention_args& a, const float* lse, const float* delta,
                      const bf16* d_o, float* dq, float* dk_own, float* dv_own, window_grad_view<float> dpast,
-                     sparse_backward_workspace ws, cudaStream_t stream) {
+                     backward_workspace ws, cudaStream_t stream) {
   OOMB_EXPECTS(plan.config != kernel_config::count && !is_forward(plan.config),
                "attention backward: the plan is not a backward plan");
   detail::with_config(plan.config, [&](auto cfg) {

@@ -591,12 +591,27 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
         // free the tile once the reductions have read it.
         // writer_tensor: one tensor reduction per 32-column panel of the tile, the step's whole
         // queries (a clipped step's masked rows add zeros; queries past sq are not written).
+        // Deterministic plans (dq_turns; dense, no query split): a step's rows get the blocks' dQ in key
+        // block order. The blocks that walk step s are a run [lo, hi]: both ends of a walk grow with
+        // the block (the causal start; with bounds, the end of the last document reaching the
+        // block), and lo is the block holding the step's first bound. Block kb adds when kb - lo
+        // blocks have, then passes the turn on once its reductions are complete. Lower blocks launch
+        // first (blockIdx.x), so every wait is on a CTA that is running or done.
+        const int steps = (rows + RS - 1) / RS;
         int i = 0;
         for (query_walk wk = walk0; !wk.done(); wk.next(), ++i) {
           const int r0 = wk.r0, r1 = wk.r1();
           const int qa = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r0)));
           const int qb = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r1 - 1)));
           const int nb = i % Cfg::DQ_BUFS;
+          std::int32_t* const turn = p.dq_turns != nullptr ? p.dq_turns + std::int64_t(kvh) * steps + r0 / RS : nullptr;
+          if (turn != nullptr) {
+            const std::int64_t first_key = key_lower_rel(p, qa) + p.q_start - pos0;  // window-relative
+            const int lo = first_key > 0 ? static_cast<int>(first_key / BN) : 0;
+            if (lane == 0) wait_turn(turn, kb - lo);
+            __syncwarp();
+            fence_proxy_async_global();
+          }
 #pragma unroll
           for (int u = 0; u < Cfg::DQ_UNITS; ++u) {
             const int n = u * Cfg::DQ_BUFS + nb;
@@ -617,11 +632,21 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
             }
             bulk_commit();
           }
-          bulk_wait_read<0>();
+          if (turn != nullptr) {
+            bulk_wait<0>();  // this step's sums are in dq
+            fence_proxy_async_global();
+          } else {
+            bulk_wait_read<0>();
+          }
           __syncwarp();
-          if (lane == 0)
+          if (lane == 0) {
+            if (turn != nullptr) {
+              __threadfence();
+              pass_turn(turn);
+            }
 #pragma unroll
             for (int u = 0; u < Cfg::DQ_UNITS; ++u) mbar_arrive(dq_empty(u * Cfg::DQ_BUFS + nb));
+          }
         }
         bulk_wait<0>();
         return;

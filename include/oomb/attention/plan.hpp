@@ -134,6 +134,11 @@ struct plan_options {
   int order = 0;
   /// Forces this configuration (tests, benchmark); count: the plan chooses.
   kernel_config config = kernel_config::count;
+  /// Backward: the same bits on every run. The Hopper dense backward then adds each dQ step in key
+  /// block order (a turn counter per KV head and step in the workspace: backward_plan::dq_turns)
+  /// and takes no query split, so no sum depends on which CTA finishes first. Page-sparse calls,
+  /// the portable kernels and an 8-byte aligned dq are refused (their sums are still unordered).
+  bool deterministic = false;
 };
 
 /// The Hopper backward's launch order on page-sparse calls, computed on the host (hs2). Per KV head,
@@ -212,10 +217,17 @@ struct backward_plan {
   int step_rows = 0;      ///< packed query rows per step
   int order = 0;          ///< plan_options::order
   sparse_backward_plan sparse;  ///< Hopper sparse calls (device pointers filled at launch)
+  /// plan_options::deterministic: dQ is added step by step in key block order, with no query split.
+  bool deterministic = false;
   /// int32 words of device workspace the launch wants (sparse Hopper calls: the launch order by
-  /// selection and each page's tile bits); 0: none. A smaller workspace is refused; none at all
-  /// launches in the window-ends-first order.
+  /// selection and each page's tile bits; deterministic calls: a turn counter per KV head and query
+  /// step); 0: none. A smaller workspace is refused; a sparse call with none at all launches in the
+  /// window-ends-first order, a deterministic one is refused.
   std::int64_t workspace_ints = 0;
+  /// Steps of step_rows packed query rows per KV head.
+  std::int64_t query_steps() const {
+    return step_rows > 0 ? (std::int64_t(shape.sq) * shape.group() + step_rows - 1) / step_rows : 0;
+  }
 };
 
 namespace detail {
@@ -400,6 +412,26 @@ inline backward_plan plan_backward(const call_shape& s, const device_facts& f, c
     }
   }
   const int query_tiles = static_cast<int>(detail::ceil_div(std::int64_t(s.sq) * group, p.step_rows));
+  if (o.deterministic) {
+    // The kernel orders dQ by key block on dense calls, where every step's contributors are a run of
+    // consecutive blocks; only the writer warp's configurations reduce a step from one thread group.
+    OOMB_EXPECTS(!s.sparse, "plan_backward (deterministic): page-sparse calls are not supported yet (their dQ sums are "
+                 "not ordered); use a dense call");
+    OOMB_EXPECTS(t.hopper, "plan_backward (deterministic): needs the Hopper backward (an sm_90 GPU with sm_90a code and "
+                 "pages of >= 128 tokens); the portable kernels add dQ in arbitrary order");
+    OOMB_EXPECTS(s.dq_aligned16 && p.config != kernel_config::backward_hopper_d64_unaligned &&
+                     p.config != kernel_config::backward_hopper_d128_unaligned,
+                 "plan_backward (deterministic): dq must be 16-byte aligned (the unaligned kernel adds dQ from every thread)");
+    OOMB_EXPECTS(p.config != kernel_config::backward_hopper_d64_wide_group,
+                 "plan_backward (deterministic): a GQA group wider than 128 at head_dim 64 is not supported (its two "
+                 "consumers add into the same dQ rows)");
+    OOMB_EXPECTS(o.split <= 1, "plan_backward (deterministic): a query split adds dK/dV in arbitrary order; got split ",
+                 o.split);
+    p.deterministic = true;
+    p.query_split = 1;
+    p.workspace_ints = std::int64_t(s.hkv) * p.query_steps();
+    return p;
+  }
   if (o.split > 0)
     p.query_split = o.split;
   else if (s.bounded && t.hopper && !s.sparse)

@@ -222,6 +222,21 @@ template <int N>
 __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
+/// Orders this thread's generic-proxy global accesses with its bulk (async-proxy) ones: after waiting
+/// for completed reductions, before announcing them; after an acquire, before issuing more.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+/// Spins until *turn == want (acquire at GPU scope): the CTAs before this one in a fixed order have
+/// passed the turn on.
+__device__ __forceinline__ void wait_turn(const std::int32_t* turn, std::int32_t want) {
+  std::int32_t v;
+  do {
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(turn) : "memory");
+  } while (v != want);
+}
+/// Passes the turn to the next CTA: *turn += 1 (release at GPU scope).
+__device__ __forceinline__ void pass_turn(std::int32_t* turn) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
+}
 
 }  // namespace attention::detail::sm90
 OOMB_NAMESPACE_END

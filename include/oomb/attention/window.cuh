@@ -43,6 +43,9 @@ struct kernel_params {
   sparse_backward_plan plan;  // Hopper backward, sparse: which CTA takes which block and tiles (hs2)
   /// Hopper backward, traced instance only (the benchmark's --trace): where each CTA records its timeline.
   std::uint64_t* trace;
+  /// Hopper backward, deterministic plans: per (KV head, query step) how many key blocks have added
+  /// their dQ for the step (zeroed before the launch); nullptr: dQ is added in arrival order.
+  std::int32_t* dq_turns;
 };
 
 __device__ __forceinline__ std::int32_t lower_bound(const std::int32_t* a, std::int32_t n, std::int64_t x) {
