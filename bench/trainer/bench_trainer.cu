@@ -78,6 +78,7 @@ const char* usage =
     "  --home-memory M      where the homes live with --offload: pinned, or pageable (through pinned staging:\n"
     "                       no GPU memory for the driver's mapping of pinned pages)             [pinned]\n"
     "  --keep-attention-outputs  keep stage 1's attention outputs for stage 2 (no attention recompute)\n"
+    "  --deterministic           the attention backward adds dQ in key block order (the same bits every run)\n"
     "  --sparse-budget B    page-sparse attention: each tile of --tile queries attends B scored past pages (a\n"
     "                       length where B + S + L covers every past page runs dense, and its row says why)\n"
     "  --sink S             ... plus the first S pages (needs --sparse-budget)                    [1]\n"
@@ -136,6 +137,7 @@ struct bench_options {
   oomb_trainer::home_memory homes = oomb_trainer::home_memory::pinned;               ///< --home-memory
   oomb::attention::kernel_choice kernels = oomb::attention::kernel_choice::automatic;  ///< --attention-kernels
   bool keep = false;  ///< keep_attention_outputs
+  bool deterministic = false;  ///< chunk_options::deterministic
   bool split = false;  ///< chunk_options::time_ops: the row's split_s
   bool sparse = false;  ///< --sparse-budget given
   std::int32_t budget = 0, sink = 1, local = 1, tile = 128;
@@ -157,6 +159,7 @@ struct bench_options {
     o.homes = homes;
     o.attention_kernels = kernels;
     o.keep_attention_outputs = keep;
+    o.deterministic = deterministic;
     o.time_ops = split;
     o.sparse = sparse;
     o.budget = budget;
@@ -216,6 +219,8 @@ bench_options parse(int argc, char** argv) {
       }
     } else if (flag == "--keep-attention-outputs") {
       o.keep = true;
+    } else if (flag == "--deterministic") {
+      o.deterministic = true;
     } else if (flag == "--split") {
       o.split = true;
     } else if (flag == "--sparse-budget") {
@@ -614,6 +619,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["grad_homes"] = oomb_trainer::grad_homes_name(opt.grad_homes);
   row["near_pages"] = opt.near_pages;
   row["keep_attention_outputs"] = opt.keep_attention_outputs;
+  row["deterministic"] = opt.deterministic;
   const oomb_trainer::chunk_step_stats last = trainer.last_stats();  // the last timed step's
   if (opt.sparse) {
     row["budget"] = opt.budget;

@@ -10,6 +10,7 @@
 #   GRAD_HOMES     with OFFLOAD=1: fp32 (default), bf16 or bf16-stochastic gradient homes (--grad-homes)
 #   HOME_MEMORY    with OFFLOAD=1: pinned (default) or pageable homes (--home-memory)
 #   KEEP=1         keep stage 1's attention outputs for stage 2 (--keep-attention-outputs)
+#   DETERMINISTIC=1  the attention backward in a fixed order (--deterministic; dense attention only)
 #   SPLIT=1        time the backend's ops by kind on the device (--split: each row's split_s)
 #   SPARSE_BUDGET  page-sparse attention, B scored past pages per query tile (--sparse-budget); SINK,
 #                  LOCAL, TILE, SCORING (quest|mean) shape it (--sink, --local, --tile, --scoring;
@@ -61,7 +62,7 @@ tag=$model-$(date -u +%Y%m%dT%H%M%S)
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   echo "commit $(cat "$here/COMMIT")"
   ldd "$here/bench_trainer" | grep -E "cublas|not found"
-  echo "lengths ${lengths[*]}  phase $PHASE  chunk ${CHUNK:-$chunk_default}  offload ${OFFLOAD:-0}  grad homes ${GRAD_HOMES:-fp32}  homes ${HOME_MEMORY:-pinned}  keep ${KEEP:-0}  budget $DEADLINE_S s (ours $OOMB_S s)"
+  echo "lengths ${lengths[*]}  phase $PHASE  chunk ${CHUNK:-$chunk_default}  offload ${OFFLOAD:-0}  grad homes ${GRAD_HOMES:-fp32}  homes ${HOME_MEMORY:-pinned}  keep ${KEEP:-0}  deterministic ${DETERMINISTIC:-0}  budget $DEADLINE_S s (ours $OOMB_S s)"
   echo "attention ${sparse[*]:-dense}  split ${SPLIT:-0}"
 } 2>&1 | tee "$OUT/env-$tag.txt"
 
@@ -74,6 +75,7 @@ if [[ " $SYSTEMS " == *" oomb "* ]]; then
   [ -n "${GRAD_HOMES:-}" ] && args+=(--grad-homes "$GRAD_HOMES")
   [ -n "${HOME_MEMORY:-}" ] && args+=(--home-memory "$HOME_MEMORY")
   [ "${KEEP:-0}" = 1 ] && args+=(--keep-attention-outputs)
+  [ "${DETERMINISTIC:-0}" = 1 ] && args+=(--deterministic)
   [ "${SPLIT:-0}" = 1 ] && args+=(--split)
   args+=("${sparse[@]}")
   timeout $((OOMB_S + 45)) "$here/bench_trainer" "${args[@]}" 2>&1 | tee "$OUT/oomb-$tag.log"

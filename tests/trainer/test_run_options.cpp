@@ -107,6 +107,27 @@ TEST_CASE("run options: --attention-kernels automatic|portable reaches the chunk
                        oomb::invalid_argument);
 }
 
+TEST_CASE("run options: --deterministic reaches the chunk options and options.json; on cuda only what it can order") {
+  CHECK_FALSE(parse_train_options(run_args("o")).deterministic);
+  CHECK(oomb_trainer::options_json(parse_train_options(run_args("o")))["deterministic"] == false);
+  // the CPU is deterministic whatever the flags: accepted with sparse attention and any page
+  const auto cpu = parse_train_options(run_args("o", {"--deterministic", "--sparse-budget", "0"}));
+  CHECK(cpu.deterministic);
+  CHECK(oomb_trainer::chunk_options_of(cpu).deterministic);
+  CHECK(oomb_trainer::options_json(cpu)["deterministic"] == true);
+  const auto gpu = parse_train_options(run_args("o", {"--device", "cuda", "--deterministic", "--page", "128", "--chunk", "128", "--seq-len", "1024"}));
+  CHECK(gpu.deterministic);
+  CHECK(oomb_trainer::chunk_options_of(gpu).deterministic);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--device", "cuda", "--deterministic", "--page", "128", "--chunk",
+                                                          "128", "--seq-len", "1024", "--sparse-budget", "1"})),
+                       doctest::Contains("--deterministic on --device cuda takes dense attention only"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--device", "cuda", "--deterministic"})),
+                       doctest::Contains("--page >= 128 (got 16)"), oomb::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", {"--device", "cuda", "--deterministic", "--page", "128", "--chunk",
+                                                          "128", "--seq-len", "1024", "--attention-kernels", "portable"})),
+                       doctest::Contains("needs the Hopper attention kernels"), oomb::invalid_argument);
+}
+
 TEST_CASE("run options: --home-memory pinned|pageable needs --offload and --device cuda; options.json and the plan say it") {
   CHECK(parse_train_options(run_args("o")).homes == oomb_trainer::home_memory::pinned);
   const auto o = parse_train_options(run_args("o", {"--device", "cuda", "--offload", "--home-memory", "pageable"}));

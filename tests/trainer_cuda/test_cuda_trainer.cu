@@ -14,9 +14,11 @@
 // 2e-2 norm-wise relative. GPU against GPU: checkpoints hold fp32 masters and moments, so save and
 // load are bit-exact, and so is the forward (the first step's loss); the attention backward adds dQ
 // with atomics, so gradients, and the weights after an update, differ by summation order only:
-// 1e-3 (losses and weights).
+// 1e-3 (losses and weights). With --deterministic (pages of 128: the Hopper kernels) dQ is added in
+// key block order: two runs, and a stopped-and-resumed one, are the same bits.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -169,6 +171,70 @@ TEST_CASE("oomb-train --device cuda: resume on the GPU continues within toleranc
   const double err = weight_err(rest, whole);
   MESSAGE("resumed GPU weights against the uninterrupted GPU run: rel " << err << " (dQ's atomics only)");
   CHECK(err <= 1e-3);
+}
+
+TEST_CASE("oomb-train --device cuda --deterministic: two runs, and a stopped-and-resumed one, are the same bits") {
+  temp_dir tmp("cuda-deterministic");
+  const std::string config = trainer_test::write_gpu_config(tmp.path, 64);
+  const std::string init = write_init(tmp.path, config);
+  // Pages of 128 (the Hopper kernels): 1,024 tokens in chunks of 256, so a chunk's backward adds
+  // each dQ step from up to 8 key blocks; in place and with offload (8 near slots, 4 per window).
+  const auto run_options = [&](const fs::path& out, bool offload, bool deterministic) {
+    std::vector<std::string> a{"--config", config, "--synthetic", "kv-recall", "--seq-len", "1024", "--chunk", "256",
+                               "--page", "128", "--steps", "4", "--lr", "1e-3", "--out", out.string(), "--quiet",
+                               "--device", "cuda"};
+    if (offload) a.insert(a.end(), {"--offload", "--near-pages", "8"});
+    if (deterministic) a.push_back("--deterministic");
+    auto o = oomb_trainer::parse_train_options(a);
+    o.init = init;
+    return o;
+  };
+  struct result {
+    std::vector<double> losses;
+    std::vector<std::string> files;  // the last checkpoint's weights and AdamW state
+  };
+  const auto finish = [](oomb_trainer::training_run& r, const fs::path& out, result& res) {
+    while (!r.done()) res.losses.push_back(r.step().loss);
+    r.save();
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+      res.files.push_back(training_test::file_bytes((out / "checkpoint-4" / file).string()));
+  };
+  const auto straight = [&](const fs::path& out, bool offload, bool deterministic) {
+    result res;
+    oomb_trainer::training_run r(run_options(out, offload, deterministic), {}, oomb_trainer::cuda_trainer_factory());
+    finish(r, out, res);
+    return res;
+  };
+  for (const bool offload : {false, true}) {
+    CAPTURE(offload);
+    const std::string mode = offload ? "offload" : "in-place";
+    const result a = straight(tmp.path / (mode + "-a"), offload, true), b = straight(tmp.path / (mode + "-b"), offload, true);
+    CHECK(a.losses == b.losses);
+    CHECK(a.files == b.files);
+    // stopped after 2 steps and resumed: the same losses and the same bytes at step 4
+    const fs::path part = tmp.path / (mode + "-part");
+    result resumed;
+    {
+      auto o = run_options(part, offload, true);
+      o.stop_after = 2;
+      oomb_trainer::training_run first(o, {}, oomb_trainer::cuda_trainer_factory());
+      for (int s = 0; s < 2; ++s) resumed.losses.push_back(first.step().loss);
+      first.save();
+    }
+    auto o = run_options(part, offload, true);
+    o.init.clear();
+    o.resume = (part / "checkpoint").string();
+    oomb_trainer::training_run rest(o, {}, oomb_trainer::cuda_trainer_factory());
+    finish(rest, part, resumed);
+    CHECK(resumed.losses == a.losses);
+    CHECK(resumed.files == a.files);
+    // Without the flag, for the docs: how far two straight runs drift apart.
+    const result x = straight(tmp.path / (mode + "-x"), offload, false), y = straight(tmp.path / (mode + "-y"), offload, false);
+    double worst = 0;
+    for (std::size_t s = 0; s < x.losses.size(); ++s) worst = std::max(worst, rel(y.losses[s], x.losses[s]));
+    MESSAGE(mode << ": two runs without --deterministic: losses apart by up to " << worst << " (relative), checkpoints "
+                 << (x.files == y.files ? "equal" : "different") << "; with it: equal");
+  }
 }
 
 TEST_CASE("oomb-train --device cuda: a forced optimizer split trains as the all-GPU run; its checkpoints load bit for bit") {

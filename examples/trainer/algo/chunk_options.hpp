@@ -69,6 +69,10 @@ struct chunk_options {
   /// Which attention kernels the CUDA backend plans with (--attention-kernels): the Hopper ones where
   /// they apply, or always the portable ones. The CPU backend has one (the reference).
   oomb::attention::kernel_choice attention_kernels = oomb::attention::kernel_choice::automatic;
+  /// The same bits on every run (--deterministic): the CUDA backend plans its attention backward
+  /// deterministic (plan_options::deterministic: dQ in key block order, no query split); every other
+  /// GPU sum and the CPU backend are in a fixed order already.
+  bool deterministic = false;
 
   void validate() const {
     oomb::page_shape{page, 1, 2, layout}.validate();

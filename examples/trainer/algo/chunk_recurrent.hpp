@@ -55,7 +55,12 @@ class chunk_recurrent {
         attn_((check_tokens(max_tokens), be_), cfg, opt, max_tokens) {
     if (opt.keep_attention_outputs) kept_ = std::make_unique<attention_outputs<B>>(be_, cfg, opt, max_tokens);
     if constexpr (has_op_clock_v<B>) be_.time_ops(opt.time_ops);
-    if constexpr (has_attention_kernels_v<B>) be_.attention_kernels(opt.attention_kernels);
+    if constexpr (has_attention_plan_v<B>) {
+      oomb::attention::plan_options po;
+      po.kernels = opt.attention_kernels;
+      po.deterministic = opt.deterministic;
+      be_.attention_plan(po);
+    }
     if constexpr (has_reserve_v<B>) be_.reserve(chunk_shape_of(cfg, opt, max_tokens));
     acts_.resize(static_cast<std::size_t>(cfg.num_hidden_layers));
     for (auto& a : acts_) a.resize(opt.chunk, D_);

@@ -40,6 +40,7 @@ struct train_options {
   page_home_format grad_homes = page_home_format::same;  ///< --grad-homes: the gradient pages' homes (offload)
   home_memory homes = home_memory::pinned;  ///< --home-memory: where the homes live (offload, cuda)
   oomb::attention::kernel_choice attention_kernels = oomb::attention::kernel_choice::automatic;  ///< --attention-kernels
+  bool deterministic = false;  ///< --deterministic: the same bits on every run (chunk_options::deterministic)
   std::int64_t steps = 0;
   std::string eval_data;             ///< --eval-data: held-out token file (empty: none; synthetic runs hold out their own)
   std::int64_t eval_every = 0;       ///< --eval-every: evaluate after every N steps (0: at the end only)
@@ -156,6 +157,9 @@ sequence and memory
                         with the homes; the host copies bound the transfer rate)
   --attention-kernels K  the attention kernels of --device cuda: automatic (default: the Hopper ones on an
                         H100/H200 with pages of >= 128 tokens, the portable ones elsewhere) or portable
+  --deterministic       the same bits on every run and on resume: on --device cuda the attention
+                        backward adds dQ in a fixed order (dense attention, the Hopper kernels:
+                        --page >= 128; measured cost in docs/trainer.md); the CPU always is
   --keep-attention-outputs
                         keep every layer's attention output and lse from stage 1 (in compute memory,
                         or pinned homes through 4 device slots with --offload) and read them in
@@ -305,6 +309,7 @@ inline chunk_options chunk_options_of(const train_options& o) {
   co.grad_homes = o.grad_homes;
   co.homes = o.homes;
   co.attention_kernels = o.attention_kernels;
+  co.deterministic = o.deterministic;
   co.sparse = o.sparse;
   co.budget = o.budget;
   co.sink = o.sink;
@@ -389,6 +394,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--kv-queries") o.kv_queries = i32(1);
     else if (f == "--full-backprop") o.full_backprop = true;
     else if (f == "--keep-attention-outputs") o.keep_attention_outputs = true;
+    else if (f == "--deterministic") o.deterministic = true;
     else if (f == "--plan") o.plan = true;
     else if (f == "--debug") o.debug = true;
     else if (f == "--host-memory") o.host_memory = bytes();
@@ -435,6 +441,13 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(o.device == "cpu" || !o.full_backprop, "--device cuda runs chunk-recurrent training only (--full-backprop ",
                "is the CPU's baseline)");
   check_sparse_shape_flags(o.sparse, sparse_only);
+  if (o.deterministic && o.device == "cuda") {
+    OOMB_EXPECTS(!o.sparse, "--deterministic on --device cuda takes dense attention only: the page-sparse backward still adds ",
+                 "dQ in arbitrary order (leave out --sparse-budget, or run on --device cpu, which is always deterministic)");
+    OOMB_EXPECTS(o.attention_kernels == oomb::attention::kernel_choice::automatic && o.page >= 128,
+                 "--deterministic on --device cuda needs the Hopper attention kernels: --page >= 128 (got ", o.page,
+                 ") and --attention-kernels automatic; the portable ones add dQ in arbitrary order");
+  }
   OOMB_EXPECTS(!o.keep_attention_outputs || !o.full_backprop, "--keep-attention-outputs is chunk-recurrent's (not --full-backprop)");
   OOMB_EXPECTS(o.optimizer_gpu_memory < 0 || o.device == "cuda", "--optimizer-gpu-memory places the optimizer state on a GPU: "
                "it needs --device cuda");

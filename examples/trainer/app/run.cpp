@@ -200,6 +200,7 @@ nlohmann::json options_json(const train_options& o) {
           {"offload", o.offload},       {"grad_homes", grad_homes_name(o.grad_homes)},
           {"home_memory", home_memory_name(o.homes)},
           {"attention_kernels", attention_kernels_name(o.attention_kernels)},
+          {"deterministic", o.deterministic},
           {"near_pages", o.near_pages}, {"window_pages", o.window_pages},
           {"keep_attention_outputs", o.keep_attention_outputs},
           {"full_backprop", o.full_backprop},

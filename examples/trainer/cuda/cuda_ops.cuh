@@ -318,8 +318,8 @@ class basic_cuda_ops {
 
   // ---- GPU time per kind of op (ops_backend.hpp's optional op clock) ----
   void time_ops(bool on) { time_ops_ = on; }
-  /// The kernels the attention calls plan with (chunk_options::attention_kernels).
-  void attention_kernels(oomb::attention::kernel_choice k) noexcept { attention_kernels_ = k; }
+  /// What the attention calls plan with (chunk_options::attention_kernels and ::deterministic).
+  void attention_plan(const oomb::attention::plan_options& o) noexcept { attention_plan_ = o; }
   /// The compute stream's time in each kind of op since the last take (zeros unless time_ops(true));
   /// waits for the stream.
   op_seconds take_op_seconds() {
@@ -383,7 +383,7 @@ class basic_cuda_ops {
     const std::int64_t od = std::int64_t(c.sq) * c.hq * c.d;
     o_w_.resize(static_cast<std::size_t>(od));
     lse_w_.resize(static_cast<std::size_t>(std::int64_t(c.sq) * c.hq));
-    const auto plan = oomb::attention::plan_forward(oomb::attention::call_shape::of(a), facts_, {attention_kernels_});
+    const auto plan = oomb::attention::plan_forward(oomb::attention::call_shape::of(a), facts_, attention_plan_);
     oomb::attention::forward(plan, a, o_w_.data(), lse_w_.data(), compute_.get());
     ring().release(t, compute());
     float* o32 = widen(f32_[0], od, o_acc);
@@ -411,7 +411,7 @@ class basic_cuda_ops {
     float* dk32 = widen(f32_[1], kvd, dk);
     float* dv32 = widen(f32_[2], kvd, dv);
     const auto plan =
-        oomb::attention::plan_backward(oomb::attention::call_shape::of(a, dq32), facts_, {attention_kernels_});
+        oomb::attention::plan_backward(oomb::attention::call_shape::of(a, dq32), facts_, attention_plan_);
     order_ws_.resize(static_cast<std::size_t>(plan.workspace_ints));
     oomb::attention::backward(plan, a, lse, delta_.data(), d_o, dq32, dk32, dv32, dpast,
                               {order_ws_.data(), static_cast<std::int64_t>(order_ws_.size())}, compute_.get());
@@ -673,9 +673,9 @@ class basic_cuda_ops {
   // window's partial attention output, the attention delta, the head's normed rows, rstd and
   // per-row loss/lse, and the ops' workspace.
   gpu::device_buffer<float> f32_[3], o_w_, lse_w_, delta_, rstd_, rows_;
-  gpu::device_buffer<std::int32_t> order_ws_;  // the sparse backward's launch order (sparse_backward_workspace)
+  gpu::device_buffer<std::int32_t> order_ws_;  // the backward's workspace: sparse launch order, or dQ turns
   const oomb::attention::device_facts& facts_ = oomb::attention::current_device_facts();
-  oomb::attention::kernel_choice attention_kernels_ = oomb::attention::kernel_choice::automatic;
+  oomb::attention::plan_options attention_plan_;
   gpu::device_buffer<bf16> xf_;
   gpu::device_buffer<unsigned char> work_;
 };

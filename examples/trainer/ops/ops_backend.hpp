@@ -226,14 +226,14 @@ inline constexpr bool has_reserve_v = detail::has_reserve<B>::value;
 
 namespace detail {
 template <class B, class = void>
-struct has_attention_kernels : std::false_type {};
+struct has_attention_plan : std::false_type {};
 template <class B>
-struct has_attention_kernels<B, std::void_t<decltype(std::declval<B&>().attention_kernels(
-                                    oomb::attention::kernel_choice::automatic))>> : std::true_type {};
+struct has_attention_plan<B, std::void_t<decltype(std::declval<B&>().attention_plan(oomb::attention::plan_options{}))>>
+    : std::true_type {};
 }  // namespace detail
 
-/// True when B has a choice of attention kernels (chunk_options::attention_kernels).
+/// True when B plans its attention calls (chunk_options::attention_kernels and ::deterministic).
 template <class B>
-inline constexpr bool has_attention_kernels_v = detail::has_attention_kernels<B>::value;
+inline constexpr bool has_attention_plan_v = detail::has_attention_plan<B>::value;
 
 }  // namespace oomb_trainer
