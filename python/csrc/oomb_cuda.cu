@@ -85,6 +85,7 @@ att::attention_args translate(const oomb_cuda_attention_args* c) {
 att::plan_options options_of(const oomb_cuda_attention_args* c) {
   att::plan_options o;
   o.kernels = c->portable ? att::kernel_choice::portable : att::kernel_choice::automatic;
+  o.deterministic = c->deterministic != 0;
   return o;
 }
 

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define OOMB_CUDA_ABI_VERSION 2
+#define OOMB_CUDA_ABI_VERSION 3
 
 OOMB_C_API int32_t oomb_cuda_abi_version(void);
 OOMB_C_API const char* oomb_cuda_last_error(void);
@@ -55,12 +55,15 @@ typedef struct {
   /* Packed documents (v2): device int64 [sq], query i attends only keys at positions >=
    * key_lower[i] (non-decreasing, at most q_start + i; not checked on the device); NULL = one document. */
   const int64_t* key_lower;
+  /* v3: nonzero: the backward adds dQ in a fixed order, the same bits on every run (dense calls on
+   * the Hopper kernels: pages >= 128 tokens; others are refused). Its workspace is then required. */
+  int32_t deterministic;
 } oomb_cuda_attention_args;
 
 /* o bf16 [sq][hq][d], lse fp32 [hq][sq] (natural log). */
 OOMB_C_API int oomb_cuda_attention_forward(const oomb_cuda_attention_args* args, void* o, float* lse, void* stream);
 
-/* The int32 scratch a backward call wants (0 for dense calls). */
+/* The int32 scratch a backward call wants (0 for dense calls unless deterministic). */
 OOMB_C_API int oomb_cuda_attention_backward_workspace(const oomb_cuda_attention_args* args, int64_t* ints);
 
 /* Given the forward's o (bf16) and lse and d_o (bf16): ADDS dq (fp32 [sq][hq][d]), the chunk's own

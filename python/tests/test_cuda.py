@@ -219,6 +219,54 @@ def test_gpu_refusals(ids_of):
     assert math.isfinite(float(loss)) and all(p.grad is not None for p in fp32.parameters())
 
 
+def test_deterministic_backward_repeats_bit_for_bit():
+    # A chunk of 1,024 queries after 3,072 tokens at d128, GQA 7: 32 key blocks add into each dQ step.
+    gen = torch.Generator().manual_seed(35)
+    page, past, sq, hq, hkv, d = 128, 24, 1024, 28, 4, 128
+    q_start, scale = past * page, 1 / math.sqrt(d)
+    pool = random_pages(past + 8, page, hkv, d, gen).to(DEV)
+    past_ids = torch.arange(past, dtype=torch.int32)
+    own_ids = torch.arange(past, past + 8, dtype=torch.int32)
+    grad_ids = torch.arange(past + 8, dtype=torch.int32)
+    q, d_o = (torch.randn((sq, hq, d), generator=gen).to(torch.bfloat16).to(DEV) for _ in range(2))
+    k, v = (torch.randn((sq, hkv, d), generator=gen).to(torch.bfloat16).to(DEV) for _ in range(2))
+    ops.write_pages(pool, k, v, own_ids)
+    o, lse = ops.attention(q, k, v, pool, past_ids, None, None, q_start, scale, None, None, 128, own_ids)
+
+    def run(deterministic):
+        gpool = torch.zeros((past + 8, 2, page, hkv, d), device=DEV)
+        out = ops.attention_backward(d_o, q, k, v, o, lse, pool, past_ids, gpool, grad_ids, q_start, scale, None,
+                                     None, 128, own_ids, None, deterministic)
+        return [t.float().cpu() for t in out] + [gpool.cpu()]
+
+    first, second, default = run(True), run(True), run(False)
+    assert all(torch.equal(x, y) for x, y in zip(first, second))
+    assert all(rel(x, y) <= 1e-2 for x, y in zip(first, default))
+    print("default vs deterministic: " + ", ".join(f"{rel(x, y):.1e}" for x, y in zip(first, default)))
+
+
+def test_driver_deterministic_gives_the_same_gradients_twice(ids_of):
+    # The attention is oomb's part; the model's own ops follow torch.use_deterministic_algorithms.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    model = make_model("qwen2", dtype=torch.bfloat16, **tiny("qwen2")).to(DEV)  # head_dim 64, GQA 2
+    ids = ids_of(1000).to(DEV)
+    runs = []
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            cr = ChunkRecurrent(model, chunk=256, page=128, max_tokens=1024, deterministic=True)
+            cr.forward_backward(ids)
+            torch.cuda.synchronize()
+            runs.append([p.grad.clone() for p in model.parameters()])
+            cr.close()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    with pytest.raises(RefusedError, match="deterministic on CUDA needs pages of >= 128 tokens"):
+        ChunkRecurrent(model, chunk=256, page=64, max_tokens=1024, deterministic=True)
+
+
 def test_the_gpu_example_trains():
     import subprocess
     import sys

@@ -144,3 +144,18 @@ def test_kept_attention_outputs_change_nothing(family, ids_of):
     with pytest.raises(ValueError, match="keep_attention_outputs with offload is not supported"):
         ChunkRecurrent(model, chunk=32, page=16, max_tokens=160, keep_attention_outputs=True,
                        offload=Offload(kv_slots=3))
+
+
+def test_deterministic_is_accepted_on_the_cpu_and_changes_no_bit(ids_of):
+    # The CPU path sums in a fixed order already: deterministic=True gives the same bits.
+    model = make_model("qwen2")
+    ids = ids_of(100)
+    grads = []
+    for deterministic in (False, True):
+        model.zero_grad(set_to_none=True)
+        cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=128, deterministic=deterministic)
+        assert cr.deterministic == deterministic
+        cr.forward_backward(ids)
+        grads.append([p.grad.clone() for p in model.parameters()])
+        cr.close()
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

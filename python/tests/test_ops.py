@@ -98,6 +98,17 @@ def test_opcheck_attention_backward(problem, sparse):
                                                    q_start, scale, indptr, pages, tile))
 
 
+def test_opcheck_with_deterministic(problem):
+    # The flag rides through the op's schema and autograd to the backward (a no-op on the CPU).
+    args = _attention_args(problem, False)
+    torch.library.opcheck(ops.attention, (*args, None, None, True))
+    det = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    o, lse = ops.attention(*det)
+    q, k, v, pool, past, gpool, gids, q_start, scale, indptr, pages, tile = det
+    torch.library.opcheck(ops.attention_backward, (torch.randn_like(o), q, k, v, o, lse, pool, past, gpool, gids,
+                                                   q_start, scale, indptr, pages, tile, None, None, True))
+
+
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 def test_attention_kept_equals_attention_and_passes_opcheck(problem, sparse):
     # Stage 2 with kept outputs: the forward's o back (a copy), the same backward.

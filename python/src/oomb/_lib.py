@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 ABI_VERSION = 3
-CUDA_ABI_VERSION = 2
+CUDA_ABI_VERSION = 3
 DTYPE_F32 = 0
 DTYPE_F64 = 1
 DTYPE_BF16 = 2
@@ -120,6 +120,7 @@ class CudaAttentionArgs(ctypes.Structure):
         ("tile", c_i32),
         ("portable", c_i32),
         ("key_lower", c_p),
+        ("deterministic", c_i32),
     ]
 
 

@@ -16,7 +16,10 @@ tile_pages, tile, own_ids=None) -> (o, lse)``
     check the pages' contents). The CPU path reads ``k``, ``v`` themselves and ignores them.
     ``key_lower`` (int64 [sq], optional): packed documents; query i attends only keys at positions
     ``>= key_lower[i]``, the start of its document (non-decreasing, at most ``q_start + i``):
-    block-diagonal causal attention. Every attention op below takes it last.
+    block-diagonal causal attention. Every attention op below takes it, then ``deterministic``
+    (default False): on CUDA the backward adds dQ in a fixed order (dense Hopper calls, pages of >= 128
+    tokens; ``oomb::attention::plan_options::deterministic``), so its gradients are the same bits on
+    every run; the CPU path always is.
 ``oomb::attention_backward(...) -> (dq, dk, dv)``, mutates ``grad_pool``: that backward as an op.
 ``oomb::attention_kept(q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale,
 tile_indptr, tile_pages, tile, own_ids=None) -> o``: ``oomb::attention`` whose forward was already
@@ -150,7 +153,8 @@ def _ints_on(device: torch.device, *parts: Tensor) -> Tensor:
 
 
 def _cuda_args(q: Tensor, kv_pool: Tensor, past_ids: Tensor, own_ids: Tensor, q_start: int, scale: float,
-               tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], tile: int, key_lower: Optional[Tensor]):
+               tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], tile: int, key_lower: Optional[Tensor],
+               deterministic: bool = False):
     """The call's arguments and the tensors they point into (kept alive by the caller until the
     launch has been enqueued; torch's allocator orders any reuse after it on the stream)."""
     sq, hq, d = q.shape
@@ -170,6 +174,7 @@ def _cuda_args(q: Tensor, kv_pool: Tensor, past_ids: Tensor, own_ids: Tensor, q_
     a.page_size = page
     a.table = table.data_ptr()
     a.pages = past_ids.numel() + own
+    a.deterministic = 1 if deterministic else 0
     if tile_indptr is not None:
         ti = to_device(tile_indptr, q.device, torch.int32).contiguous()
         tp = to_device(tile_pages, q.device, torch.int32).contiguous()
@@ -200,7 +205,7 @@ def _cuda_forward(q, k, v, kv_pool, past_ids, own_ids, q_start, scale, tile_indp
 
 
 def _cuda_backward(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, own_ids, q_start, scale,
-                   tile_indptr, tile_pages, tile, key_lower):
+                   tile_indptr, tile_pages, tile, key_lower, deterministic):
     cl = _lib.cuda_lib()
     q, o, d_o, lse = q.contiguous(), o.contiguous(), d_o.contiguous(), lse.contiguous()
     if lse.dtype != torch.float32 or o.dtype != torch.bfloat16 or d_o.dtype != torch.bfloat16:
@@ -208,7 +213,8 @@ def _cuda_backward(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids,
                         f"{d_o.dtype}, {lse.dtype}")
     sq, hq, d = q.shape
     hkv = k.shape[1]
-    a, keep = _cuda_args(q, kv_pool, past_ids, own_ids, q_start, scale, tile_indptr, tile_pages, tile, key_lower)
+    a, keep = _cuda_args(q, kv_pool, past_ids, own_ids, q_start, scale, tile_indptr, tile_pages, tile, key_lower,
+                         deterministic)
     grad_base, grad_pages = None, None
     if past_ids.numel():
         if grad_pool.dtype != torch.float32 or grad_pool.device != q.device:
@@ -238,7 +244,7 @@ def _cuda_backward(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids,
 def attention(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, past_ids: Tensor, grad_pool: Optional[Tensor],
               grad_ids: Optional[Tensor], q_start: int, scale: float, tile_indptr: Optional[Tensor],
               tile_pages: Optional[Tensor], tile: int, own_ids: Optional[Tensor] = None,
-              key_lower: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+              key_lower: Optional[Tensor] = None, deterministic: bool = False) -> Tuple[Tensor, Tensor]:
     _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages, own_ids, key_lower)
     if q.device.type == "cuda":
         return _cuda_forward(q, k, v, kv_pool, past_ids, own_ids, q_start, scale, tile_indptr, tile_pages, tile,
@@ -259,7 +265,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, past_ids: Tensor
 
 @attention.register_fake
 def _(q, k, v, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile, own_ids=None,
-      key_lower=None):
+      key_lower=None, deterministic=False):
     sq, hq, _d = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((hq, sq), dtype=_lse_dtype(q))
 
@@ -269,7 +275,7 @@ def attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, 
                        past_ids: Tensor, grad_pool: Optional[Tensor], grad_ids: Optional[Tensor], q_start: int,
                        scale: float, tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor],
                        tile: int, own_ids: Optional[Tensor] = None,
-                       key_lower: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+                       key_lower: Optional[Tensor] = None, deterministic: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages, own_ids, key_lower)
     past = past_ids.numel()
     if past and (grad_pool is None or grad_ids is None):
@@ -285,7 +291,7 @@ def attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, 
                          f"{kv_pool.shape[0]} entries (one per KV page id)")
     if q.device.type == "cuda":
         return _cuda_backward(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, own_ids, q_start, scale,
-                              tile_indptr, tile_pages, tile, key_lower)
+                              tile_indptr, tile_pages, tile, key_lower, deterministic)
     q, o, lse, d_o = q.contiguous(), o.contiguous(), lse.contiguous(), d_o.contiguous()
     kv_own = torch.stack([k, v]).contiguous()
     ids = past_ids.contiguous()
@@ -305,7 +311,7 @@ def attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, 
 
 @attention_backward.register_fake
 def _(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile,
-      own_ids=None, key_lower=None):
+      own_ids=None, key_lower=None, deterministic=False):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
@@ -313,7 +319,7 @@ def _(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, sca
 
 def _setup_context(ctx, inputs, output):
     q, k, v, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile, own_ids, \
-        key_lower = inputs
+        key_lower, deterministic = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, o, lse, past_ids)
@@ -321,15 +327,16 @@ def _setup_context(ctx, inputs, output):
     # later calls write (the next layer's K/V pages, the backward's gradient pages), and the sparse
     # selection, own pages and document bounds, which never change within the step.
     ctx.state = (kv_pool, grad_pool, grad_ids, tile_indptr, tile_pages, own_ids, key_lower)
-    ctx.q_start, ctx.scale, ctx.tile = q_start, scale, tile
+    ctx.q_start, ctx.scale, ctx.tile, ctx.deterministic = q_start, scale, tile, deterministic
 
 
 def _backward(ctx, d_o, _d_lse):
     q, k, v, o, lse, past_ids = ctx.saved_tensors
     kv_pool, grad_pool, grad_ids, tile_indptr, tile_pages, own_ids, key_lower = ctx.state
     dq, dk, dv = attention_backward(d_o, q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, ctx.q_start,
-                                    ctx.scale, tile_indptr, tile_pages, ctx.tile, own_ids, key_lower)
-    return (dq, dk, dv) + (None,) * 11
+                                    ctx.scale, tile_indptr, tile_pages, ctx.tile, own_ids, key_lower,
+                                    ctx.deterministic)
+    return (dq, dk, dv) + (None,) * 12
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
@@ -339,7 +346,8 @@ attention.register_autograd(_backward, setup_context=_setup_context)
 def attention_kept(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, kv_pool: Tensor, past_ids: Tensor,
                    grad_pool: Optional[Tensor], grad_ids: Optional[Tensor], q_start: int, scale: float,
                    tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], tile: int,
-                   own_ids: Optional[Tensor] = None, key_lower: Optional[Tensor] = None) -> Tensor:
+                   own_ids: Optional[Tensor] = None, key_lower: Optional[Tensor] = None,
+                   deterministic: bool = False) -> Tensor:
     _check_common(q, k, v, kv_pool, past_ids, q_start, tile_indptr, tile_pages, own_ids, key_lower)
     sq, hq, d = q.shape
     if o.shape != q.shape or o.dtype != q.dtype or lse.shape != (hq, sq) or lse.dtype != _lse_dtype(q):
@@ -350,21 +358,21 @@ def attention_kept(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, kv_p
 
 @attention_kept.register_fake
 def _(q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile,
-      own_ids=None, key_lower=None):
+      own_ids=None, key_lower=None, deterministic=False):
     return torch.empty_like(o, memory_format=torch.contiguous_format)
 
 
 def _kept_setup_context(ctx, inputs, output):
     q, k, v, o, lse, kv_pool, past_ids, grad_pool, grad_ids, q_start, scale, tile_indptr, tile_pages, tile, own_ids, \
-        key_lower = inputs
+        key_lower, deterministic = inputs
     ctx.save_for_backward(q, k, v, o, lse, past_ids)
     ctx.state = (kv_pool, grad_pool, grad_ids, tile_indptr, tile_pages, own_ids, key_lower)
-    ctx.q_start, ctx.scale, ctx.tile = q_start, scale, tile
+    ctx.q_start, ctx.scale, ctx.tile, ctx.deterministic = q_start, scale, tile, deterministic
 
 
 def _kept_backward(ctx, d_o):
     dq, dk, dv = _backward(ctx, d_o, None)[:3]
-    return (dq, dk, dv) + (None,) * 13
+    return (dq, dk, dv) + (None,) * 14
 
 
 attention_kept.register_autograd(_kept_backward, setup_context=_kept_setup_context)

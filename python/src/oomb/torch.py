@@ -114,11 +114,16 @@ class ChunkRecurrent:
                 forward of its recomputation: faster (the past's attention is the longest op at long
                 contexts), at O(sequence) memory (o and lse of every layer, chunk by chunk, freed as
                 stage 2 passes them). Not with offload
+    deterministic
+                the same gradient bits on every run: on CUDA the attention backward adds dQ in a fixed
+                order (pages of >= 128 tokens: oomb's Hopper kernels; docs/pytorch.md says what it
+                costs); the CPU path always is. The model's own ops must be deterministic too
+                (``torch.use_deterministic_algorithms``)
     """
 
     def __init__(self, model, *, chunk: int, max_tokens: int, page: Optional[int] = None,
                  sparse: Optional[SparseConfig] = None, offload: Optional[Offload] = None,
-                 keep_attention_outputs: bool = False):
+                 keep_attention_outputs: bool = False, deterministic: bool = False):
         if offload is not None and not isinstance(offload, Offload):
             raise RefusedError(f"oomb: offload must be an oomb.torch.Offload or None, got {offload!r}")
         if offload is not None:
@@ -132,6 +137,7 @@ class ChunkRecurrent:
             raise RefusedError("oomb: keep_attention_outputs with offload is not supported (the kept outputs would "
                                "hold O(sequence) memory where offload keeps it flat)")
         self.keep_attention_outputs = bool(keep_attention_outputs)
+        self.deterministic = bool(deterministic)
         if page is None:
             page = min(128, chunk)
         if page < 16 or page & (page - 1):
@@ -195,6 +201,9 @@ class ChunkRecurrent:
             raise RefusedError("oomb: page-sparse attention and offload are the CPU path's only so far (their GPU "
                                "parts, device page summaries and device near tiers, are not wired into the package "
                                "yet: docs/pytorch.md); on CUDA the driver is dense, every page in place")
+        if self.deterministic and self.page < 128:
+            raise RefusedError(f"oomb: deterministic on CUDA needs pages of >= 128 tokens (oomb's Hopper kernels order "
+                               f"their dQ sums; the portable ones do not), got page {self.page}")
         dtypes = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
         if not dtypes <= {torch.bfloat16, torch.float32}:
             raise RefusedError(f"oomb: the model's parameters are {sorted(map(str, dtypes))}; on CUDA oomb's attention "
@@ -494,17 +503,17 @@ class _Run:
                                           self.q_start, scale, indptr, pages, tile, kl)
         elif self.stage == 1:
             o, lse = ops.attention(q, k, v, store.kv_pool, past_ids, None, None, self.q_start, scale, indptr, pages,
-                                   tile, own_ids if on_cuda else None, kl)
+                                   tile, own_ids if on_cuda else None, kl, d.deterministic)
             if d.keep_attention_outputs:
                 self.kept[key_] = (o, lse)
         elif key_ in self.kept:  # stage 2 with stage 1's outputs: only the backward runs
             o_kept, lse_kept = self.kept.pop(key_)
             o = ops.attention_kept(q, k, v, o_kept, lse_kept, store.kv_pool, past_ids, store.grad_pool,
                                    store.grad_ids, self.q_start, scale, indptr, pages, tile,
-                                   own_ids if on_cuda else None, kl)
+                                   own_ids if on_cuda else None, kl, d.deterministic)
         else:
             o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, store.grad_pool, store.grad_ids, self.q_start,
-                                    scale, indptr, pages, tile, own_ids if on_cuda else None, kl)
+                                    scale, indptr, pages, tile, own_ids if on_cuda else None, kl, d.deterministic)
         return o.unsqueeze(0), None
 
     def _positions(self, s0: int, s1: int, device: torch.device) -> torch.Tensor:
