@@ -110,6 +110,8 @@ struct result {
   timing bwd_other;        // the unaligned-dq configuration forced (hb2: dQ by red.add from the consumers, 64-row steps)
   timing bwd_wide;         // forced: the wide-group dense configuration, Q/dO by cp.async (the dense default before hb6)
   timing bwd_det;          // the public backward planned deterministic (dQ in key block order, no query split; Hopper only)
+  timing bwd_det_interleaved;  // the same, the KV heads taken in turn (plan order 2)
+  timing bwd_split1;       // the public backward at query split 1 (what the deterministic plan gives up of the split)
   double bwd_sm90_err;     // largest norm-wise difference Hopper (both) vs portable backward (dq, dk, dv, dpast), 16K only
 };
 
@@ -209,15 +211,26 @@ result time_one(const problem& p, int reps, bool lean = false) {
     attn_test::backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, {}, backward_kernels);
   });
   if (gpu::detail::current_device_is_sm90()) {
-    gpu::plan_options det;
-    det.deterministic = true;
-    const auto plan = gpu::plan_backward(gpu::call_shape::of(a, dq.p), attn_test::facts(), det);
-    dev<std::int32_t> ws(static_cast<std::size_t>(plan.workspace_ints));
-    r.bwd_det = time_ms(1, reps, [&] {
+    gpu::plan_options one;
+    one.split = 1;
+    const auto plan1 = gpu::plan_backward(gpu::call_shape::of(a, dq.p), attn_test::facts(), one);
+    r.bwd_split1 = time_ms(1, reps, [&] {
       gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-      gpu::backward(plan, a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, {ws.p, plan.workspace_ints}, nullptr);
+      gpu::backward(plan1, a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, {}, nullptr);
     });
   }
+  if (gpu::detail::current_device_is_sm90())
+    for (const int order : {0, 2}) {
+      gpu::plan_options det;
+      det.deterministic = true;
+      det.order = order;
+      const auto plan = gpu::plan_backward(gpu::call_shape::of(a, dq.p), attn_test::facts(), det);
+      dev<std::int32_t> ws(static_cast<std::size_t>(plan.workspace_ints));
+      (order == 2 ? r.bwd_det_interleaved : r.bwd_det) = time_ms(1, reps, [&] {
+        gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+        gpu::backward(plan, a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, {ws.p, plan.workspace_ints}, nullptr);
+      });
+    }
   if (gpu::detail::current_device_is_sm90() && !lean) {
     auto hopper = [&] {
       if (c.d == 128)
@@ -772,8 +785,11 @@ int main(int argc, char** argv) {
                   tfs(flops_bwd, contig.bwd_sm90.median), tfs(flops_bwd, paged.bwd_wide.median),
                   tfs(flops_bwd, contig.bwd_wide.median));
       if (paged.bwd_det.median > 0)
-        std::printf("  [deterministic bwd %s %lldK: %.1f TFLOP/s, %.3fx the public backward's time]\n", s.name,
-                    (long long)(past / 1024), tfs(flops_bwd, paged.bwd_det.median), paged.bwd_det.median / paged.bwd.median);
+        std::printf("  [deterministic bwd %s %lldK: %.1f TFLOP/s, %.3fx the public backward's time; KV heads in turn "
+                    "%.1f TFLOP/s, %.3fx; the default at query split 1: %.3fx]\n",
+                    s.name, (long long)(past / 1024), tfs(flops_bwd, paged.bwd_det.median),
+                    paged.bwd_det.median / paged.bwd.median, tfs(flops_bwd, paged.bwd_det_interleaved.median),
+                    paged.bwd_det_interleaved.median / paged.bwd.median, paged.bwd_split1.median / paged.bwd.median);
       if (jf != nullptr) {  // TFLOP/s of the median, slowest and fastest call
         auto tri = [&](double flops, const timing& t) {
           return std::to_string(tfs(flops, t.median)) + ", " + std::to_string(tfs(flops, t.hi)) + ", " +
@@ -790,7 +806,8 @@ int main(int argc, char** argv) {
                      "\"bwd_public_paged\": [%s], \"bwd_public_contig\": [%s], \"bwd_sm90_config_paged\": [%s], "
                      "\"bwd_sm90_config_contig\": [%s], \"bwd_hb2_paged\": [%s], \"bwd_hb2_contig\": [%s], "
                      "\"bwd_sm90_wide_group_paged\": [%s], \"bwd_sm90_wide_group_contig\": [%s], "
-                     "\"bwd_deterministic_paged\": [%s]}, "
+                     "\"bwd_deterministic_paged\": [%s], \"bwd_deterministic_heads_in_turn_paged\": [%s], "
+                     "\"bwd_public_split1_paged\": [%s]}, "
                      "\"bwd_sm90_config_ms_in_order\": {\"paged\": [%s], \"contig\": [%s]}, "
                      "\"bwd_vs_portable_err\": %g, \"backward_kernels\": \"%s\"}\n",
                      s.name, (long long)past, sq, r, prop.name, tri(flops_fwd, paged.fwd).c_str(),
@@ -799,7 +816,8 @@ int main(int argc, char** argv) {
                      tri(flops_bwd, paged.bwd_sm90).c_str(), tri(flops_bwd, contig.bwd_sm90).c_str(),
                      tri(flops_bwd, paged.bwd_other).c_str(), tri(flops_bwd, contig.bwd_other).c_str(),
                      tri(flops_bwd, paged.bwd_wide).c_str(), tri(flops_bwd, contig.bwd_wide).c_str(),
-                     tri(flops_bwd, paged.bwd_det).c_str(),
+                     tri(flops_bwd, paged.bwd_det).c_str(), tri(flops_bwd, paged.bwd_det_interleaved).c_str(),
+                     tri(flops_bwd, paged.bwd_split1).c_str(),
                      in_order(paged.bwd_sm90).c_str(), in_order(contig.bwd_sm90).c_str(),
                      std::max(paged.bwd_sm90_err, contig.bwd_sm90_err),
                      backward_kernels == gpu::kernel_choice::portable ? "portable" : "automatic");

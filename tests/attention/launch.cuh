@@ -30,13 +30,14 @@ inline std::int64_t workspace_ints(const gpu::attention_args& a) {
   return gpu::plan_backward(gpu::call_shape::of(a), facts()).workspace_ints;
 }
 
-/// The public backward planned deterministic (plan_options::deterministic), with a workspace of the
-/// plan's size allocated around the call (synchronous: for tests).
+/// The public backward planned deterministic (plan_options::deterministic; order 2: the KV heads
+/// in turn), with a workspace of the plan's size allocated around the call (synchronous: for tests).
 inline void deterministic_backward(const gpu::attention_args& a, const float* lse, const float* delta,
                                    const oomb::bf16* d_o, float* dq, float* dk, float* dv,
-                                   oomb::window_grad_view<float> dpast, cudaStream_t stream) {
+                                   oomb::window_grad_view<float> dpast, cudaStream_t stream, int order = 0) {
   gpu::plan_options o;
   o.deterministic = true;
+  o.order = order;
   const auto plan = gpu::plan_backward(gpu::call_shape::of(a, dq), facts(), o);
   std::int32_t* ws = nullptr;
   if (cudaMalloc(&ws, static_cast<std::size_t>(plan.workspace_ints) * sizeof(std::int32_t) + 4) != cudaSuccess)

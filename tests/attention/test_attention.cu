@@ -1559,14 +1559,19 @@ TEST_CASE("attention: the deterministic Hopper backward matches the CPU referenc
     const problem p(c);
     const cpu_result ref = run_cpu(p);
     const bool merged = p.windows.size() > 1;
-    auto det = [](const gpu::attention_args& a, auto... rest) { attn_test::deterministic_backward(a, rest..., nullptr); };
-    const gpu_result g1 = run_backward(p, ref, det, merged), g2 = run_backward(p, ref, det, merged);
-    check_errors(c.name + " [deterministic]", compare(g1, ref), g1.untouched_ok);
-    INFO(c.name);
-    CHECK(g1.dq == g2.dq);
-    CHECK(g1.dk_own == g2.dk_own);
-    CHECK(g1.dv_own == g2.dv_own);
-    CHECK(g1.dgrad == g2.dgrad);
+    for (const int order : {0, 2}) {  // KV heads one after another, or in turn
+      auto det = [order](const gpu::attention_args& a, auto... rest) {
+        attn_test::deterministic_backward(a, rest..., nullptr, order);
+      };
+      const gpu_result g1 = run_backward(p, ref, det, merged), g2 = run_backward(p, ref, det, merged);
+      check_errors(c.name + (order == 2 ? " [deterministic, heads in turn]" : " [deterministic]"), compare(g1, ref),
+                   g1.untouched_ok);
+      INFO(c.name << " order " << order);
+      CHECK(g1.dq == g2.dq);
+      CHECK(g1.dk_own == g2.dk_own);
+      CHECK(g1.dv_own == g2.dv_own);
+      CHECK(g1.dgrad == g2.dgrad);
+    }
   }
   // Chunk-sized calls, where hundreds of blocks add into each step: the same bits three times, and
   // the default's sums (checked against the oracle by the other cases) to fp32 rounding.

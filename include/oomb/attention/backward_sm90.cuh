@@ -449,6 +449,11 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   const window_extent win(p);  // its loads overlap the launch order's
   int kb = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y);
   int piece = -1;  // sparse: this CTA's range of query tiles (-1: all of them)
+  if (!sparse && p.heads_interleaved) {  // launch position lin takes block lin / hkv of KV head lin % hkv
+    const int lin = kvh * static_cast<int>(gridDim.x) + kb;
+    kb = lin / p.hkv;
+    kvh = lin - kb * p.hkv;
+  }
   if (sparse) {
     int o = kb;
     if (p.heads_interleaved) {
@@ -595,8 +600,11 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
         // block order. The blocks that walk step s are a run [lo, hi]: both ends of a walk grow with
         // the block (the causal start; with bounds, the end of the last document reaching the
         // block), and lo is the block holding the step's first bound. Block kb adds when kb - lo
-        // blocks have, then passes the turn on once its reductions are complete. Lower blocks launch
-        // first (blockIdx.x), so every wait is on a CTA that is running or done.
+        // blocks have, then passes the turn on once its reductions are complete. (Passing it only
+        // after issuing the next step's would take the completion off the writer's path, but then
+        // block kb could add to step s only once block kb - 1 had reached step s + 1: the blocks of
+        // a wave would start a step apart instead of a reduction apart.) Lower blocks of a KV head
+        // launch first, so every wait is on a CTA that runs or has ended.
         const int steps = (rows + RS - 1) / RS;
         int i = 0;
         for (query_walk wk = walk0; !wk.done(); wk.next(), ++i) {

@@ -39,7 +39,7 @@ struct kernel_params {
   const std::int64_t* key_lower;  // per-document bounds, [sq] (attention_args::key_lower); nullptr: none
   fast_divmod tile_rows_div;  // packed row -> sparse query tile (tile * group rows each)
   bool stagger;               // backward: each block starts its query walk at its own tile
-  bool heads_interleaved;     // Hopper backward, sparse: launch order takes the KV heads in turn (bench option, hs1)
+  bool heads_interleaved;     // Hopper backward: launch order takes the KV heads in turn (plan order 2; bench option)
   sparse_backward_plan plan;  // Hopper backward, sparse: which CTA takes which block and tiles (hs2)
   /// Hopper backward, traced instance only (the benchmark's --trace): where each CTA records its timeline.
   std::uint64_t* trace;
