@@ -287,7 +287,7 @@ TEST_CASE("attention: the docs' example, plan then launch, matches the CPU refer
   // The backward: delta = rowsum(dO * O) once, then each window adds into dq, dk/dv and dpast.
   att::backward_delta(args.sq, args.hq, args.d, o, d_o, delta, stream);
   const att::backward_plan bp = att::plan_backward(att::call_shape::of(args, dq), facts);
-  dev<std::int32_t> workspace(std::size_t(bp.workspace_ints));  // device scratch: sparse calls' launch order
+  dev<std::int32_t> workspace(std::size_t(bp.workspace_ints));  // device scratch: sparse launch order, dQ turns
   att::backward(bp, args, lse, delta, d_o, dq, dk, dv, dpast, {workspace.p, bp.workspace_ints}, stream);
   // snippet-end: plan-launch
   sync();
