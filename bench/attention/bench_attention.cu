@@ -211,26 +211,24 @@ result time_one(const problem& p, int reps, bool lean = false) {
     attn_test::backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, {}, backward_kernels);
   });
   if (gpu::detail::current_device_is_sm90()) {
-    gpu::plan_options one;
-    one.split = 1;
-    const auto plan1 = gpu::plan_backward(gpu::call_shape::of(a, dq.p), attn_test::facts(), one);
-    r.bwd_split1 = time_ms(1, reps, [&] {
-      gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
-      gpu::backward(plan1, a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, {}, nullptr);
-    });
-  }
-  if (gpu::detail::current_device_is_sm90())
-    for (const int order : {0, 2}) {
-      gpu::plan_options det;
-      det.deterministic = true;
-      det.order = order;
-      const auto plan = gpu::plan_backward(gpu::call_shape::of(a, dq.p), attn_test::facts(), det);
+    // The public backward planned with options opts (and the workspace its plan wants), delta included.
+    auto time_planned = [&](const gpu::plan_options& opts) {
+      const auto plan = gpu::plan_backward(gpu::call_shape::of(a, dq.p), attn_test::facts(), opts);
       dev<std::int32_t> ws(static_cast<std::size_t>(plan.workspace_ints));
-      (order == 2 ? r.bwd_det_interleaved : r.bwd_det) = time_ms(1, reps, [&] {
+      return time_ms(1, reps, [&] {
         gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
         gpu::backward(plan, a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, {ws.p, plan.workspace_ints}, nullptr);
       });
-    }
+    };
+    gpu::plan_options one;
+    one.split = 1;
+    r.bwd_split1 = time_planned(one);
+    gpu::plan_options det;
+    det.deterministic = true;
+    r.bwd_det = time_planned(det);
+    det.order = 2;
+    r.bwd_det_interleaved = time_planned(det);
+  }
   if (gpu::detail::current_device_is_sm90() && !lean) {
     auto hopper = [&] {
       if (c.d == 128)

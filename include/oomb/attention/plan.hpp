@@ -135,7 +135,7 @@ struct plan_options {
   /// Forces this configuration (tests, benchmark); count: the plan chooses.
   kernel_config config = kernel_config::count;
   /// Backward: the same bits on every run. The Hopper dense backward then adds each dQ step in key
-  /// block order (a turn counter per KV head and step in the workspace: backward_plan::dq_turns)
+  /// block order (a turn counter per KV head and step in the workspace: backward_plan::workspace_ints)
   /// and takes no query split, so no sum depends on which CTA finishes first. Page-sparse calls,
   /// the portable kernels and an 8-byte aligned dq are refused (their sums are still unordered).
   bool deterministic = false;
@@ -411,7 +411,7 @@ inline backward_plan plan_backward(const call_shape& s, const device_facts& f, c
       p.workspace_ints = 2 * std::int64_t(s.window_pages) * s.page_size / 128 + 1 + std::int64_t(s.window_pages) * tile_words;
     }
   }
-  const int query_tiles = static_cast<int>(detail::ceil_div(std::int64_t(s.sq) * group, p.step_rows));
+  const int query_tiles = static_cast<int>(p.query_steps());
   if (o.deterministic) {
     // The kernel orders dQ by key block on dense calls, where every step's contributors are a run of
     // consecutive blocks; only the writer warp's configurations reduce a step from one thread group.

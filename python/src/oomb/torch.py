@@ -116,7 +116,7 @@ class ChunkRecurrent:
                 stage 2 passes them). Not with offload
     deterministic
                 the same gradient bits on every run: on CUDA the attention backward adds dQ in a fixed
-                order (pages of >= 128 tokens: oomb's Hopper kernels; docs/pytorch.md says what it
+                order (pages of >= 128 tokens: oomb's Hopper kernels; docs/attention.md says what it
                 costs); the CPU path always is. The model's own ops must be deterministic too
                 (``torch.use_deterministic_algorithms``)
     """
