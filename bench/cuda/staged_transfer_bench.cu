@@ -4,25 +4,34 @@
 // writing one JSON line per measurement.
 // SPDX-License-Identifier: Apache-2.0
 //
-//   staged_transfer_bench [--quick] [--gib N] [--jsonl FILE]
+//   staged_transfer_bench [--quick] [--tiers-only] [--gib N] [--jsonl FILE]
 //
 // Homes: an N-GiB pool (pinned or pageable, every page written once first, so no first touch is
 // timed); slots: a 1-GiB device pool. A batch moves 512 MiB of distinct random homes to random slots
 // (to the device), the reverse (to the homes), or one of each at once on two streams ("both":
 // the bytes of both counted). Bandwidth = bytes / time between CUDA events around 4 back-to-back
-// batches after a warm-up batch; the median of 3 trials. Staged runs sweep the copy threads and
+// batches after a warm-up batch; the median of 3 trials. Staged runs sweep the copy threads (one
+// copier for both directions: "both" rows before 2026-12-06 had a copier per direction) and
 // the chunk size. "mapping" rows: the device memory (cudaMemGetInfo) taken by pinning the homes.
+// "tiers" rows: the trainer's case, three tiers of pageable homes (K/V, gradient and kept-output
+// pages of the 7B: 256, 512 and 256 KiB) each moving a batch both ways at once, enqueued from three
+// threads, so six staged transfers copy at the same time: with a copier of 8 threads per transfer
+// (before the shared copier) and with the process's shared copier (a thread per hardware thread);
+// the rate counts the bytes of all six.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "oomb/cuda/device_resource.hpp"
@@ -107,19 +116,71 @@ double measure(Rig& r, const std::string& direction, std::mt19937& rng) {
   return rates[1];
 }
 
+// `rounds` batches each way on r's transfers, on two streams of their own; returns once all landed.
+template <class Rig>
+void both_ways(Rig& r, std::mt19937& rng, int rounds) {
+  const std::size_t pages = batch_bytes / r.homes.block_bytes();
+  oomb::cuda_stream in(oomb::cuda_stream::greatest_priority()), out(oomb::cuda_stream::greatest_priority());
+  for (int k = 0; k < rounds; ++k) {
+    r.up.enqueue(in, random_ids(r.slots.capacity(), pages, rng), random_ids(r.homes.capacity(), pages, rng));
+    r.down.enqueue(out, random_ids(r.homes.capacity(), pages, rng), random_ids(r.slots.capacity(), pages, rng));
+  }
+  in.synchronize();
+  out.synchronize();
+}
+
+// Three pageable tiers moving both ways at once from three threads (see the file comment): GB/s of
+// all six transfers, the median of 3 trials of 4 rounds after a warm-up round.
+double measure_tiers(oomb::device_resource& dr, std::size_t home_bytes, const oomb::cuda_transfer_options& o) {
+  using staged_rig = rig<oomb::host_resource, oomb::cuda_staged_page_transfer<oomb::device_resource, oomb::host_resource>,
+                         oomb::cuda_staged_page_transfer<oomb::host_resource, oomb::device_resource>>;
+  oomb::host_resource hr;
+  const std::size_t pages[3] = {256 << 10, 512 << 10, 256 << 10};
+  std::vector<std::unique_ptr<oomb::parallel_copier>> own_copiers;  // outlive the rigs (declared first)
+  std::vector<std::unique_ptr<staged_rig>> rigs;
+  for (std::size_t p : pages) {
+    oomb::cuda_transfer_options own = o;
+    if (o.pageable.copier == nullptr) {  // the old default: a copier of 8 threads per transfer
+      own_copiers.push_back(std::make_unique<oomb::parallel_copier>(8));
+      own.pageable.copier = own_copiers.back().get();
+    }
+    rigs.push_back(std::make_unique<staged_rig>(hr, dr, p, home_bytes, own));
+  }
+  auto all_tiers = [&](int trial, int rounds) {
+    std::vector<std::thread> threads;
+    for (std::size_t t = 0; t < rigs.size(); ++t)
+      threads.emplace_back([&, t] {
+        std::mt19937 rng(std::uint32_t(100 * trial + int(t)));
+        both_ways(*rigs[t], rng, rounds);
+      });
+    for (std::thread& th : threads) th.join();
+  };
+  std::vector<double> rates;
+  for (int trial = 0; trial < 3; ++trial) {
+    all_tiers(trial, 1);  // warm-up
+    const auto t0 = std::chrono::steady_clock::now();
+    all_tiers(trial, 4);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rates.push_back(double(batch_bytes) * 2 * 4 * 3 / seconds / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[1];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
-  bool quick = false;
+  bool quick = false, tiers_only = false;
   std::size_t gib = 2;
   std::string jsonl;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
+    else if (a == "--tiers-only") tiers_only = true;
     else if (a == "--gib" && i + 1 < argc) gib = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--jsonl" && i + 1 < argc) jsonl = argv[++i];
     else {
-      std::fprintf(stderr, "usage: staged_transfer_bench [--quick] [--gib N] [--jsonl FILE]\n");
+      std::fprintf(stderr, "usage: staged_transfer_bench [--quick] [--tiers-only] [--gib N] [--jsonl FILE]\n");
       return 2;
     }
   }
@@ -139,7 +200,19 @@ int main(int argc, char** argv) try {
   const std::vector<std::size_t> page_sizes = quick ? std::vector<std::size_t>{256 << 10}
                                                     : std::vector<std::size_t>{64 << 10, 256 << 10, 512 << 10};
   const std::vector<std::string> directions = {"to_device", "to_homes", "both"};
-  for (const std::size_t page : page_sizes) {
+  // Six transfers at once: a copier of 8 threads each (48 in all), then one shared copier of 8, of
+  // one thread per hardware thread (the default), and of twice that.
+  const int hw = oomb::parallel_copier::default_threads();
+  for (const int shared : {0, 8, hw, 2 * hw}) {
+    std::unique_ptr<oomb::parallel_copier> mine;
+    oomb::cuda_transfer_options o;
+    if (shared == hw) o.pageable.copier = &oomb::parallel_copier::shared();
+    else if (shared > 0) o.pageable.copier = (mine = std::make_unique<oomb::parallel_copier>(shared)).get();
+    emit("{\"kind\":\"tiers\",\"homes\":\"pageable\",\"copier\":\"" + std::string(shared > 0 ? "shared" : "per_transfer") +
+         "\",\"threads\":" + std::to_string(shared > 0 ? shared : 6 * 8) + ",\"hardware_threads\":" + std::to_string(hw) +
+         ",\"gb_per_s\":" + std::to_string(measure_tiers(dr, std::min<std::size_t>(home_bytes, std::size_t(1) << 30), o)) + "}");
+  }
+  for (const std::size_t page : tiers_only ? std::vector<std::size_t>{} : page_sizes) {
     {
       oomb::pinned_resource pr;
       const std::size_t before = device_used();
@@ -162,7 +235,8 @@ int main(int argc, char** argv) try {
         if (t != 4 && c != 8 * mib) continue;  // threads swept at 8 MiB, chunks at 4 threads
         oomb::host_resource hr;
         oomb::cuda_transfer_options o;
-        o.pageable.threads = t;
+        oomb::parallel_copier copier(t);
+        o.pageable.copier = &copier;
         o.pageable.chunk_bytes = c;
         const std::size_t before = device_used();
         rig<oomb::host_resource, oomb::cuda_staged_page_transfer<oomb::device_resource, oomb::host_resource>,

@@ -39,6 +39,7 @@
 #include <oomb/cuda/page_transfer.cuh>
 #include <oomb/cuda/stream.hpp>
 #include <oomb/offload/belady_eviction.hpp>
+#include <oomb/offload/parallel_copier.hpp>
 
 #include "trainer/algo/chunk_recurrent.hpp"
 #include "trainer/app/options.hpp"
@@ -605,7 +606,12 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["pageable_host_bytes"] = pageable ? homes : 0;
   row["home_memory"] = oomb_trainer::home_memory_name(opt.homes);
   row["attention_kernels"] = oomb_trainer::attention_kernels_name(opt.attention_kernels);
-  if (pageable) row["home_copy_threads"] = oomb::cuda_transfer_options{}.pageable.threads;  // per staged transfer
+  // The threads copying pageable homes: one shared copier for every staged transfer since 2026-12-06
+  // (before: 8 per transfer; rows then said 8).
+  if (pageable) {
+    row["home_copy_threads"] = oomb::parallel_copier::shared().threads();
+    row["home_copier"] = "shared";
+  }
   row["h2d_bytes"] = h2d;
   row["d2h_bytes"] = d2h;
   // The compute stream's waits for page copies, timed on the device (0 in place: nothing moves).

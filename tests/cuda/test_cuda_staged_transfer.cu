@@ -1,15 +1,19 @@
 // Page transfers between device memory and pageable host homes through pinned staging
 // (cuda_staged_page_transfer): every byte over many staging geometries, the host copies' order
 // against the streams (a home written by a slow write-back is read only after it), bad input and
-// options, a destructor with batches still queued.
+// options, a destructor with batches still queued, and the process's shared copier under the
+// transfers of three tiers moving both ways at once.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -32,11 +36,19 @@ static_assert(std::is_same_v<oomb::cuda_tier_transfer<oomb::device_resource, oom
 
 namespace {
 
+// A copier of `threads` threads that lives until the tests end (options only point at it).
+oomb::parallel_copier& copier_of(int threads) {
+  static std::map<int, std::unique_ptr<oomb::parallel_copier>> copiers;
+  auto& c = copiers[threads];
+  if (!c) c = std::make_unique<oomb::parallel_copier>(threads);
+  return *c;
+}
+
 oomb::cuda_transfer_options staging(std::size_t chunk_bytes, int chunks, int threads) {
   oomb::cuda_transfer_options o;
   o.pageable.chunk_bytes = chunk_bytes;
   o.pageable.chunks = chunks;
-  o.pageable.threads = threads;
+  o.pageable.copier = &copier_of(threads);
   return o;
 }
 
@@ -53,7 +65,7 @@ void round_trip(std::size_t page_bytes, std::int32_t pages, const oomb::cuda_tra
   CAPTURE(pages);
   CAPTURE(o.pageable.chunk_bytes);
   CAPTURE(o.pageable.chunks);
-  CAPTURE(o.pageable.threads);
+  CAPTURE(o.pageable.copier ? o.pageable.copier->threads() : 0);
   oomb::host_resource hr;
   oomb::device_resource dr;
   auto home = host_pool::growing(hr, page_bytes, 37);  // slabs of 37: runs break at slab edges
@@ -172,8 +184,15 @@ TEST_CASE("staged transfers: bad input throws before anything is enqueued; bad o
   CHECK_THROWS_AS(up_transfer(other, home), oomb::invalid_argument);  // block sizes differ
   CHECK_THROWS_AS(up_transfer(dev, home, staging(4000, 2, 2)), oomb::invalid_argument);
   CHECK_THROWS_AS(up_transfer(dev, home, staging(4096, 1, 2)), oomb::invalid_argument);
-  CHECK_THROWS_AS(up_transfer(dev, home, staging(4096, 2, 0)), oomb::invalid_argument);
   CHECK_THROWS_WITH_AS(up.set_options(staging(8192, 2, 2)), doctest::Contains("fixed"), oomb::invalid_argument);
+  // Another copier is refused; none (the options' default) keeps the one in use.
+  const oomb::parallel_copier* copier = up.options().pageable.copier;
+  CHECK_THROWS_WITH_AS(up.set_options(staging(4096, 2, 3)), doctest::Contains("fixed"), oomb::invalid_argument);
+  oomb::cuda_transfer_options same;
+  same.pageable.chunk_bytes = 4096;
+  same.pageable.chunks = 2;
+  up.set_options(same);
+  CHECK(up.options().pageable.copier == copier);
   CHECK(up.staging_bytes() == 2 * 4096);
 }
 
@@ -202,4 +221,57 @@ TEST_CASE("staged transfers: destroying a transfer waits for its batches queued 
   s.synchronize();
   for (std::int32_t i = 0; i < pages; ++i)
     CHECK(std::memcmp(home.address(ids[std::size_t(i)]), back.address(out_ids[std::size_t(i)]), page_bytes) == 0);
+}
+
+TEST_CASE("staged transfers: without a copier of their own, transfers share the process's, and six at once move every byte") {
+  // The trainer's case: K/V, gradient and kept-output tiers, each with a transfer per direction, all
+  // on the default options, enqueued from their own threads at once.
+  oomb::cuda_transfer_options o;
+  o.pageable.chunk_bytes = 256 << 10;  // several chunks per batch
+  o.pageable.chunks = 2;
+  const std::size_t pages[3] = {64 << 10, 256 << 10, std::size_t(48 << 10) + 16};
+  std::vector<std::thread> tiers;
+  std::vector<int> bad(3, -1);
+  for (int t = 0; t < 3; ++t)
+    tiers.emplace_back([&, t]() noexcept {
+      try {
+        oomb::host_resource hr;
+        oomb::device_resource dr;
+        const std::size_t page_bytes = pages[t];
+        const std::int32_t n = quick() ? 40 : 160;
+        auto home = host_pool::contiguous(hr, page_bytes, n);
+        auto back = host_pool::contiguous(hr, page_bytes, n);
+        auto dev = device_pool::contiguous(dr, page_bytes, n);
+        auto ids = take(home, n), out_ids = take(back, n);
+        std::vector<std::int32_t> slots(static_cast<std::size_t>(n));
+        dev.acquire(n, slots.data());
+        std::shuffle(slots.begin(), slots.end(), std::mt19937(11u + unsigned(t)));
+        for (std::int32_t id : ids) fill_random(home.address(id), page_bytes, 900 + 1000u * unsigned(t) + std::uint64_t(id));
+        for (std::int32_t id : out_ids) std::memset(back.address(id), 0, page_bytes);
+        oomb::cuda_stream in, out;
+        up_transfer up(dev, home, o);
+        down_transfer down(back, dev, o);
+        for (int round = 0; round < 3; ++round) {  // the other tiers' batches overlap these
+          in.wait(out.record());  // the slots are read by the last write-back
+          up.enqueue(in, slots, ids);
+          out.wait(in.record());
+          down.enqueue(out, out_ids, slots);
+        }
+        out.synchronize();
+        in.synchronize();
+        int wrong = 0;
+        for (std::int32_t i = 0; i < n; ++i)
+          wrong += std::memcmp(home.address(ids[std::size_t(i)]), back.address(out_ids[std::size_t(i)]), page_bytes) != 0;
+        bad[std::size_t(t)] = up.options().pageable.copier == &oomb::parallel_copier::shared() &&
+                                      down.options().pageable.copier == &oomb::parallel_copier::shared()
+                                  ? wrong
+                                  : -2;
+      } catch (...) {
+        bad[std::size_t(t)] = -3;
+      }
+    });
+  for (std::thread& t : tiers) t.join();
+  for (int t = 0; t < 3; ++t)
+    CHECK_MESSAGE(bad[std::size_t(t)] == 0, "tier ", t, ": ", bad[std::size_t(t)], " (-2: not the shared copier, -3: threw)");
+  CHECK(oomb::parallel_copier::shared().threads() == oomb::parallel_copier::default_threads());
 }

@@ -65,3 +65,14 @@ TEST_CASE("parallel_copier: thread counts outside [1, 256] are refused") {
   CHECK_THROWS_AS(oomb::parallel_copier(0), oomb::invalid_argument);
   CHECK_THROWS_AS(oomb::parallel_copier(257), oomb::invalid_argument);
 }
+
+TEST_CASE("parallel_copier: the shared copier is one per process, a thread per hardware thread, and copies") {
+  const int n = oomb::parallel_copier::default_threads();
+  CHECK(n >= 1);
+  CHECK(n <= 256);
+  if (std::thread::hardware_concurrency() != 0) CHECK(n == int(std::min(std::thread::hardware_concurrency(), 256u)));
+  oomb::parallel_copier& a = oomb::parallel_copier::shared();
+  CHECK(&a == &oomb::parallel_copier::shared());
+  CHECK(a.threads() == n);
+  check_list(a, 3 << 20, 70000, 4242);
+}

@@ -39,6 +39,7 @@
 #include "oomb/memory/block_pool.hpp"
 #include "oomb/core/id_span.hpp"
 #include "oomb/offload/page_transfer.hpp"
+#include "oomb/offload/parallel_copier.hpp"
 
 OOMB_NAMESPACE_BEGIN
 
@@ -74,10 +75,11 @@ struct cuda_transfer_options {
   struct pageable_staging {
     std::size_t chunk_bytes = std::size_t(8) << 20;  ///< bytes per chunk: one host copy, one DMA batch
     int chunks = 4;   ///< chunks per transfer object (pinned: chunks x chunk_bytes); host copies overlap DMA
-    /// threads of each transfer's copier, its worker included: on the H200's host one thread moves
-    /// ~6 GB/s; 8 moved 31-39 GB/s one way and 40-45 both ways at once, 4 moved 22-28 and 33-37
-    /// (bench/cuda/staged_transfer_bench.cu)
-    int threads = 8;
+    /// The threads that copy between the homes and the staging: null for parallel_copier::shared(),
+    /// one thread per hardware thread for all of the process's transfers; else a copier that outlives
+    /// every transfer built with it. On the H200's host one thread moves ~6 GB/s; 8 moved 31-39 GB/s
+    /// one way and 40-45 both ways at once (bench/cuda/staged_transfer_bench.cu).
+    parallel_copier* copier = nullptr;
   } pageable;
 };
 

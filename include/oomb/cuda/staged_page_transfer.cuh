@@ -11,7 +11,9 @@
 // How a batch moves (the batch is validated and merged by page_transfer first, as every transfer):
 // its copies are cut into chunks of at most options.pageable.chunk_bytes, and chunk j uses staging
 // chunk j mod options.pageable.chunks. Each transfer object owns a second stream, the *lane*, and a
-// worker thread with a parallel_copier. The lane decides *when* a chunk's host copy may start: a
+// worker thread that copies with a parallel_copier (options.pageable.copier; by default the process's
+// shared one, so the transfers of all tiers and both directions split one set of threads, one per
+// hardware thread, instead of each bringing its own). The lane decides *when* a chunk's host copy may start: a
 // host function (cudaLaunchHostFunc) on it hands the chunk to the worker, which copies between the
 // homes and staging and then publishes the chunk's sequence number in a pinned counter; the
 // caller's stream waits for that number (cuStreamWaitValue32) before its DMA. Events order the
@@ -28,7 +30,8 @@
 // So work the caller enqueues after the call (and the events it records) runs after every byte of
 // the batch has landed, exactly as after a cuda_page_transfer: the residency scheduler needs no
 // change. Host copies of chunk j+1 overlap the DMA of chunk j, and the copies of different transfer
-// objects (the K/V and gradient tiers, both directions) run at once on their own workers.
+// objects (the K/V and gradient tiers, both directions) run at once: each worker hands its chunk's
+// shares to the shared copier and copies one share itself.
 // Why a worker and not the copy inside the host function: CUDA runs every host function of a
 // process on one driver thread, so host copies made there serialise across all transfers (measured
 // on the H200: two directions at once moved no more than one; bench/cuda/staged_transfer_bench.cu).
@@ -101,8 +104,8 @@ class staged_copy_worker {
     job* next = nullptr;
   };
 
-  explicit staged_copy_worker(int threads)
-      : copier_(threads), done_(make_pinned_staging<std::uint32_t>(1, cudaHostAllocMapped, "cuda_staged_page_transfer")) {
+  explicit staged_copy_worker(parallel_copier& copier)
+      : copier_(&copier), done_(make_pinned_staging<std::uint32_t>(1, cudaHostAllocMapped, "cuda_staged_page_transfer")) {
     *done_.get() = 0;
     void* device = nullptr;
     OOMB_CUDA_CHECK(cudaHostGetDevicePointer(&device, done_.get(), 0), "cuda_staged_page_transfer: mapping the counter");
@@ -155,7 +158,7 @@ class staged_copy_worker {
       head_ = j->next;
       if (head_ == nullptr) tail_ = nullptr;
       lock.unlock();
-      copier_.copy(j->ops.data(), j->ops.size());
+      copier_->copy(j->ops.data(), j->ops.size());
       // The copies (other threads' too: copy() returned after them) before the number: the DMA
       // that waits for it reads what they wrote.
       std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -165,7 +168,7 @@ class staged_copy_worker {
     }
   }
 
-  parallel_copier copier_;
+  parallel_copier* copier_;  // shared with other transfers (copy() is thread-safe)
   pinned_staging<std::uint32_t> done_;  // the number of the last job copied (mapped: streams poll it)
   const std::uint32_t* done_device_ = nullptr;
   std::mutex mutex_;
@@ -193,14 +196,14 @@ class cuda_staged_page_transfer {
   using dst_pool_type = block_pool<DstResource>;
   using src_pool_type = block_pool<SrcResource>;
 
-  /// Pages of both pools must have the same block size. Allocates the staging, the lane, the worker
-  /// and its copier's threads now (throws out_of_memory naming the bytes, or invalid_argument for
-  /// bad options), so no batch allocates them.
+  /// Pages of both pools must have the same block size. Allocates the staging, the lane and the
+  /// worker now, and starts the shared copier if no copier is given (throws out_of_memory naming the
+  /// bytes, or invalid_argument for bad options), so no batch allocates them.
   cuda_staged_page_transfer(dst_pool_type& dst, const src_pool_type& src, cuda_transfer_options options = {})
       : plan_(dst, src),
         options_(checked(options)),
         staging_(make_pinned_staging<std::byte>(staging_bytes(), cudaHostAllocDefault, "cuda_staged_page_transfer")),
-        worker_(std::make_unique<detail::staged_copy_worker>(options_.pageable.threads)),
+        worker_(std::make_unique<detail::staged_copy_worker>(*options_.pageable.copier)),
         emptied_(chunks(), 0) {
     drained_.reserve(chunks());
     for (std::size_t k = 0; k < chunks(); ++k) drained_.push_back(cuda_event::create());
@@ -283,12 +286,15 @@ class cuda_staged_page_transfer {
   }
 
   const cuda_transfer_options& options() const noexcept { return options_; }
-  /// Takes effect from the next batch; the staging's geometry and the threads stay as built.
+  /// Takes effect from the next batch; the staging's geometry and the copier stay as built (a null
+  /// copier in `o` keeps the one in use).
   void set_options(const cuda_transfer_options& o) {
     OOMB_EXPECTS(o.pageable.chunk_bytes == options_.pageable.chunk_bytes && o.pageable.chunks == options_.pageable.chunks &&
-                     o.pageable.threads == options_.pageable.threads,
-                 "cuda_staged_page_transfer: the staging (chunk bytes, chunks, threads) is fixed when the transfer is built");
+                     (!o.pageable.copier || o.pageable.copier == options_.pageable.copier),
+                 "cuda_staged_page_transfer: the staging (chunk bytes, chunks, copier) is fixed when the transfer is built");
+    parallel_copier* const copier = options_.pageable.copier;
     options_ = o;
+    options_.pageable.copier = copier;
   }
   /// The copies of the last batch (before cutting into chunks), merged and sorted by destination.
   const std::vector<copy_op>& ops() const noexcept { return plan_.ops(); }
@@ -307,15 +313,15 @@ class cuda_staged_page_transfer {
     ++handed_;
   }
 
-  static cuda_transfer_options checked(const cuda_transfer_options& o) {
+  // The options as used: checked, and the shared copier where none is given.
+  static cuda_transfer_options checked(cuda_transfer_options o) {
     OOMB_EXPECTS(o.pageable.chunk_bytes >= 4096 && o.pageable.chunk_bytes % 4096 == 0,
                  "cuda_staged_page_transfer: pageable.chunk_bytes must be a positive multiple of 4096, got ",
                  o.pageable.chunk_bytes);
     OOMB_EXPECTS(o.pageable.chunks >= 2 && o.pageable.chunks <= 1024,
                  "cuda_staged_page_transfer: pageable.chunks must be in [2, 1024] (host copies overlap DMA only with two), got ",
                  o.pageable.chunks);
-    OOMB_EXPECTS(o.pageable.threads >= 1 && o.pageable.threads <= 256,
-                 "cuda_staged_page_transfer: pageable.threads must be in [1, 256], got ", o.pageable.threads);
+    if (!o.pageable.copier) o.pageable.copier = &parallel_copier::shared();
     return o;
   }
   std::size_t chunks() const noexcept { return static_cast<std::size_t>(options_.pageable.chunks); }
