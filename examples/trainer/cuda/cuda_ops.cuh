@@ -23,9 +23,10 @@
 //  - cuda_ops (oomb::device_resource): every K/V and gradient page in device memory, read in
 //    place; the far pools are contiguous. Refuses offload (near_memory() throws: streaming device
 //    memory through device slots buys nothing).
-//  - cuda_pageable_offload_ops (oomb::host_resource): as cuda_offload_ops, with the homes in
-//    pageable host memory: each batch crosses a pinned staging ring, the host's copies in stream
-//    order (oomb/cuda/staged_page_transfer.cuh), so no device memory grows with the homes.
+//  - cuda_pageable_offload_ops (huge_page_host_resource): as cuda_offload_ops, with the homes in
+//    pageable host memory (transparent huge pages where the host has them): each batch crosses a
+//    pinned staging ring, the host's copies in stream order (oomb/cuda/staged_page_transfer.cuh),
+//    so no device memory grows with the homes.
 //  - cuda_offload_ops (oomb::pinned_resource): homes in pinned host memory, written once right
 //    after their projection; the kernels address a fixed set of device slots (near_memory()) that
 //    the residency scheduler fills on the copy-in stream and writes back on the copy-out stream,
@@ -66,7 +67,6 @@
 #include <oomb/cuda/device_resource.hpp>
 #include <oomb/cuda/error.hpp>
 #include <oomb/cuda/pinned_resource.hpp>
-#include <oomb/memory/host_resource.hpp>
 #include <oomb/cuda/residency.cuh>
 #include <oomb/cuda/stream.hpp>
 #include <oomb/cuda/stream_view.hpp>
@@ -80,6 +80,7 @@
 #include "trainer/cuda/cuda_ops_memory.hpp"
 #include "trainer/cuda/device_buffer.cuh"
 #include "trainer/cuda/device_params.cuh"
+#include "trainer/cuda/huge_page_host_resource.hpp"
 #include "trainer/cuda/interval_clock.cuh"
 #include "trainer/cuda/ops/elementwise.cuh"
 #include "trainer/cuda/ops/embedding.cuh"
@@ -686,7 +687,7 @@ using cuda_ops = basic_cuda_ops<oomb::device_resource>;
 using cuda_offload_ops = basic_cuda_ops<oomb::pinned_resource>;
 /// Homes in pageable host memory, streamed through device slots by way of pinned staging
 /// (chunk_options::offload with home_memory::pageable; oomb/cuda/staged_page_transfer.cuh).
-using cuda_pageable_offload_ops = basic_cuda_ops<oomb::host_resource>;
+using cuda_pageable_offload_ops = basic_cuda_ops<huge_page_host_resource>;
 
 static_assert(is_ops_backend_v<cuda_ops>);
 static_assert(is_ops_backend_v<cuda_offload_ops>);
