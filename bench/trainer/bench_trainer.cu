@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -351,6 +353,12 @@ std::string utc_date() {
   char buf[16];
   std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
   return buf;
+}
+
+// The process's peak resident set in bytes (getrusage reports KiB on Linux).
+std::uint64_t peak_rss_bytes() {
+  rusage u{};
+  return getrusage(RUSAGE_SELF, &u) == 0 ? std::uint64_t(u.ru_maxrss) * 1024 : 0;
 }
 
 void emit(const json& row, const bench_options& o) {
@@ -683,6 +691,11 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["baseline_gpu_bytes"] = mem.baseline();
   row["planned_gpu_bytes"] = plan.gpu_total();
   row["planned_gpu_growth_per_10k"] = plan.gpu_growth_per_10k;
+  // Host memory: what the plan says this point holds (homes, staging, optimizer state where it
+  // lives on the host), and the process's peak resident set so far (Linux ru_maxrss: it only grows,
+  // so in a sweep it is the largest point's, model and tokens included).
+  row["planned_host_bytes"] = plan.host_total();
+  row["peak_host_rss_bytes"] = peak_rss_bytes();
   const std::size_t elements = oomb_trainer::param_layout(cfg).total();  // as allocated, with the padding
   row["weights_bytes"] = elements * sizeof(oomb::bf16);
   row["grads_bytes"] = elements * sizeof(float);
