@@ -355,6 +355,15 @@ std::string utc_date() {
   return buf;
 }
 
+// The current GPU's name, as nvidia-smi prints it (rows before 2026-12-07 have none: plot.py says how
+// it tells their machines apart).
+std::string device_name() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "unknown";
+  return prop.name;
+}
+
 // The process's peak resident set in bytes (getrusage reports KiB on Linux).
 std::uint64_t peak_rss_bytes() {
   rusage u{};
@@ -626,6 +635,7 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["exposed_transfer_s"] = median(exposed_s);
   row["commit"] = o.commit;
   row["date"] = utc_date();
+  row["device"] = device_name();
   row["chunk"] = opt.chunk;
   row["page"] = opt.page;
   row["window_pages"] = opt.window_pages;
@@ -691,10 +701,14 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
   row["baseline_gpu_bytes"] = mem.baseline();
   row["planned_gpu_bytes"] = plan.gpu_total();
   row["planned_gpu_growth_per_10k"] = plan.gpu_growth_per_10k;
-  // Host memory: what the plan says this point holds (homes, staging, optimizer state where it
-  // lives on the host), and the process's peak resident set so far (Linux ru_maxrss: it only grows,
-  // so in a sweep it is the largest point's, model and tokens included).
-  row["planned_host_bytes"] = plan.host_total();
+  // Host memory: what the plan says this point holds (homes, staging, and for phase step the
+  // optimizer state the plan puts on the host: fwd_bwd allocates none, so its lines are left out),
+  // and the process's peak resident set so far (Linux ru_maxrss: it only grows, so in a sweep it is
+  // the largest point's, model and tokens included).
+  const bool has_optimizer = std::string(Runner::phase) == "step";
+  row["planned_host_bytes"] = plan.host_total() - (has_optimizer ? 0
+                                                   : plan.on_host(oomb_trainer::plan_part::optimizer) +
+                                                         plan.on_host(oomb_trainer::plan_part::checkpoint_staging));
   row["peak_host_rss_bytes"] = peak_rss_bytes();
   const std::size_t elements = oomb_trainer::param_layout(cfg).total();  // as allocated, with the padding
   row["weights_bytes"] = elements * sizeof(oomb::bf16);

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Draws docs/img/trainer_<model>.png from the trainer benchmark's committed JSON lines
 (bench/trainer/results/*.jsonl, one object per measured step, oomb's and PyTorch's): peak GPU
-memory and tokens/s against the context, per model, one line per system and configuration
+memory and tokens/s against the context, per model, one line per system and configuration, H200 rows only
 (ours: chunk, in place or offload with its near slots and its homes (pinned, or pageable; fp32 or bf16
 gradient homes), attention recomputed or kept, and for page-sparse rows the
 budget, sink, local, tile and scoring: one line each). Where a point was measured more than once,
@@ -33,7 +33,13 @@ def load():
         for line in path.read_text().splitlines():
             if line.strip():
                 rows.append(json.loads(line))
-    return [r for r in rows if r.get("phase") == "fwd_bwd" and r.get("step_s")]
+    return [r for r in rows if r.get("phase") == "fwd_bwd" and r.get("step_s") and "H200" in device(r)]
+
+
+def device(r):
+    """The row's GPU. Rows before the field (2026-12-07) ran on the H200, except those of 2026-12-06,
+    when only H100s came (docs/benchmarks.md says which)."""
+    return r.get("device") or ("NVIDIA H100 80GB HBM3" if r.get("date") == "2026-12-06" else "NVIDIA H200")
 
 
 def series_name(r):
