@@ -54,7 +54,7 @@ TEST_CASE("slot_hazards: what each access waits for; loads and write-backs repla
   w.clear();
   h.before_write(0, w);
   CHECK(w.size() == 2);  // copy-in and the reader
-  h.written_back(0, 3, wb);
+  h.written_back(0, 3, wb, wb);
   w.clear();
   h.before_write(0, w);
   CHECK(w.size() == 2);  // copy-in and the write-back, which covers the reader

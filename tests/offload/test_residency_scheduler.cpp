@@ -2,11 +2,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "oomb/offload/host_backend.hpp"
@@ -398,4 +401,84 @@ TEST_CASE("scheduler: a backend's transfer hook moves every batch, both ways") {
   CHECK(oomb_test::has_content(far.address(0), 256, 0, 2));
   CHECK(s.stats().bytes_to_near == 3 * 256);
   CHECK(s.stats().bytes_to_far == 256);
+}
+
+namespace {
+// A backend whose write-backs read their slots before they write their homes, as a staged CUDA
+// transfer does (DMA into staging, then the host's copy): slot -> staging, the sources_read hook,
+// then a gate the test holds, then staging -> home, all on the copy-out stream.
+struct staged_backend : oomb::host_backend {
+  std::shared_ptr<oomb_test::gate> home_gate = std::make_shared<oomb_test::gate>();
+  std::shared_ptr<std::vector<std::byte>> staging = std::make_shared<std::vector<std::byte>>();
+  int hooks = 0;
+  template <class D, class S>
+  oomb::transfer_report transfer(oomb::host_stream& s, oomb::block_pool<D>& dst, oomb::id_span dst_ids,
+                                 const oomb::block_pool<S>& src, oomb::id_span src_ids) {
+    return oomb::transfer_pages(s, dst, dst_ids, src, src_ids);
+  }
+  template <class D, class S>
+  oomb::transfer_report transfer(oomb::host_stream& s, oomb::block_pool<D>& dst, oomb::id_span dst_ids,
+                                 const oomb::block_pool<S>& src, oomb::id_span src_ids, oomb::sources_read_hook read) {
+    const std::size_t n = src.block_bytes();
+    staging->resize(n * src_ids.size());
+    std::vector<oomb::copy_op> in, out;
+    for (std::size_t i = 0; i < src_ids.size(); ++i) {
+      in.push_back({staging->data() + i * n, src.address(src_ids[i]), n});
+      out.push_back({dst.address(dst_ids[i]), staging->data() + i * n, n});
+    }
+    s.enqueue_copies(in.data(), in.size());
+    ++hooks;
+    read();
+    s.enqueue(home_gate->task());
+    s.enqueue_copies(out.data(), out.size());
+    oomb::transfer_report r;
+    r.pages = r.copies = src_ids.size();
+    r.bytes = n * src_ids.size();
+    return r;
+  }
+};
+static_assert(oomb::is_residency_backend_v<staged_backend>);
+
+template <class E>
+bool ready_within(const E& e, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!e.ready())
+    if (std::chrono::steady_clock::now() > end) return false;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return true;
+}
+}  // namespace
+
+TEST_CASE("scheduler: a write-back whose backend reports its slots read frees them before its homes are written") {
+  // One slot: every acquire of another page reuses it. Page 0 is written back through the staged
+  // backend while its home stage is held; page 1 then loads into the slot at once (it waits for the
+  // slot's read, not the home), and page 0 comes back only after its home has been written.
+  oomb_test::tiers<oomb_test::fast_streams, staged_backend> t(4, 1);
+  for (std::int32_t p = 0; p < 4; ++p) t.stamp_home(p, 1);
+  t.sched.mark_written(t.ids);
+  auto s0 = t.sched.acquire(t.compute, {0}, access::write);
+  t.update_on_compute(s0[0], 0, 1);  // version 2, near only
+  t.sched.release(t.compute, {0});
+  t.copy_in.synchronize();
+  t.compute.synchronize();
+  CHECK(t.sched.write_back({0}) == 1);
+  CHECK(t.sched.state(0) == page_state::to_far);  // home write held by the gate
+  auto s1 = t.sched.acquire(t.compute, {1}, access::read);
+  t.check_on_compute(s1[0], 1, 1);
+  t.sched.release(t.compute, {1});
+  const auto loaded = t.compute.record();
+  CHECK_MESSAGE(ready_within(loaded, std::chrono::seconds(5)), "the slot waited for the home write");
+  CHECK(t.sched.state(0) == page_state::far);
+  CHECK_FALSE(oomb_test::has_content(t.home(0), t.bytes(), 0, 2));  // still held
+  auto s2 = t.sched.acquire(t.compute, {0}, access::read);
+  t.check_on_compute(s2[0], 0, 2);
+  t.sched.release(t.compute, {0});
+  const auto reread = t.compute.record();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(reread.ready());  // a copy from page 0's home waits for its write
+  t.sched.backend().home_gate->open();
+  t.settle();
+  CHECK(t.bad.load() == 0);
+  CHECK(oomb_test::has_content(t.home(0), t.bytes(), 0, 2));
+  CHECK(t.sched.backend().hooks == 1);
 }

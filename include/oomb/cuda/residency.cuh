@@ -89,8 +89,22 @@ class cuda_backend {
   template <class D, class S>
   transfer_report transfer(stream_type& stream, block_pool<D>& dst, id_span dst_ids, const block_pool<S>& src,
                            id_span src_ids) {
+    return transfer(stream, dst, dst_ids, src, src_ids, sources_read_hook{});
+  }
+  /// The same, calling `read` where the batch has read its sources: for pageable homes written
+  /// back, after the DMA out of the slots and before the host's copies into the homes, so the
+  /// scheduler reuses the slots without waiting for those copies; otherwise at the end.
+  template <class D, class S>
+  transfer_report transfer(stream_type& stream, block_pool<D>& dst, id_span dst_ids, const block_pool<S>& src,
+                           id_span src_ids, sources_read_hook read) {
     auto& t = slot_for(dst, src);
-    const cuda_transfer_report r = t.enqueue(cuda_stream_view(stream), dst_ids, src_ids);
+    cuda_transfer_report r;
+    if constexpr (D::kind == memory_kind::host || S::kind == memory_kind::host) {
+      r = t.enqueue(cuda_stream_view(stream), dst_ids, src_ids, read);
+    } else {
+      r = t.enqueue(cuda_stream_view(stream), dst_ids, src_ids);
+      read();
+    }
     if (r.copies > 0) ++(r.path == transfer_path::kernel ? kernel_batches_ : copy_engine_batches_);
     return r;
   }

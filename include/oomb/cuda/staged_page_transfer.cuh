@@ -69,6 +69,7 @@
 #include "oomb/memory/block_pool.hpp"
 #include "oomb/offload/page_transfer.hpp"
 #include "oomb/offload/parallel_copier.hpp"
+#include "oomb/offload/residency_backend.hpp"
 
 OOMB_NAMESPACE_BEGIN
 
@@ -222,13 +223,21 @@ class cuda_staged_page_transfer {
   /// Copies page src_ids[i] of the source pool to page dst_ids[i] of the destination pool, as one
   /// batch on `stream`. Everything is validated before anything is enqueued. On a CUDA failure
   /// part of the batch may have been enqueued (as with any transfer): its destinations are stale.
-  cuda_transfer_report enqueue(cuda_stream_view stream, id_span dst_ids, id_span src_ids) {
+  /// `sources_read` is called once where what is enqueued on `stream` covers every read of the
+  /// sources: to the homes, after the last DMA out of the device and before the wait for the
+  /// host's copies into the homes; to the device, at the end. If it throws, the batch's homes are
+  /// not waited for on `stream` (they stay stale to it, as after a CUDA failure).
+  cuda_transfer_report enqueue(cuda_stream_view stream, id_span dst_ids, id_span src_ids,
+                               sources_read_hook sources_read = {}) {
     const detail::nvtx_range range("oomb: staged page transfer batch");
     cuda_transfer_report r;
     static_cast<transfer_report&>(r) = plan_.plan(dst_ids, src_ids);
     r.path = transfer_path::memcpy_batch;  // the DMA half: copy engines
     const std::vector<copy_op>& ops = plan_.ops();
-    if (ops.empty()) return r;
+    if (ops.empty()) {
+      sources_read();
+      return r;
+    }
     const cuda_stream_view lane = lane_.view();
     if (to_device) {
       stream.record(start_);
@@ -280,6 +289,7 @@ class cuda_staged_page_transfer {
       ++next_;
       r.copies += device_ops_.size();
     }
+    sources_read();
     // The worker copies in order: its last number covers the batch.
     if (!to_device) detail::stream_wait_value32(stream.get(), worker_->done_device(), handed_);
     return r;

@@ -12,6 +12,13 @@
 // and optionally
 //   transfer_report transfer(stream_type&, block_pool<D>& dst, id_span dst_ids,
 //                            const block_pool<S>& src, id_span src_ids);  // how a batch moves
+//   transfer_report transfer(stream_type&, block_pool<D>& dst, id_span dst_ids,
+//                            const block_pool<S>& src, id_span src_ids, sources_read_hook read);
+//       // the same, for a backend whose batches finish reading their sources before their
+//       // destinations are written (pageable homes: the DMA out of the slots, then the host's
+//       // copies into the homes): it calls read() once, when what it enqueued on the stream so far
+//       // covers every read of the sources; a write-back's slots are then reused after that point
+//       // and its homes read after the whole batch
 //   void prepare(block_pool<near_resource>& near, block_pool<far_resource>& far);
 //       // called once by the scheduler's constructor: allocate transfer staging up front, so no
 //       // batch allocates (and fails) on the hot path
@@ -37,6 +44,17 @@
 #include "oomb/offload/stream.hpp"
 
 OOMB_NAMESPACE_BEGIN
+
+/// What a backend calls when a batch's sources have been read (see the file comment): a plain
+/// function and its context, so no call allocates. Calling an empty hook does nothing; the call
+/// may throw (what the scheduler records there), and the backend lets that through.
+struct sources_read_hook {
+  void (*fn)(void*) = nullptr;
+  void* context = nullptr;
+  void operator()() const {
+    if (fn != nullptr) fn(context);
+  }
+};
 
 namespace detail {
 template <class B, class = void>
@@ -64,6 +82,17 @@ struct has_backend_transfer<
     std::enable_if_t<std::is_same_v<
         decltype(std::declval<B&>().transfer(std::declval<typename B::stream_type&>(), std::declval<block_pool<D>&>(),
                                              id_span{}, std::declval<const block_pool<S>&>(), id_span{})),
+        transfer_report>>> : std::true_type {};
+
+template <class B, class D, class S, class = void>
+struct has_backend_sources_read : std::false_type {};
+template <class B, class D, class S>
+struct has_backend_sources_read<
+    B, D, S,
+    std::enable_if_t<std::is_same_v<
+        decltype(std::declval<B&>().transfer(std::declval<typename B::stream_type&>(), std::declval<block_pool<D>&>(),
+                                             id_span{}, std::declval<const block_pool<S>&>(), id_span{},
+                                             sources_read_hook{})),
         transfer_report>>> : std::true_type {};
 
 template <class B, class = void>

@@ -346,7 +346,7 @@ class residency_scheduler {
     if (sid < 0) return page_state::far;
     if (hazards_.copy_in_pending(sid)) return page_state::to_near;
     if (table_.slot(sid).dirty) return page_state::near_dirty;
-    if (hazards_.write_back_pending(sid)) return page_state::to_far;
+    if (hazards_.write_back_pending(sid) || hazards_.home_write_pending(id)) return page_state::to_far;
     return page_state::near;
   }
 
@@ -674,11 +674,26 @@ class residency_scheduler {
     else
       return move_pages(*copy_in_, near_, slots, *far_, homes);
   }
-  transfer_report to_far(id_span homes, id_span slots) {
-    if constexpr (detail::has_backend_codec<Backend>::value)
+  // `slots_read`: an event on the copy-out stream after which the slots may be reused, when the
+  // backend reports that point before the homes are written (else it stays empty).
+  transfer_report to_far(id_span homes, id_span slots, event_ptr& slots_read) {
+    if constexpr (detail::has_backend_codec<Backend>::value) {
       return backend_.encode_pages(*copy_out_, *far_, homes, near_, slots);
-    else
+    } else if constexpr (detail::has_backend_sources_read<Backend, far_resource, near_resource>::value) {
+      struct recorder {
+        event_pool<event_type>* events;
+        stream_type* stream;
+        event_ptr* out;
+      } rec{&events_, copy_out_, &slots_read};
+      const sources_read_hook read{[](void* p) {
+                                     auto* r = static_cast<recorder*>(p);
+                                     *r->out = r->events->record(*r->stream);
+                                   },
+                                   &rec};
+      return backend_.transfer(*copy_out_, *far_, homes, near_, slots, read);
+    } else {
       return move_pages(*copy_out_, *far_, homes, near_, slots);
+    }
   }
 
   // One batch of page copies: through the backend when it says how, else one enqueue_copies.
@@ -706,12 +721,13 @@ class residency_scheduler {
       wb_homes_.push_back(table_.slot(sid).page);
     }
     waits_.apply(*copy_out_);
-    const transfer_report r = to_far(wb_homes_, wb_slots_);
+    event_ptr slots_read;  // set where the backend says the slots have been read (else: `written`)
+    const transfer_report r = to_far(wb_homes_, wb_slots_, slots_read);
     const event_ptr written = events_.record(*copy_out_);
     for (std::int32_t sid : sids) {
       auto& s = table_.slot(sid);
       s.dirty = false;
-      hazards_.written_back(sid, s.page, written);
+      hazards_.written_back(sid, s.page, slots_read ? slots_read : written, written);
       table_.page(s.page).home_valid = true;
     }
     stats_.write_backs += sids.size();

@@ -4,7 +4,9 @@
 // The residency scheduler's ordering lives here, apart from its bookkeeping (which page holds
 // which slot) and its eviction policy. Per slot:
 //   in          the copy or zero fill into the slot (readers and a write-back wait for it)
-//   out         the write-back out of the slot (writers and a reuse wait for it)
+//   out         the write-back out of the slot (writers and a reuse wait for it): the point where
+//               the batch has read the slot, which a staged write-back reaches before its home
+//               is written (cuda_staged_page_transfer: the DMA, then the host's copy)
 //   uses        compute work released on the slot (writers, a write-back and a reuse wait for it)
 //   last_write  compute work that wrote it (readers on another compute stream wait for it)
 // and per page, `home`: the write-back into its home (a copy from that home waits for it).
@@ -122,11 +124,13 @@ class slot_hazards {
   /// after `e`.
   void fenced(std::int32_t s, const event_ptr& e) noexcept { at(s).in = e; }
   /// The slot was (is being) copied home into `page`'s home.
-  void written_back(std::int32_t s, std::int32_t page, const event_ptr& e) noexcept {
+  /// `slot_read`: the batch has read the slot; `home_written`: its home holds the content (the
+  /// same event unless the backend reports the first earlier).
+  void written_back(std::int32_t s, std::int32_t page, const event_ptr& slot_read, const event_ptr& home_written) noexcept {
     rec& r = at(s);
-    r.out = e;
+    r.out = slot_read;
     r.uses.clear();  // the write-back waited for them
-    homes_[static_cast<std::size_t>(page)] = e;
+    homes_[static_cast<std::size_t>(page)] = home_written;
   }
   /// Compute work that used the slot was released (after reserve_use for this slot).
   void used(std::int32_t s, const event_ptr& e, bool wrote) noexcept {
@@ -137,6 +141,9 @@ class slot_hazards {
 
   bool copy_in_pending(std::int32_t s) const { return pending(at(s).in); }
   bool write_back_pending(std::int32_t s) const { return pending(at(s).out); }
+  bool home_write_pending(std::int32_t page) const {
+    return static_cast<std::size_t>(page) < homes_.size() && pending(homes_[static_cast<std::size_t>(page)]);
+  }
 
   /// Drops the events that completed.
   void prune_all() {
