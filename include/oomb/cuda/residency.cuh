@@ -89,24 +89,16 @@ class cuda_backend {
   template <class D, class S>
   transfer_report transfer(stream_type& stream, block_pool<D>& dst, id_span dst_ids, const block_pool<S>& src,
                            id_span src_ids) {
-    return transfer(stream, dst, dst_ids, src, src_ids, sources_read_hook{});
+    return counted(slot_for(dst, src).enqueue(cuda_stream_view(stream), dst_ids, src_ids));
   }
-  /// The same, calling `read` where the batch has read its sources: for pageable homes written
-  /// back, after the DMA out of the slots and before the host's copies into the homes, so the
-  /// scheduler reuses the slots without waiting for those copies; otherwise at the end.
-  template <class D, class S>
+  /// Pageable homes only (staged transfers): the same, calling `read` where the batch has read its
+  /// sources. Written back, that is after the DMA out of the slots and before the host's copies
+  /// into the homes, so the scheduler reuses the slots without waiting for those copies.
+  template <class D, class S,
+            std::enable_if_t<D::kind == memory_kind::host || S::kind == memory_kind::host, int> = 0>
   transfer_report transfer(stream_type& stream, block_pool<D>& dst, id_span dst_ids, const block_pool<S>& src,
                            id_span src_ids, sources_read_hook read) {
-    auto& t = slot_for(dst, src);
-    cuda_transfer_report r;
-    if constexpr (D::kind == memory_kind::host || S::kind == memory_kind::host) {
-      r = t.enqueue(cuda_stream_view(stream), dst_ids, src_ids, read);
-    } else {
-      r = t.enqueue(cuda_stream_view(stream), dst_ids, src_ids);
-      read();
-    }
-    if (r.copies > 0) ++(r.path == transfer_path::kernel ? kernel_batches_ : copy_engine_batches_);
-    return r;
+    return counted(slot_for(dst, src).enqueue(cuda_stream_view(stream), dst_ids, src_ids, read));
   }
 
   const cuda_transfer_options& to_near_options() const noexcept { return in_options_; }
@@ -123,6 +115,12 @@ class cuda_backend {
   std::uint64_t copy_engine_batches() const noexcept { return copy_engine_batches_; }
 
  private:
+  // Counts the batch by its path.
+  cuda_transfer_report counted(const cuda_transfer_report& r) noexcept {
+    if (r.copies > 0) ++(r.path == transfer_path::kernel ? kernel_batches_ : copy_engine_batches_);
+    return r;
+  }
+
   using in_transfer = cuda_tier_transfer<near_resource, far_resource>;
   using out_transfer = cuda_tier_transfer<far_resource, near_resource>;
 
@@ -159,6 +157,10 @@ static_assert(is_residency_backend_v<cuda_backend<>>);
 static_assert(is_residency_backend_v<cuda_backend<device_resource, cuda_stream_view>>);
 static_assert(is_residency_backend_v<cuda_backend<device_resource, cuda_stream, host_resource>>);
 static_assert(detail::has_backend_prepare<cuda_backend<>>::value && detail::has_backend_ranges<cuda_backend<>>::value);
+// Write-backs to pageable homes report when their slots are read; to pinned ones the batch is one point.
+static_assert(detail::has_backend_sources_read<cuda_backend<device_resource, cuda_stream, host_resource>, host_resource,
+                                               device_resource>::value);
+static_assert(!detail::has_backend_sources_read<cuda_backend<>, pinned_resource, device_resource>::value);
 
 /// The residency scheduler of CUDA builds: device slots (cudaMalloc), pinned homes, cuda_streams.
 using cuda_residency_scheduler = residency_scheduler<cuda_backend<>>;
