@@ -28,8 +28,9 @@
 //                   `drained`, hand the chunk to the worker. At the end the caller's stream waits
 //                   for the batch's last number (the worker copies in order).
 // So work the caller enqueues after the call (and the events it records) runs after every byte of
-// the batch has landed, exactly as after a cuda_page_transfer: the residency scheduler needs no
-// change. Host copies of chunk j+1 overlap the DMA of chunk j, and the copies of different transfer
+// the batch has landed, exactly as after a cuda_page_transfer, so the residency scheduler orders it
+// as any batch; to the homes it may also pass a sources_read_hook, called after the last DMA and
+// before the wait for the host's copies, to reuse the slots from that point. Host copies of chunk j+1 overlap the DMA of chunk j, and the copies of different transfer
 // objects (the K/V and gradient tiers, both directions) run at once: each worker hands its chunk's
 // shares to the shared copier and copies one share itself.
 // Why a worker and not the copy inside the host function: CUDA runs every host function of a
