@@ -1,10 +1,11 @@
 // GPU page summaries and tile selection at long context: Qwen2.5-7B heads (28 query heads, 4 KV
 // heads, head_dim 128), 128-token pages, one layer. For each context length and budget: the
-// median time of select_tiles (query-tile summaries, scoring, CUB top-k, CSR) for one chunk of
-// 4096 queries (32 tiles of 128) whose past is the whole context, and of summarize_pages for the
-// chunk's 32 new pages and for every page of the context; at budget 64 also the query-tile
-// summary kernel and CUB's sort alone (the rest is scoring and writing the CSR). One JSON line per
-// measurement.
+// median time of select_tiles (query-tile summaries, per slice of the past: gather, scoring, CUB
+// top-k with the best so far; then the picks by index and the CSR) for one chunk of 4096 queries
+// (32 tiles of 128) whose past is the whole context, with summaries in device memory and the
+// default slice; at budget 64 (Quest) also other slices (8,192 pages, the whole past in one pass)
+// and summaries in mapped pinned memory, as the trainer keeps them. And summarize_pages for the
+// chunk's 32 new pages and for every page of the context. One JSON line per measurement.
 //   sparse_selection_bench [--out FILE.jsonl] [--reps N]
 // SPDX-License-Identifier: Apache-2.0
 #include <cuda_runtime.h>
@@ -18,6 +19,7 @@
 
 #include "oomb/core/bf16.hpp"
 #include "oomb/cuda/error.hpp"
+#include "oomb/cuda/pinned_resource.hpp"
 #include "oomb/cuda/page_summary_kernels.cuh"
 #include "oomb/cuda/stream.hpp"
 #include "oomb/cuda/tile_selection.cuh"
@@ -114,58 +116,50 @@ int main(int argc, char** argv) {
                   prop.name, n, page, kv_heads, d, ms, reps, oomb::device_page_summaries::bytes_per_id(kv_heads, d));
     emit(buf);
   }
+  // The same summaries in mapped pinned memory: the trainer's far-tier home, read over the bus.
+  void* pinned_storage = oomb::pinned_resource{}.allocate(sum_bytes);
+  OOMB_CUDA_CHECK(cudaMemcpyAsync(pinned_storage, sum_storage, sum_bytes, cudaMemcpyDeviceToHost, s), "bench");
+  const auto pinned_sums = oomb::device_page_summaries::over(pinned_storage, max_pages, kv_heads, d);
   // Selection for one chunk whose past is the whole context.
+  struct variant {
+    std::int32_t slice;  // 0: the whole past in one pass
+    bool pinned;
+  };
   for (const std::int64_t tokens : {std::int64_t(1) << 20, std::int64_t(1) << 21, std::int64_t(1) << 22}) {
     const std::int32_t past = std::int32_t(tokens / page) - chunk / page;
     for (const oomb::score_kind kind : {oomb::score_kind::quest, oomb::score_kind::mean})
       for (const std::int32_t budget : {0, 16, 64, 256}) {
-        const oomb::tile_selection_config config{tile, kind, {budget, 1, 2}};
-        const auto plan = oomb::plan_tile_selection(config, q_heads, kv_heads, d, chunk / tile, past);
-        auto* ws = device_alloc<unsigned char>(plan.workspace_bytes);
-        auto* indptr = device_alloc<std::int32_t>(chunk / tile + 1);
-        auto* pages = device_alloc<std::int32_t>(std::size_t(plan.max_entries()));
-        const double ms = median_ms(s, reps, [&] {
-          oomb::select_tiles(plan, sums.view(), qv, dids, past, indptr, pages, ws, plan.workspace_bytes, stream.view());
-        });
-        std::snprintf(buf, sizeof buf,
-                      "{\"bench\":\"select_tiles\",\"gpu\":\"%s\",\"context_tokens\":%lld,\"past_pages\":%d,"
-                      "\"page_size\":%d,\"queries\":%d,\"tile\":%d,\"tiles\":%d,\"q_heads\":%d,\"kv_heads\":%d,"
-                      "\"head_dim\":%d,\"scoring\":\"%s\",\"budget\":%d,\"sink\":1,\"local\":2,\"median_ms\":%.4f,"
-                      "\"reps\":%d,\"workspace_bytes\":%zu}",
-                      prop.name, static_cast<long long>(tokens), past, page, chunk, tile, chunk / tile, q_heads, kv_heads,
-                      d, oomb::to_string(kind), budget, ms, reps, plan.workspace_bytes);
-        emit(buf);
-        if (budget == 64) {  // where the time goes: the query-tile summaries and CUB's sort alone
-          auto* wsb = static_cast<unsigned char*>(ws);
-          auto* q_lo = reinterpret_cast<float*>(wsb + plan.query_summary_offset);
-          float* q_hi = q_lo + std::int64_t(plan.max_tiles) * kv_heads * d;
-          const double summary_ms = median_ms(s, reps, [&] {
-            oomb::detail::summarize_query_tiles_kernel<oomb::bf16><<<dim3(chunk / tile, kv_heads), 128, 0, s>>>(
-                q, q_heads * d, d, 1, chunk, tile, q_heads / kv_heads, d, kind, q_lo, q_hi);
-          });
-          auto* keys = reinterpret_cast<std::uint64_t*>(wsb + plan.keys_offset);
-          auto* sorted = reinterpret_cast<std::uint64_t*>(wsb + plan.sorted_offset);
-          auto* segments = reinterpret_cast<int*>(wsb + plan.segments_offset);
-          std::size_t bytes = plan.sort_bytes;
-          const int items = (chunk / tile) * (past - 3);
-          const double sort_ms = median_ms(s, reps, [&] {
-            (void)cub::DeviceSegmentedRadixSort::SortKeysDescending(wsb + plan.sort_offset, bytes, keys, sorted, items,
-                                                                    chunk / tile, segments, segments + 1, 0, 64, s);
+        std::vector<variant> variants{{oomb::default_selection_slice_pages, false}};
+        if (kind == oomb::score_kind::quest && budget == 64)
+          variants.insert(variants.end(), {{8192, false}, {0, false}, {oomb::default_selection_slice_pages, true}});
+        for (const variant v : variants) {
+          const oomb::tile_selection_config config{tile, kind, {budget, 1, 2}};
+          const auto plan = oomb::plan_tile_selection(config, q_heads, kv_heads, d, chunk / tile, past,
+                                                      v.slice > 0 ? v.slice : past);
+          auto* ws = device_alloc<unsigned char>(plan.workspace_bytes);
+          auto* indptr = device_alloc<std::int32_t>(chunk / tile + 1);
+          auto* pages = device_alloc<std::int32_t>(std::size_t(plan.max_entries()));
+          const oomb::page_summary_view view = v.pinned ? pinned_sums.view() : sums.view();
+          const double ms = median_ms(s, reps, [&] {
+            oomb::select_tiles(plan, view, qv, dids, past, indptr, pages, ws, plan.workspace_bytes, stream.view());
           });
           std::snprintf(buf, sizeof buf,
-                        "{\"bench\":\"select_tiles_parts\",\"gpu\":\"%s\",\"context_tokens\":%lld,\"past_pages\":%d,"
-                        "\"scoring\":\"%s\",\"budget\":%d,\"query_summary_ms\":%.4f,\"cub_sort_ms\":%.4f,"
-                        "\"scoring_and_emit_ms\":%.4f,\"reps\":%d}",
-                        prop.name, static_cast<long long>(tokens), past, oomb::to_string(kind), budget, summary_ms, sort_ms,
-                        ms - summary_ms - sort_ms, reps);
+                        "{\"bench\":\"select_tiles\",\"gpu\":\"%s\",\"context_tokens\":%lld,\"past_pages\":%d,"
+                        "\"page_size\":%d,\"queries\":%d,\"tile\":%d,\"tiles\":%d,\"q_heads\":%d,\"kv_heads\":%d,"
+                        "\"head_dim\":%d,\"scoring\":\"%s\",\"budget\":%d,\"sink\":1,\"local\":2,"
+                        "\"slice_pages\":%d,\"summaries\":\"%s\",\"median_ms\":%.4f,\"reps\":%d,\"workspace_bytes\":%zu}",
+                        prop.name, static_cast<long long>(tokens), past, page, chunk, tile, chunk / tile, q_heads,
+                        kv_heads, d, oomb::to_string(kind), budget, plan.slice_pages, v.pinned ? "pinned" : "device", ms,
+                        reps, plan.workspace_bytes);
           emit(buf);
+          stream.synchronize();
+          (void)cudaFree(ws);
+          (void)cudaFree(indptr);
+          (void)cudaFree(pages);
         }
-        stream.synchronize();
-        (void)cudaFree(ws);
-        (void)cudaFree(indptr);
-        (void)cudaFree(pages);
       }
   }
+  oomb::pinned_resource{}.deallocate(pinned_storage, sum_bytes);
   if (out) std::fclose(out);
   return 0;
 }

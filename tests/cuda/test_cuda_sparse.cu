@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -225,43 +226,52 @@ selection_table run_selection_case(const selection_case& c, std::uint64_t seed,
   if (!ids.empty()) upload(dids, ids);
   const std::int32_t tiles = (c.queries + c.tile - 1) / c.tile;
   const oomb::tile_selection_config config{c.tile, c.kind, {c.budget, c.sink, c.local}};
-  // A plan for a larger call than this one: the workspace is sized for the largest.
-  const oomb::tile_selection_plan plan =
-      oomb::plan_tile_selection(config, c.q_heads, c.kv_heads, d, tiles + 2, c.past + 5);
-  device_buffer<unsigned char> ws(plan.workspace_bytes);
-  device_buffer<std::int32_t> indptr(std::size_t(tiles) + 1);
-  device_buffer<std::int32_t> pages(std::size_t(std::max<std::int64_t>(plan.max_entries(), 1)));
-  // Never-zero garbage in the outputs and workspace: whatever is not written shows.
-  OOMB_CUDA_CHECK(cudaMemset(ws.ptr, 0x7b, plan.workspace_bytes), "test");
-  OOMB_CUDA_CHECK(cudaMemset(indptr.ptr, 0x7b, indptr.n * 4), "test");
-  OOMB_CUDA_CHECK(cudaMemset(pages.ptr, 0x7b, pages.n * 4), "test");
-  oomb::cuda_stream stream;
-  const oomb::tensor_view<const oomb::bf16, 3> dev_q(dq.ptr, {c.queries, c.q_heads, d}, strides, oomb::memory_kind::device);
-  REQUIRE((first.empty() || first.size() == std::size_t(tiles)));
-  device_buffer<std::int32_t> dfirst(std::max<std::size_t>(first.size(), 1));
-  if (!first.empty()) upload(dfirst, first);
-  const oomb::tile_selection_result r =
-      oomb::select_tiles(plan, dsums.view, dev_q, dids.ptr, c.past, first.empty() ? nullptr : dfirst.ptr, indptr.ptr,
-                         pages.ptr, ws.ptr, plan.workspace_bytes, stream.view());
-  stream.synchronize();
-  REQUIRE(r.tiles == tiles);
-  REQUIRE(r.pages_per_tile == plan.pages_per_tile(c.past));
-  const auto got_indptr = download(indptr.ptr, std::size_t(tiles) + 1);
-  REQUIRE(got_indptr[0] == 0);
-  REQUIRE(got_indptr[std::size_t(tiles)] <= tiles * r.pages_per_tile);
-  REQUIRE(std::is_sorted(got_indptr.begin(), got_indptr.end()));
-  const auto got_pages = download(pages.ptr, std::size_t(got_indptr[std::size_t(tiles)]));
-  for (std::int32_t t = 0; t < tiles; ++t) {
-    CAPTURE(t);
-    // Without first pages every row is pages_per_tile long.
-    if (first.empty()) REQUIRE(got_indptr[std::size_t(t)] == t * r.pages_per_tile);
-    REQUIRE(got_indptr[std::size_t(t) + 1] - got_indptr[std::size_t(t)] == std::int32_t(expected[std::size_t(t)].size()));
-    const std::vector<std::int32_t> row(got_pages.begin() + got_indptr[std::size_t(t)],
-                                        got_pages.begin() + got_indptr[std::size_t(t) + 1]);
-    REQUIRE(row == expected[std::size_t(t)]);
+  // The past scored in one pass, and in slices of 1, 3 and budget + 2 pages: the running top-k
+  // carries the best between passes, so every slicing must give the same table.
+  std::optional<selection_table> one_pass;
+  for (const std::int32_t slice : {oomb::default_selection_slice_pages, 1, 3, c.budget + 2}) {
+    CAPTURE(slice);
+    // A plan for a larger call than this one: the workspace is sized for the largest.
+    const oomb::tile_selection_plan plan =
+        oomb::plan_tile_selection(config, c.q_heads, c.kv_heads, d, tiles + 2, c.past + 5, slice);
+    device_buffer<unsigned char> ws(plan.workspace_bytes);
+    device_buffer<std::int32_t> indptr(std::size_t(tiles) + 1);
+    device_buffer<std::int32_t> pages(std::size_t(std::max<std::int64_t>(plan.max_entries(), 1)));
+    // Never-zero garbage in the outputs and workspace: whatever is not written shows.
+    OOMB_CUDA_CHECK(cudaMemset(ws.ptr, 0x7b, plan.workspace_bytes), "test");
+    OOMB_CUDA_CHECK(cudaMemset(indptr.ptr, 0x7b, indptr.n * 4), "test");
+    OOMB_CUDA_CHECK(cudaMemset(pages.ptr, 0x7b, pages.n * 4), "test");
+    oomb::cuda_stream stream;
+    const oomb::tensor_view<const oomb::bf16, 3> dev_q(dq.ptr, {c.queries, c.q_heads, d}, strides, oomb::memory_kind::device);
+    REQUIRE((first.empty() || first.size() == std::size_t(tiles)));
+    device_buffer<std::int32_t> dfirst(std::max<std::size_t>(first.size(), 1));
+    if (!first.empty()) upload(dfirst, first);
+    const oomb::tile_selection_result r =
+        oomb::select_tiles(plan, dsums.view, dev_q, dids.ptr, c.past, first.empty() ? nullptr : dfirst.ptr, indptr.ptr,
+                           pages.ptr, ws.ptr, plan.workspace_bytes, stream.view());
+    stream.synchronize();
+    REQUIRE(r.tiles == tiles);
+    REQUIRE(r.pages_per_tile == plan.pages_per_tile(c.past));
+    const auto got_indptr = download(indptr.ptr, std::size_t(tiles) + 1);
+    REQUIRE(got_indptr[0] == 0);
+    REQUIRE(got_indptr[std::size_t(tiles)] <= tiles * r.pages_per_tile);
+    REQUIRE(std::is_sorted(got_indptr.begin(), got_indptr.end()));
+    const auto got_pages = download(pages.ptr, std::size_t(got_indptr[std::size_t(tiles)]));
+    for (std::int32_t t = 0; t < tiles; ++t) {
+      CAPTURE(t);
+      // Without first pages every row is pages_per_tile long.
+      if (first.empty()) REQUIRE(got_indptr[std::size_t(t)] == t * r.pages_per_tile);
+      REQUIRE(got_indptr[std::size_t(t) + 1] - got_indptr[std::size_t(t)] == std::int32_t(expected[std::size_t(t)].size()));
+      const std::vector<std::int32_t> row(got_pages.begin() + got_indptr[std::size_t(t)],
+                                          got_pages.begin() + got_indptr[std::size_t(t) + 1]);
+      REQUIRE(row == expected[std::size_t(t)]);
+    }
+    if (first.empty()) REQUIRE(got_indptr[std::size_t(tiles)] == tiles * r.pages_per_tile);
+    const selection_table table{got_indptr, got_pages};
+    if (one_pass) REQUIRE(table == *one_pass);
+    else one_pass = table;
   }
-  if (first.empty()) REQUIRE(got_indptr[std::size_t(tiles)] == tiles * r.pages_per_tile);
-  return {got_indptr, got_pages};
+  return *one_pass;
 }
 
 }  // namespace
@@ -395,7 +405,7 @@ TEST_CASE("summarize_key_rows: summaries from a chunk's key rows equal the host'
   }
 }
 
-TEST_CASE("gather_page_summaries: entries of a far-tier (mapped pinned) or device store copied bit for bit") {
+TEST_CASE("gather_page_summaries: entries of a far-tier (mapped pinned) or device store copied bit for bit, all statistics or a subset") {
   for (const oomb::summary_stats stats : {oomb::summary_stats::min_max, oomb::summary_stats::mean,
                                           oomb::summary_stats::min_max_mean}) {
     for (const bool pinned_source : {true, false}) {
@@ -457,10 +467,35 @@ TEST_CASE("gather_page_summaries: entries of a far-tier (mapped pinned) or devic
       CHECK_THROWS_AS(oomb::gather_page_summaries(src, dids.ptr, capacity + 1, dst, stream.view()), oomb::invalid_argument);
       const auto narrow = oomb::device_page_summaries::over(dst_storage.ptr, 1, kv_heads, head_dim / 2, stats);
       CHECK_THROWS_AS(oomb::gather_page_summaries(src, dids.ptr, 1, narrow, stream.view()), oomb::invalid_argument);
-      const oomb::summary_stats other =
-          stats == oomb::summary_stats::mean ? oomb::summary_stats::min_max : oomb::summary_stats::mean;
-      const auto unlike = oomb::device_page_summaries::over(dst_storage.ptr, 1, kv_heads, head_dim, other);
-      CHECK_THROWS_AS(oomb::gather_page_summaries(src, dids.ptr, 1, unlike, stream.view()), oomb::invalid_argument);
+      if (stats != oomb::summary_stats::min_max_mean) {  // a statistic the source lacks
+        const oomb::summary_stats other =
+            stats == oomb::summary_stats::mean ? oomb::summary_stats::min_max : oomb::summary_stats::mean;
+        const auto unlike = oomb::device_page_summaries::over(dst_storage.ptr, 1, kv_heads, head_dim, other);
+        CHECK_THROWS_AS(oomb::gather_page_summaries(src, dids.ptr, 1, unlike, stream.view()), oomb::invalid_argument);
+        continue;
+      }
+      // From a store of all three, a store for one scoring kind takes only what it keeps.
+      for (const oomb::summary_stats kept : {oomb::summary_stats::min_max, oomb::summary_stats::mean}) {
+        CAPTURE(static_cast<int>(kept));
+        const std::size_t kept_bytes = oomb::device_page_summaries::bytes(capacity, kv_heads, head_dim, kept);
+        OOMB_CUDA_CHECK(cudaMemset(dst_storage.ptr, 0x7b, dst_bytes), "test");
+        const auto narrower = oomb::device_page_summaries::over(dst_storage.ptr, capacity, kv_heads, head_dim, kept);
+        oomb::gather_page_summaries(src.view(), dids.ptr, count, narrower, stream.view());
+        stream.synchronize();
+        std::vector<unsigned char> part = download(dst_storage.ptr, kept_bytes);
+        const auto h_part = oomb::device_page_summaries::over(part.data(), capacity, kv_heads, head_dim, kept);
+        for (std::int32_t i = 0; i < count; ++i) {
+          const std::int32_t id = ids[std::size_t(i)];
+          CAPTURE(i);
+          CHECK(h_part.tokens[i] == h_src.tokens[id]);
+          if (kept == oomb::summary_stats::min_max) {
+            CHECK(std::memcmp(h_part.min + std::size_t(i) * row / 4, h_src.min + std::size_t(id) * row / 4, row) == 0);
+            CHECK(std::memcmp(h_part.max + std::size_t(i) * row / 4, h_src.max + std::size_t(id) * row / 4, row) == 0);
+          } else {
+            CHECK(std::memcmp(h_part.mean + std::size_t(i) * row / 4, h_src.mean + std::size_t(id) * row / 4, row) == 0);
+          }
+        }
+      }
     }
   }
 }
@@ -567,6 +602,12 @@ TEST_CASE("select_tiles and plan_tile_selection: bad input throws before anythin
   CHECK_THROWS_AS(oomb::plan_tile_selection(config, 6, 4, 64, 4, 100), oomb::invalid_argument);  // 6 % 4
   CHECK_THROWS_AS(oomb::plan_tile_selection(config, 8, 2, 64, 0, 100), oomb::invalid_argument);
   CHECK_THROWS_AS(oomb::plan_tile_selection({0, oomb::score_kind::quest, {}}, 8, 2, 64, 4, 100), oomb::invalid_argument);
+  CHECK_THROWS_AS(oomb::plan_tile_selection(config, 8, 2, 64, 4, 100, 0), oomb::invalid_argument);  // no slice
+  // Past one slice the workspace no longer grows with the past: 100K and 1M pages plan the same bytes.
+  CHECK(oomb::plan_tile_selection(config, 8, 2, 64, 4, 100000).workspace_bytes ==
+        oomb::plan_tile_selection(config, 8, 2, 64, 4, 1000000).workspace_bytes);
+  CHECK(oomb::plan_tile_selection(config, 8, 2, 64, 4, 1000).workspace_bytes <
+        oomb::plan_tile_selection(config, 8, 2, 64, 4, 100000).workspace_bytes);
   const auto plan = oomb::plan_tile_selection(config, 8, 2, 64, 2, 100);
   device_buffer<unsigned char> ws(plan.workspace_bytes);
   device_buffer<oomb::bf16> q(std::size_t(512) * 8 * 64);

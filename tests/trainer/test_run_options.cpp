@@ -172,13 +172,26 @@ TEST_CASE("run options: --plan prints the run's plan (kept outputs, the GPU's pa
   const auto gpu_args = run_args(out, {"--seq-len", "128", "--device", "cuda", "--offload", "--sparse-budget", "1", "--gpu-memory", "4G"});
   const auto gpu = oomb_trainer::training_run::plan(parse_train_options(gpu_args), host_as_gpu());
   CHECK(gpu.gpu_limit == (4ull << 30));
-  // The summaries grow with the context: at home in pinned memory; the device holds one layer's
-  // past, gathered for scoring, and the workspace.
+  // The summaries grow with the context: at home in pinned memory; the device holds a slice of one
+  // layer's past, gathered for scoring, and the workspace.
   CHECK(gpu.on_gpu(oomb_trainer::plan_part::sparse_summaries) == 0);
   CHECK(gpu.on_host(oomb_trainer::plan_part::sparse_summaries) > 0);
   CHECK(gpu.on_gpu(oomb_trainer::plan_part::sparse_gathered) > 0);
   CHECK(gpu.on_gpu(oomb_trainer::plan_part::sparse_gathered) < gpu.on_host(oomb_trainer::plan_part::sparse_summaries));
   CHECK(gpu.on_gpu(oomb_trainer::plan_part::sparse_workspace) > 0);
+  // Once the past is longer than a slice (2,048 pages: 32,768 tokens of 16), selection's device
+  // bytes stop growing with the context; the summaries' home keeps growing.
+  const auto sparse_at = [&](const char* tokens) {
+    return oomb_trainer::training_run::plan(
+        parse_train_options(run_args(out, {"--seq-len", tokens, "--device", "cuda", "--offload", "--sparse-budget", "64",
+                                           "--gpu-memory", "64G"})),
+        host_as_gpu());
+  };
+  const auto at_256k = sparse_at("262144"), at_512k = sparse_at("524288");
+  CHECK(at_256k.on_gpu(oomb_trainer::plan_part::sparse_gathered) == at_512k.on_gpu(oomb_trainer::plan_part::sparse_gathered));
+  CHECK(at_256k.on_gpu(oomb_trainer::plan_part::sparse_workspace) == at_512k.on_gpu(oomb_trainer::plan_part::sparse_workspace));
+  CHECK(2 * at_256k.on_host(oomb_trainer::plan_part::sparse_summaries) <=
+        at_512k.on_host(oomb_trainer::plan_part::sparse_summaries) + (1u << 20));
   CHECK(gpu.optimizer_groups_on_gpu == gpu.optimizer_groups);  // cuda_trainer keeps it all there
   // Without --gpu-memory: the device's free bytes less the 1 GiB margin.
   const auto free = oomb_trainer::training_run::plan(parse_train_options(run_args(out, {"--device", "cuda"})), host_as_gpu());

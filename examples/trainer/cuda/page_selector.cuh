@@ -5,10 +5,10 @@
 // entry per far page id (oomb::device_page_summaries, only the statistics the scoring kind reads),
 // written by a kernel from the chunk's K rows right where paged_attention writes its pages, so the
 // pages need not be near (offload) for it; they grow with the context and the device must not.
-// Selection gathers the layer's past entries into a compact device store (read once over the bus,
-// then as often as scoring needs; it holds one layer's past), and runs per query tile with
-// oomb::select_tiles over it (tile-level query summaries, CUB top-k, sink and local pages always;
-// with packed documents each tile's candidates start at its document's first page, tile_first);
+// Selection runs per query tile with oomb::select_tiles over the home itself (tile-level query
+// summaries; the layer's past in slices, each gathered into the workspace, read once over the bus,
+// scored and merged into a running CUB top-k; sink and local pages always; with packed documents
+// each tile's candidates start at its document's first page, tile_first);
 // the table is copied back to the host sparse_page_table the seam wants, with one
 // event wait per call: in stage 1 a layer's selection depends on its own queries, and the trainer
 // stores the host table for stage 2. No other call waits for the device. Its device work is the
@@ -24,8 +24,8 @@
 //
 // Bytes: the home holds num_ids x bytes_per_id of pinned host memory (Qwen2.5-7B's 4 KV heads x
 // 128, 28 layers, 128-token pages: 8.97 MB per 10K tokens for Quest, 4.49 MB for mean-key); the
-// device holds the gathered store, the largest past of one layer x bytes_per_id (1/28 of that for
-// the 7B), and the selection's workspace (docs/sparse.md).
+// device holds the selection's workspace, fixed by its slice once the past is longer than one
+// (oomb::default_selection_slice_pages: the 7B's Quest slice is 8.4 MB; docs/sparse.md).
 #pragma once
 
 #include <algorithm>
@@ -158,16 +158,15 @@ class cuda_page_selector {
     const auto entries = static_cast<std::size_t>(tiles) * static_cast<std::size_t>(per_tile);
     {
       const op_scope timed(backend_, op_kind::selection, "selection/select");
-      const auto t = ring_.upload(ids.data(), static_cast<std::size_t>(past), stream_);
-      oomb::gather_page_summaries(summaries_, t.data, past, gathered_, stream_);  // entry i: logical page i
-      ring_.release(t, stream_);
+      const auto far_ids = ring_.upload(ids.data(), static_cast<std::size_t>(past), stream_);
       oomb::upload_ring::uploaded<std::int32_t> firsts{};
       if (tile_first != nullptr) firsts = ring_.upload(tile_first, static_cast<std::size_t>(tiles), stream_);
       const oomb::tensor_view<const T, 3> queries(q, {n, hq_, d_}, {std::int64_t(hq_) * d_, d_, 1},
                                                   oomb::memory_kind::device);
-      oomb::select_tiles(plan_, gathered_.view(), queries, logical_.data(), past, firsts.data, indptr_.data(),
+      oomb::select_tiles(plan_, summaries_.view(), queries, far_ids.data, past, firsts.data, indptr_.data(),
                          pages_.data(), workspace_.data(), workspace_.size(), stream_);
       if (tile_first != nullptr) ring_.release(firsts, stream_);
+      ring_.release(far_ids, stream_);
     }
     OOMB_CUDA_CHECK(cudaMemcpyAsync(host_indptr_.get(), indptr_.data(), (std::size_t(tiles) + 1) * sizeof(std::int32_t),
                                     cudaMemcpyDeviceToHost, stream_.get()),
@@ -201,22 +200,14 @@ class cuda_page_selector {
     forgotten_.clear();
   }
 
-  /// A plan, workspace, gathered store and output tables for `tiles` tiles over `past` pages; grown
-  /// geometrically (past doubles) so a step re-plans a handful of times, each right after a wait.
+  /// A plan, workspace and output tables for `tiles` tiles over `past` pages; grown geometrically
+  /// (past doubles) so a step re-plans a handful of times, each right after a wait. The workspace
+  /// stops growing once the past is longer than one slice.
   void plan_for(std::int32_t tiles, std::int32_t past) {
     if (tiles <= plan_.max_tiles && past <= plan_.max_past_pages) return;
     plan_ = oomb::plan_tile_selection(config_, hq_, hkv_, d_, std::max(tiles, plan_.max_tiles),
                                       std::max(past, 2 * plan_.max_past_pages));
     workspace_.resize(plan_.workspace_bytes);
-    const std::int32_t most = plan_.max_past_pages;
-    gathered_storage_.resize(oomb::device_page_summaries::bytes(most, hkv_, d_, stats_));
-    gathered_ = oomb::device_page_summaries::over(gathered_storage_.data(), most, hkv_, d_, stats_);
-    std::vector<std::int32_t> identity(static_cast<std::size_t>(most));
-    std::iota(identity.begin(), identity.end(), 0);
-    logical_.resize(identity.size());
-    OOMB_CUDA_CHECK(cudaMemcpy(logical_.data(), identity.data(), identity.size() * sizeof(std::int32_t),
-                               cudaMemcpyHostToDevice),
-                    "cuda_page_selector: the gathered store's page numbers");
     indptr_.resize(static_cast<std::size_t>(plan_.max_tiles) + 1);
     const auto entries = static_cast<std::size_t>(std::max<std::int64_t>(plan_.max_entries(), 1));
     pages_.resize(entries);
@@ -231,9 +222,6 @@ class cuda_page_selector {
   oomb::summary_stats stats_;
   pinned_bytes home_;                      // the far tier: every id's summary
   oomb::device_page_summaries summaries_;  // over home_
-  gpu::device_buffer<unsigned char> gathered_storage_;
-  oomb::device_page_summaries gathered_{};  // one layer's past, entry i = logical page i
-  gpu::device_buffer<std::int32_t> logical_;  // 0, 1, ...: select_tiles' page -> entry map over gathered_
   oomb::upload_ring ring_;  // page ids to the device (the selector's own: the backend's is private)
   oomb::cuda_event done_;
   oomb::tile_selection_plan plan_{};

@@ -38,6 +38,7 @@
 #include <oomb/core/bf16.hpp>
 #include <oomb/core/error.hpp>
 #include <oomb/offload/residency_table.hpp>
+#include <oomb/sparse/tile_selector.hpp>
 
 #include "trainer/algo/chunk_options.hpp"
 #include "trainer/cpu/cpu_ops.hpp"
@@ -174,7 +175,7 @@ enum class plan_part {
   attention_outputs_near,  ///< keep_attention_outputs with offload: the blocks' device slots
   sparse_summaries,   ///< cuda sparse: the page summaries' pinned home, one per page id (cuda_page_selector)
   sparse_workspace,   ///< cuda sparse: the selection's scoring workspace and tables at their largest
-  sparse_gathered,    ///< cuda sparse: one layer's past summaries, gathered on the device for scoring
+  sparse_gathered,    ///< cuda sparse: a slice of one layer's past summaries, gathered on the device for scoring
   home_staging,       ///< cuda, pageable homes: the pinned staging rings their pages move through
   copy_staging,       ///< cuda, pinned homes: the page copy kernel's descriptor slots (device, with a pinned twin)
   pinned_mapping,     ///< cuda: the driver's device memory for pinned host memory (8 B per pinned 4 KiB)
@@ -423,20 +424,25 @@ inline void plan_items(const plan_inputs& in, memory_plan& p) {
     const std::uint64_t per_id = stats * std::uint64_t(kvd) * f + sizeof(std::int32_t);
     home.push_back({plan_part::sparse_summaries, std::uint64_t(capacity) * per_id,
                     fmt::format("sparse page summaries ({} ids of {} B, fp32, pinned)", capacity, per_id)});
-    // Its workspace (plan_tile_selection) and gathered store grow by doubling the past they plan
-    // for, so at most twice the last chunk's past pages: query-tile summaries, two copies of the
-    // scored keys (8 B each), CUB's sort storage (counted as another copy and 1 MiB), the selected
-    // pages (device and pinned); one summary and one int32 page number per planned past page.
+    // Its workspace (plan_tile_selection) grows by doubling the past it plans for (at most twice
+    // the last chunk's past pages) until the past is longer than one slice of
+    // oomb::default_selection_slice_pages: the slice's summaries gathered for scoring, query-tile
+    // summaries, two copies of a pass's keys (the slice's and the best `budget`, 8 B each), CUB's
+    // sort storage (counted as another copy and 1 MiB), the picks, the selected pages (device and
+    // pinned).
     const std::int64_t tiles = (n + o.tile - 1) / o.tile;
     const std::int64_t past = 2 * ((in.tokens - 1) / n) * (n / P);
-    dev.push_back({plan_part::sparse_gathered, std::uint64_t(past) * (per_id + sizeof(std::int32_t)),
-                   fmt::format("sparse summaries gathered for scoring (one layer's past: {} pages at most)", past)});
     const std::int64_t scored = std::max<std::int64_t>(0, past - o.sink - o.local);
-    const std::uint64_t keys = std::uint64_t(tiles) * std::uint64_t(scored) * 8;
+    const std::int64_t slice = std::min<std::int64_t>(scored, oomb::default_selection_slice_pages);
+    dev.push_back({plan_part::sparse_gathered, std::uint64_t(slice) * per_id,
+                   fmt::format("sparse summaries gathered for scoring (a slice of the past: {} pages at most)", slice)});
+    const std::uint64_t keys = std::uint64_t(tiles) * std::uint64_t(slice + o.budget) * 8;
+    const std::uint64_t picks = 2 * std::uint64_t(tiles) * std::uint64_t(o.budget) * 4;
     const std::uint64_t selected = std::uint64_t(tiles) * std::uint64_t(std::min<std::int64_t>(past, std::int64_t(o.budget) + o.sink + o.local)) * 4;
     dev.push_back({plan_part::sparse_workspace,
-                   2 * std::uint64_t(tiles) * std::uint64_t(kvd) * f + 3 * keys + (std::uint64_t(1) << 20) + selected,
-                   fmt::format("sparse scoring workspace ({} tiles x {} scored pages at most, an estimate)", tiles, scored)});
+                   2 * std::uint64_t(tiles) * std::uint64_t(kvd) * f + 3 * keys + picks + (std::uint64_t(1) << 20) + selected,
+                   fmt::format("sparse scoring workspace ({} tiles x {} keys per pass at most, an estimate)", tiles,
+                               slice + o.budget)});
     home.push_back({plan_part::sparse_workspace, selected, "sparse selections read back (pinned)"});
   }
   // A transfer per direction of each streamed tier: K/V, gradients, kept outputs.

@@ -243,21 +243,21 @@ inline void clear_page_summaries(const device_page_summaries& s, cuda_stream_vie
 
 namespace detail {
 OOMB_KERNEL_NAMESPACE_BEGIN
-/// Block i copies summary ids[i] of `src` into entry i of `dst`: each kept statistic's
-/// [kv_heads][head_dim] row (contiguous, so a block's reads are too) and the token count.
+/// Block i copies summary ids[i] of `src` into entry i of `dst`: each statistic `dst` keeps, its
+/// [kv_heads][head_dim] row (contiguous, so a block's reads are too), and the token count.
 template <int = 0>
 OOMB_KERNEL void __launch_bounds__(page_summary_threads)
-    gather_page_summaries_kernel(device_page_summaries src, const std::int32_t* __restrict__ ids,
+    gather_page_summaries_kernel(page_summary_view src, const std::int32_t* __restrict__ ids,
                                  device_page_summaries dst) {
   const std::int32_t id = ids[blockIdx.x];
   const std::int64_t row = std::int64_t(src.kv_heads) * src.head_dim;
   const std::int64_t from = std::int64_t(id) * row, to = std::int64_t(blockIdx.x) * row;
   for (std::int64_t c = threadIdx.x; c < row; c += blockDim.x) {
-    if (src.min != nullptr) {
+    if (dst.min != nullptr) {
       dst.min[to + c] = src.min[from + c];
       dst.max[to + c] = src.max[from + c];
     }
-    if (src.mean != nullptr) dst.mean[to + c] = src.mean[from + c];
+    if (dst.mean != nullptr) dst.mean[to + c] = src.mean[from + c];
   }
   if (threadIdx.x == 0) dst.tokens[blockIdx.x] = src.tokens[id];
 }
@@ -267,18 +267,19 @@ OOMB_KERNEL_NAMESPACE_END
 /// Enqueues on `stream` the copy of summaries ids[0 .. count) of `src` into entries 0 .. count of
 /// `dst`, bit for bit: what a scorer needs of a far-tier store (`src` in mapped pinned memory,
 /// read once over the bus) gathered into a compact device store it then reads as often as it
-/// likes. Both stores keep the same statistics of the same shape; `ids` is a device array of
-/// `count` entries in [0, src.num_ids) (repeats allowed); count <= dst.num_ids. Allocates
-/// nothing, never synchronises. Throws invalid_argument for mismatched stores or a bad count,
-/// cuda_error if the launch fails.
-inline void gather_page_summaries(const device_page_summaries& src, const std::int32_t* ids, std::int32_t count,
+/// likes. Both stores have the same shape; `dst` keeps a subset of the statistics `src` keeps
+/// (only those are copied: a store for one scoring kind from a store of all three); `ids` is a
+/// device array of `count` entries in [0, src.num_ids) (repeats allowed); count <= dst.num_ids.
+/// Allocates nothing, never synchronises. Throws invalid_argument for mismatched stores or a bad
+/// count, cuda_error if the launch fails.
+inline void gather_page_summaries(const page_summary_view& src, const std::int32_t* ids, std::int32_t count,
                                   const device_page_summaries& dst, cuda_stream_view stream) {
   OOMB_EXPECTS(src.kv_heads == dst.kv_heads && src.head_dim == dst.head_dim, "gather_page_summaries: the source has ",
                src.kv_heads, " KV heads of head_dim ", src.head_dim, ", the destination ", dst.kv_heads, " of ",
                dst.head_dim);
-  OOMB_EXPECTS((src.min == nullptr) == (dst.min == nullptr) && (src.max == nullptr) == (dst.max == nullptr) &&
-                   (src.mean == nullptr) == (dst.mean == nullptr),
-               "gather_page_summaries: the stores keep different statistics");
+  OOMB_EXPECTS((dst.min == nullptr || (src.min != nullptr && src.max != nullptr)) &&
+                   (dst.mean == nullptr || src.mean != nullptr),
+               "gather_page_summaries: the destination keeps statistics the source does not");
   OOMB_EXPECTS(count >= 0 && count <= dst.num_ids, "gather_page_summaries: ", count,
                " summaries into a store of ", dst.num_ids);
   if (count == 0) return;
@@ -287,6 +288,12 @@ inline void gather_page_summaries(const device_page_summaries& src, const std::i
   detail::gather_page_summaries_kernel<0><<<static_cast<unsigned>(count), detail::page_summary_threads, 0, stream>>>(
       src, ids, dst);
   OOMB_CUDA_CHECK_LAUNCH("gather_page_summaries: launching for ", count, " summaries");
+}
+
+/// As above from a writable store.
+inline void gather_page_summaries(const device_page_summaries& src, const std::int32_t* ids, std::int32_t count,
+                                  const device_page_summaries& dst, cuda_stream_view stream) {
+  gather_page_summaries(src.view(), ids, count, dst, stream);
 }
 
 OOMB_NAMESPACE_END

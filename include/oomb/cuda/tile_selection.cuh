@@ -22,9 +22,16 @@
 // no tile of a scoring block has among its candidates is not read); rows then differ in length,
 // each starting after the rows before it.
 //
+// The past is scored in slices of at most plan.slice_pages pages with a running top-k: each slice's
+// summaries are gathered from the caller's store (which may be a far-tier home in mapped pinned
+// memory, read once over the bus) into a compact store in the workspace, scored, and sorted
+// together with the best `budget` keys so far; the best of the last slice are then sorted by page
+// index. So the workspace is fixed by the slice, not by the context, and the device memory of
+// selection stays flat as the past grows.
+//
 // Everything is stream-ordered on one cuda_stream_view: no host synchronisation, no allocation.
 // plan_tile_selection() sizes the workspace for the largest call up front; select_tiles() only
-// launches kernels (and CUB's segmented radix sort) into it.
+// launches kernels (and CUB's segmented radix sorts) into it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,6 +49,7 @@
 #include "oomb/core/tensor.hpp"
 #include "oomb/cuda/error.hpp"
 #include "oomb/cuda/kernel_linkage.cuh"
+#include "oomb/cuda/page_summary_kernels.cuh"
 #include "oomb/cuda/stream_view.hpp"
 #include "oomb/sparse/page_summary_view.hpp"
 #include "oomb/sparse/scoring.hpp"
@@ -113,15 +121,18 @@ OOMB_HOST_DEVICE inline std::uint64_t page_rank_key(float score, std::int32_t in
 }
 
 /// Sizes of one GPU selection setup, fixed up front: the largest call it serves (max_tiles tiles of
-/// config.tile_queries queries, at most max_past_pages candidate pages) and where each piece of
-/// the caller's workspace goes. Made by plan_tile_selection(); a plain value.
+/// config.tile_queries queries, at most max_past_pages candidate pages), the slice of middle pages
+/// scored per pass, and where each piece of the caller's workspace goes. Made by
+/// plan_tile_selection(); a plain value.
 struct tile_selection_plan {
   tile_selection_config config{};
   std::int32_t q_heads = 0, kv_heads = 0, head_dim = 0;
   std::int32_t max_tiles = 0, max_past_pages = 0;
-  std::int64_t max_scored = 0;  ///< middle pages per tile at most: max_past - sink - local
-  std::size_t query_summary_offset = 0, keys_offset = 0, sorted_offset = 0, segments_offset = 0,
-              segment_begins_offset = 0, sort_offset = 0;
+  std::int32_t slice_pages = 0;  ///< middle pages scored per pass: min(asked, max_past - sink - local)
+  std::int64_t row_keys = 0;     ///< keys per tile and pass: a slice's, then the best `budget` so far
+  std::size_t query_summary_offset = 0, slice_summaries_offset = 0, keys_offset = 0, sorted_offset = 0,
+              segment_begins_offset = 0, segment_ends_offset = 0, picks_offset = 0, picked_offset = 0,
+              pick_begins_offset = 0, pick_ends_offset = 0, sort_offset = 0;
   std::size_t sort_bytes = 0;
   std::size_t workspace_bytes = 0;  ///< device memory select_tiles() needs, 256-byte aligned
 
@@ -136,11 +147,13 @@ struct tile_selection_plan {
 };
 
 /// Plans GPU selection for queries [n][q_heads][head_dim] in tiles of config.tile_queries, at most
-/// max_tiles tiles and max_past_pages candidate pages per call. Throws invalid_argument for a bad
-/// config or shape, or sizes whose keys overflow CUB's int item count.
+/// max_tiles tiles and max_past_pages candidate pages per call, scoring at most slice_pages middle
+/// pages per pass. Throws invalid_argument for a bad config or shape, or sizes whose keys
+/// overflow CUB's int item count.
 inline tile_selection_plan plan_tile_selection(const tile_selection_config& config, std::int32_t q_heads,
                                                std::int32_t kv_heads, std::int32_t head_dim,
-                                               std::int32_t max_tiles, std::int32_t max_past_pages) {
+                                               std::int32_t max_tiles, std::int32_t max_past_pages,
+                                               std::int32_t slice_pages = default_selection_slice_pages) {
   config.validate();
   OOMB_EXPECTS(kv_heads > 0 && q_heads > 0 && q_heads % kv_heads == 0, "plan_tile_selection: q_heads (", q_heads,
                ") must be a positive multiple of kv_heads (", kv_heads, ")");
@@ -148,6 +161,7 @@ inline tile_selection_plan plan_tile_selection(const tile_selection_config& conf
                kv_heads, " * ", head_dim);
   OOMB_EXPECTS(max_tiles > 0, "plan_tile_selection: max_tiles must be positive, got ", max_tiles);
   OOMB_EXPECTS(max_past_pages >= 0, "plan_tile_selection: max_past_pages must not be negative, got ", max_past_pages);
+  OOMB_EXPECTS(slice_pages > 0, "plan_tile_selection: slice_pages must be positive, got ", slice_pages);
   tile_selection_plan p;
   p.config = config;
   p.q_heads = q_heads;
@@ -155,31 +169,48 @@ inline tile_selection_plan plan_tile_selection(const tile_selection_config& conf
   p.head_dim = head_dim;
   p.max_tiles = max_tiles;
   p.max_past_pages = max_past_pages;
+  const std::int32_t budget = config.pages.budget;
   const std::int64_t mid = std::int64_t(max_past_pages) - config.pages.sink - config.pages.local;
-  p.max_scored = mid > 0 ? mid : 0;
-  const std::int64_t keys = std::int64_t(max_tiles) * p.max_scored;
-  OOMB_EXPECTS(keys < (std::int64_t(1) << 31), "plan_tile_selection: ", max_tiles, " tiles of ", p.max_scored,
-               " scored pages exceed 2^31 keys");
-  if (keys > 0 && config.pages.budget > 0)  // a size query: nothing runs on the stream it names
+  // Nothing is ever scored without a budget, or when every past fits budget + sink + local.
+  const bool scores = budget > 0 && max_past_pages > config.pages.max_pages();
+  p.slice_pages = scores ? static_cast<std::int32_t>(mid < slice_pages ? mid : slice_pages) : 0;
+  p.row_keys = scores ? std::int64_t(p.slice_pages) + budget : 0;
+  const std::int64_t keys = std::int64_t(max_tiles) * p.row_keys;
+  const std::int64_t picks = scores ? std::int64_t(max_tiles) * budget : 0;
+  OOMB_EXPECTS(keys < (std::int64_t(1) << 31), "plan_tile_selection: ", max_tiles, " tiles of ", p.row_keys,
+               " keys per pass exceed 2^31 keys");
+  if (scores) {  // size queries: nothing runs on the stream they name
+    std::size_t by_score = 0, by_index = 0;
     OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(
-                        nullptr, p.sort_bytes, static_cast<const std::uint64_t*>(nullptr),
+                        nullptr, by_score, static_cast<const std::uint64_t*>(nullptr),
                         static_cast<std::uint64_t*>(nullptr), static_cast<int>(keys), max_tiles,
                         static_cast<const int*>(nullptr), static_cast<const int*>(nullptr), 0, 64, cudaStream_t{}),
                     "plan_tile_selection: sizing CUB's segmented sort of ", keys, " keys");
+    OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeys(
+                        nullptr, by_index, static_cast<const std::uint32_t*>(nullptr),
+                        static_cast<std::uint32_t*>(nullptr), static_cast<int>(picks), max_tiles,
+                        static_cast<const int*>(nullptr), static_cast<const int*>(nullptr), 0, 32, cudaStream_t{}),
+                    "plan_tile_selection: sizing CUB's segmented sort of ", picks, " selected pages");
+    p.sort_bytes = by_score > by_index ? by_score : by_index;
+  }
   const auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
   std::size_t at = 0;
-  p.query_summary_offset = at;
-  at = align(at + 2 * std::size_t(max_tiles) * kv_heads * head_dim * sizeof(float));
-  p.keys_offset = at;
-  at = align(at + std::size_t(keys) * sizeof(std::uint64_t));
-  p.sorted_offset = at;
-  at = align(at + std::size_t(keys) * sizeof(std::uint64_t));
-  p.segments_offset = at;  // tile t's row of keys starts at segments[t], ends at segments[t + 1]
-  at = align(at + (std::size_t(max_tiles) + 1) * sizeof(int));
-  p.segment_begins_offset = at;  // its sorted segment starts at its first page's key
-  at = align(at + std::size_t(max_tiles) * sizeof(int));
-  p.sort_offset = at;
-  at = align(at + p.sort_bytes);
+  const auto take = [&](std::size_t& offset, std::size_t bytes) {
+    offset = at;
+    at = align(at + bytes);
+  };
+  take(p.query_summary_offset, 2 * std::size_t(max_tiles) * kv_heads * head_dim * sizeof(float));
+  take(p.slice_summaries_offset,
+       device_page_summaries::bytes(p.slice_pages, kv_heads, head_dim, summary_stats_for(config.kind)));
+  take(p.keys_offset, std::size_t(keys) * sizeof(std::uint64_t));    // per tile: [slice | best so far]
+  take(p.sorted_offset, std::size_t(keys) * sizeof(std::uint64_t));  // the same rows, segments sorted
+  take(p.segment_begins_offset, std::size_t(max_tiles) * sizeof(int));
+  take(p.segment_ends_offset, std::size_t(max_tiles) * sizeof(int));
+  take(p.picks_offset, std::size_t(picks) * sizeof(std::uint32_t));   // the best pages, by score
+  take(p.picked_offset, std::size_t(picks) * sizeof(std::uint32_t));  // the same, by page index
+  take(p.pick_begins_offset, std::size_t(max_tiles) * sizeof(int));
+  take(p.pick_ends_offset, std::size_t(max_tiles) * sizeof(int));
+  take(p.sort_offset, p.sort_bytes);
   p.workspace_bytes = at;
   return p;
 }
@@ -255,22 +286,24 @@ OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
   }
 }
 
-/// Block (page block, tile group); thread x scores middle page sink + blockIdx.x * blockDim.x + x
-/// for the kTiles tiles kTiles * blockIdx.y, ... (their query summaries staged in shared memory),
-/// so each page summary is read once per kTiles tiles. Per (tile, KV head) it evaluates
-/// quest_box_bound / mean_key_score term for term in their order (lane d % 8, then
-/// tree_combine), so the scores are theirs bit for bit. Writes the ranking keys (a page no tile of
-/// the block scores is not read); block (0, 0) also writes the segment offsets: rows of `scored`
-/// keys, tile t's segment from scored_from on, so keys of pages below its first page never enter
-/// its top-k.
+/// One pass over a slice of the middle pages, j0 .. j0 + len (middle page j is logical page sink + j;
+/// its summary is entry j - j0 of `s`, the gathered slice). Block (page block, tile group); thread
+/// x scores middle page j0 + blockIdx.x * blockDim.x + x for the kTiles tiles kTiles * blockIdx.y,
+/// ... (their query summaries staged in shared memory), so each page summary is read once per
+/// kTiles tiles. Per (tile, KV head) it evaluates quest_box_bound / mean_key_score term for term in
+/// their order (lane d % 8, then tree_combine), so the scores are theirs bit for bit. Tile t's row
+/// of keys is [slice area | best so far]: the pass's keys end where the best start (key of j at
+/// slice - len + j - j0), so tile t's segment, from its first candidate on through its best, is
+/// contiguous; block (0, 0) writes the segments (empty for a tile that scores nothing). A page no
+/// tile of the block has among its candidates is not read.
 template <int kTiles>
 OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
-    score_tile_pages_kernel(page_summary_view s, const std::int32_t* __restrict__ page_ids,
-                            const float* __restrict__ q_lo, const float* __restrict__ q_hi, score_kind kind,
-                            const std::int32_t* __restrict__ tile_first, std::int32_t tiles, std::int32_t past,
-                            std::int32_t max_pages, std::int32_t sink, std::int32_t scored,
-                            std::uint64_t* __restrict__ keys, int* __restrict__ segments,
-                            int* __restrict__ segment_begins) {
+    score_tile_pages_kernel(page_summary_view s, const float* __restrict__ q_lo, const float* __restrict__ q_hi,
+                            score_kind kind, const std::int32_t* __restrict__ tile_first, std::int32_t tiles,
+                            std::int32_t past, std::int32_t max_pages, std::int32_t sink, std::int32_t scored,
+                            std::int32_t j0, std::int32_t len, std::int32_t slice, std::int32_t row_keys,
+                            std::uint64_t* __restrict__ keys, int* __restrict__ segment_begins,
+                            int* __restrict__ segment_ends) {
   extern __shared__ float tile_summary[];  // [kTiles][2][kv_heads][head_dim]
   const std::int32_t first = blockIdx.y * kTiles;
   const std::int32_t count = tiles - first < kTiles ? tiles - first : kTiles;
@@ -282,23 +315,25 @@ OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
     tile_summary[i] = r < row ? q_lo[at] : quest ? q_hi[at] : 0.0f;
   }
   if (blockIdx.x == 0 && blockIdx.y == 0)
-    for (std::int32_t t = threadIdx.x; t <= tiles; t += blockDim.x) {
-      segments[t] = t * scored;
-      if (t < tiles) segment_begins[t] = t * scored + scored_from(tile_first, t, past, max_pages, scored);
+    for (std::int32_t t = threadIdx.x; t < tiles; t += blockDim.x) {
+      const std::int32_t from = scored_from(tile_first, t, past, max_pages, scored) - j0;
+      const int end = t * row_keys + row_keys;
+      segment_ends[t] = end;
+      segment_begins[t] = from >= scored - j0 ? end  // takes every candidate: nothing to sort
+                                              : t * row_keys + slice - len + (from < 0 ? 0 : from < len ? from : len);
     }
   __syncthreads();
-  const std::int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  const std::int32_t i = blockIdx.x * blockDim.x + threadIdx.x, j = j0 + i;
   bool needed = false;
   for (int t = 0; t < count; ++t) needed |= j >= scored_from(tile_first, first + t, past, max_pages, scored);
-  if (j >= scored || !needed) return;
+  if (i >= len || !needed) return;
   const std::int32_t logical = sink + j;
-  const std::int32_t id = page_ids[logical];
   float best[kTiles];
   for (int t = 0; t < kTiles; ++t) best[t] = -HUGE_VALF;
-  if (s.token_count(id) > 0)
+  if (s.token_count(i) > 0)
     for (std::int32_t h = 0; h < s.kv_heads; ++h) {
-      const float* lo = quest ? s.min_of(id, h) : s.mean_of(id, h);
-      const float* hi = quest ? s.max_of(id, h) : nullptr;
+      const float* lo = quest ? s.min_of(i, h) : s.mean_of(i, h);
+      const float* hi = quest ? s.max_of(i, h) : nullptr;
       float acc[kTiles][8];
       for (int t = 0; t < kTiles; ++t)
         for (int l = 0; l < 8; ++l) acc[t][l] = 0.0f;
@@ -326,17 +361,41 @@ OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
       }
     }
   // Every tile's key, also before its segment (neither sorted nor read): a test here costs ~20 registers.
-  for (int t = 0; t < count; ++t) keys[std::int64_t(first + t) * scored + j] = page_rank_key(best[t], logical);
+  for (int t = 0; t < count; ++t) keys[std::int64_t(first + t) * row_keys + slice - len + i] = page_rank_key(best[t], logical);
 }
 
-/// Block per tile: writes its CSR row (sink pages, the middle pages whose key reaches the
-/// budget-th largest, in index order, then local pages; or every candidate when none is scored)
-/// after the rows of the tiles before it, and its indptr entry.
+/// Block per tile, after a pass's sort: the best `budget` keys of its sorted segment (the best of
+/// every slice so far) become the best region of its row for the next pass; after the last pass,
+/// their pages (by score) go to `picks` with the segments that sort them by index. A tile that
+/// scores nothing keeps an empty segment.
+template <int = 0>
+OOMB_KERNEL void __launch_bounds__(tile_selection_threads)
+    carry_best_kernel(const std::uint64_t* __restrict__ sorted, const int* __restrict__ segment_begins,
+                      const int* __restrict__ segment_ends, std::int32_t slice, std::int32_t row_keys,
+                      std::int32_t budget, bool last, std::uint64_t* __restrict__ keys,
+                      std::uint32_t* __restrict__ picks, int* __restrict__ pick_begins, int* __restrict__ pick_ends) {
+  const std::int32_t t = blockIdx.x;
+  const int begin = segment_begins[t];
+  const bool scores = begin < segment_ends[t];
+  if (last && threadIdx.x == 0) {
+    pick_begins[t] = t * budget;
+    pick_ends[t] = t * budget + (scores ? budget : 0);
+  }
+  if (!scores) return;
+  for (std::int32_t i = threadIdx.x; i < budget; i += blockDim.x) {
+    const std::uint64_t key = sorted[begin + i];
+    if (last) picks[std::int64_t(t) * budget + i] = ~static_cast<std::uint32_t>(key);  // the key's page
+    else keys[std::int64_t(t) * row_keys + slice + i] = key;
+  }
+}
+
+/// Block per tile: writes its CSR row (sink pages, its `budget` picked middle pages in index
+/// order, then local pages; or every candidate when none is scored) after the rows of the tiles
+/// before it, and its indptr entry.
 template <int kThreads>
 OOMB_KERNEL void __launch_bounds__(kThreads)
-    emit_tile_pages_kernel(const std::uint64_t* __restrict__ keys, const std::uint64_t* __restrict__ sorted,
-                           const std::int32_t* __restrict__ tile_first, std::int32_t past, std::int32_t sink,
-                           std::int32_t local, std::int32_t budget, std::int32_t scored,
+    emit_tile_pages_kernel(const std::uint32_t* __restrict__ picked, const std::int32_t* __restrict__ tile_first,
+                           std::int32_t past, std::int32_t sink, std::int32_t local, std::int32_t budget,
                            std::int32_t* __restrict__ indptr, std::int32_t* __restrict__ pages) {
   using scan = cub::BlockScan<int, kThreads>;
   __shared__ typename scan::TempStorage scan_storage;
@@ -345,7 +404,6 @@ OOMB_KERNEL void __launch_bounds__(kThreads)
   int earlier = 0, unused = 0, start = 0;
   for (std::int32_t t = threadIdx.x; t < tile; t += kThreads) earlier += candidates_of(tile_first, t, past, max_pages).length;
   scan(scan_storage).ExclusiveSum(earlier, unused, start);
-  __syncthreads();  // scan_storage is reused
   const tile_candidates c = candidates_of(tile_first, tile, past, max_pages);
   std::int32_t* out = pages + start;
   if (threadIdx.x == 0) {
@@ -357,21 +415,9 @@ OOMB_KERNEL void __launch_bounds__(kThreads)
     return;
   }
   for (std::int32_t i = threadIdx.x; i < sink; i += kThreads) out[i] = c.first + i;
+  for (std::int32_t i = threadIdx.x; i < budget; i += kThreads)
+    out[sink + i] = static_cast<std::int32_t>(picked[std::int64_t(tile) * budget + i]);
   for (std::int32_t i = threadIdx.x; i < local; i += kThreads) out[sink + budget + i] = past - local + i;
-  if (budget == 0) return;
-  const std::uint64_t* row = keys + std::int64_t(tile) * scored;
-  // Keys are distinct; the segment starts at the first page's key.
-  const std::uint64_t threshold = sorted[std::int64_t(tile) * scored + c.first + budget - 1];
-  int written = 0;
-  for (std::int32_t base = c.first; base < scored; base += kThreads) {
-    const std::int32_t j = base + std::int32_t(threadIdx.x);
-    const int chosen = j < scored && row[j] >= threshold ? 1 : 0;
-    int before = 0, total = 0;
-    scan(scan_storage).ExclusiveSum(chosen, before, total);
-    if (chosen) out[sink + written + before] = sink + j;
-    written += total;
-    __syncthreads();  // scan_storage is reused
-  }
 }
 
 OOMB_KERNEL_NAMESPACE_END
@@ -384,7 +430,8 @@ OOMB_KERNEL_NAMESPACE_END
 /// [min(tile_first_pages[t], past_pages), past_pages) (tile_first_pages: device, one non-negative
 /// entry per tile; null: 0 for every tile), as tile_selector::select does with the scoring
 /// described at the top of this file. page_ids (device, past_pages entries) maps a logical page to
-/// its id in `summaries` (device memory). Writes tile_indptr (device, tiles + 1) and tile_pages
+/// its id in `summaries` (memory kernels address: device memory, or a far-tier home in mapped
+/// pinned memory; each scored entry is read once per call, a slice at a time). Writes tile_indptr (device, tiles + 1) and tile_pages
 /// (device, at least tiles * pages_per_tile entries): the page-sparse table the paged attention
 /// kernels take, and sparse_page_table's CSR layout. `workspace` is device memory of
 /// plan.workspace_bytes, 256-byte aligned, used by this call until it has run on the stream.
@@ -424,8 +471,7 @@ tile_selection_result select_tiles(const tile_selection_plan& plan, const page_s
   const bool all = past_pages <= pc.max_pages();
   const std::int32_t scored = all ? 0 : past_pages - pc.sink - pc.local;
   auto* ws = static_cast<unsigned char*>(workspace);
-  auto* keys = reinterpret_cast<std::uint64_t*>(ws + plan.keys_offset);
-  auto* sorted = reinterpret_cast<std::uint64_t*>(ws + plan.sorted_offset);
+  auto* picked = reinterpret_cast<std::uint32_t*>(ws + plan.picked_offset);
   if (!all && pc.budget > 0) {  // else no tile scores: every candidate, or sink and local only
     OOMB_EXPECTS(page_ids != nullptr && summaries.tokens != nullptr, "select_tiles: null page_ids or summaries");
     OOMB_EXPECTS(cfg.kind == score_kind::quest ? summaries.min != nullptr && summaries.max != nullptr
@@ -436,43 +482,75 @@ tile_selection_result select_tiles(const tile_selection_plan& plan, const page_s
     const std::int64_t row = std::int64_t(plan.kv_heads) * plan.head_dim;
     auto* q_lo = reinterpret_cast<float*>(ws + plan.query_summary_offset);
     float* q_hi = q_lo + std::int64_t(plan.max_tiles) * row;
+    auto* keys = reinterpret_cast<std::uint64_t*>(ws + plan.keys_offset);
+    auto* sorted = reinterpret_cast<std::uint64_t*>(ws + plan.sorted_offset);
+    auto* begins = reinterpret_cast<int*>(ws + plan.segment_begins_offset);
+    auto* ends = reinterpret_cast<int*>(ws + plan.segment_ends_offset);
+    auto* picks = reinterpret_cast<std::uint32_t*>(ws + plan.picks_offset);
+    auto* pick_begins = reinterpret_cast<int*>(ws + plan.pick_begins_offset);
+    auto* pick_ends = reinterpret_cast<int*>(ws + plan.pick_ends_offset);
+    const device_page_summaries slice_store = device_page_summaries::over(
+        ws + plan.slice_summaries_offset, plan.slice_pages, plan.kv_heads, plan.head_dim, summary_stats_for(cfg.kind));
+    const std::int32_t slice = plan.slice_pages, row_keys = static_cast<std::int32_t>(plan.row_keys);
+    const int items = tiles * row_keys, picks_n = tiles * pc.budget;
+    // CUB's storage for this call's sorts (sized by item counts): within the plan's, or refused here.
+    std::size_t by_score = 0, by_index = 0;
+    OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(nullptr, by_score, keys, sorted, items, tiles,
+                                                                     begins, ends, 0, 64, stream.get()),
+                    "select_tiles: sizing CUB's segmented sort");
+    OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeys(nullptr, by_index, picks, static_cast<std::uint32_t*>(nullptr),
+                                                           picks_n, tiles, pick_begins, pick_ends, 0, 32, stream.get()),
+                    "select_tiles: sizing CUB's segmented sort of the picks");
+    OOMB_EXPECTS(by_score <= plan.sort_bytes && by_index <= plan.sort_bytes, "select_tiles: CUB asks ",
+                 by_score > by_index ? by_score : by_index, " bytes, more than the ", plan.sort_bytes,
+                 " planned for the largest call");
     detail::summarize_query_tiles_kernel<element>
         <<<dim3(tiles, plan.kv_heads), detail::tile_selection_threads, 0, stream>>>(
             queries.data(), st[0], st[1], st[2], static_cast<std::int32_t>(n), cfg.tile_queries,
             plan.q_heads / plan.kv_heads, plan.head_dim, cfg.kind, q_lo, q_hi);
     OOMB_CUDA_CHECK_LAUNCH("select_tiles: summarising ", tiles, " query tiles");
-    auto* segments = reinterpret_cast<int*>(ws + plan.segments_offset);
-    auto* begins = reinterpret_cast<int*>(ws + plan.segment_begins_offset);
-    const unsigned blocks = static_cast<unsigned>((scored + detail::tile_selection_threads - 1) / detail::tile_selection_threads);
+    // The best so far start as keys below every page's (page_rank_key's low half, ~index, is never 0).
+    OOMB_CUDA_CHECK(cudaMemsetAsync(keys, 0, std::size_t(items) * sizeof(std::uint64_t), stream.get()),
+                    "select_tiles: clearing the keys");
     // Eight tiles per block share each page read where their summaries fit 48 KiB of shared memory.
     const std::size_t per_tile = 2 * std::size_t(row) * sizeof(float);
-    if (8 * per_tile <= 48 * 1024) {
-      detail::score_tile_pages_kernel<8><<<dim3(blocks, unsigned(tiles + 7) / 8), detail::tile_selection_threads,
-                                           8 * per_tile, stream>>>(summaries, page_ids, q_lo, q_hi, cfg.kind,
-                                                                   tile_first_pages, tiles, past_pages, pc.max_pages(),
-                                                                   pc.sink, scored, keys, segments, begins);
-    } else {
-      detail::score_tile_pages_kernel<1><<<dim3(blocks, unsigned(tiles)), detail::tile_selection_threads, per_tile,
-                                           stream>>>(summaries, page_ids, q_lo, q_hi, cfg.kind, tile_first_pages, tiles,
-                                                     past_pages, pc.max_pages(), pc.sink, scored, keys, segments,
-                                                     begins);
+    const bool eight = 8 * per_tile <= 48 * 1024;
+    for (std::int32_t j0 = 0; j0 < scored; j0 += slice) {
+      const std::int32_t len = scored - j0 < slice ? scored - j0 : slice;
+      gather_page_summaries(summaries, page_ids + pc.sink + j0, len, slice_store, stream);
+      const unsigned blocks = static_cast<unsigned>((len + detail::tile_selection_threads - 1) / detail::tile_selection_threads);
+      if (eight) {
+        detail::score_tile_pages_kernel<8><<<dim3(blocks, unsigned(tiles + 7) / 8), detail::tile_selection_threads,
+                                             8 * per_tile, stream>>>(
+            slice_store.view(), q_lo, q_hi, cfg.kind, tile_first_pages, tiles, past_pages, pc.max_pages(), pc.sink,
+            scored, j0, len, slice, row_keys, keys, begins, ends);
+      } else {
+        detail::score_tile_pages_kernel<1><<<dim3(blocks, unsigned(tiles)), detail::tile_selection_threads, per_tile,
+                                             stream>>>(
+            slice_store.view(), q_lo, q_hi, cfg.kind, tile_first_pages, tiles, past_pages, pc.max_pages(), pc.sink,
+            scored, j0, len, slice, row_keys, keys, begins, ends);
+      }
+      OOMB_CUDA_CHECK_LAUNCH("select_tiles: scoring pages ", j0, " to ", j0 + len, " of ", scored, " for ", tiles,
+                             " tiles");
+      OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(ws + plan.sort_offset, by_score, keys, sorted,
+                                                                       items, tiles, begins, ends, 0, 64, stream.get()),
+                      "select_tiles: CUB's segmented sort of ", items, " keys");
+      const bool last = j0 + len >= scored;
+      detail::carry_best_kernel<0><<<tiles, detail::tile_selection_threads, 0, stream>>>(
+          sorted, begins, ends, slice, row_keys, pc.budget, last, keys, picks, pick_begins, pick_ends);
+      OOMB_CUDA_CHECK_LAUNCH("select_tiles: keeping the best ", pc.budget, " pages of ", tiles, " tiles");
     }
-    OOMB_CUDA_CHECK_LAUNCH("select_tiles: scoring ", scored, " pages for ", tiles, " tiles");
-    std::size_t sort_bytes = 0;
-    const int items = tiles * scored;
-    OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(nullptr, sort_bytes, keys, sorted, items, tiles,
-                                                                     begins, segments + 1, 0, 64, stream.get()),
-                    "select_tiles: sizing CUB's segmented sort");
-    OOMB_EXPECTS(sort_bytes <= plan.sort_bytes, "select_tiles: CUB asks ", sort_bytes, " bytes for ", items,
-                 " keys, more than the ", plan.sort_bytes, " planned for the largest call");
-    OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(ws + plan.sort_offset, sort_bytes, keys, sorted,
-                                                                     items, tiles, begins, segments + 1, 0, 64,
-                                                                     stream.get()),
-                    "select_tiles: CUB's segmented sort of ", items, " keys");
+    // The picks by page index (logical pages are below 2^31: 31 bits are enough, fewer for a short past).
+    int index_bits = 1;
+    while (index_bits < 31 && (std::int64_t(1) << index_bits) < past_pages) ++index_bits;
+    OOMB_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeys(ws + plan.sort_offset, by_index, picks,
+                                                           picked, picks_n, tiles,
+                                                           pick_begins, pick_ends, 0, index_bits, stream.get()),
+                    "select_tiles: CUB's segmented sort of ", picks_n, " selected pages");
   }
   constexpr int emit_threads = 256;
   detail::emit_tile_pages_kernel<emit_threads><<<tiles, emit_threads, 0, stream>>>(
-      keys, sorted, tile_first_pages, past_pages, pc.sink, pc.local, pc.budget, scored, tile_indptr, tile_pages);
+      picked, tile_first_pages, past_pages, pc.sink, pc.local, pc.budget, tile_indptr, tile_pages);
   OOMB_CUDA_CHECK_LAUNCH("select_tiles: writing ", tiles, " tiles' pages");
   return {tiles, plan.pages_per_tile(past_pages)};
 }

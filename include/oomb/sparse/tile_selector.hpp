@@ -16,6 +16,12 @@
 
 OOMB_NAMESPACE_BEGIN
 
+/// Middle pages the GPU's select_tiles() (oomb/cuda/tile_selection.cuh) scores per pass unless its
+/// plan says otherwise: one slice's gathered summaries are 2,048 x bytes_per_id (Qwen2.5-7B,
+/// Quest: 8.4 MB, 256K tokens of 128-token pages), its keys 16 B per (tile, page); past that, the
+/// device memory of selection stays flat, and each further slice costs a pass (docs/sparse.md).
+inline constexpr std::int32_t default_selection_slice_pages = 2048;
+
 /// What a tile_selector does: tiles of `tile_queries` consecutive queries, each scoring pages by
 /// `kind` and keeping `pages` (budget + sink + local).
 struct tile_selection_config {
