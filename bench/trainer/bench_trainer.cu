@@ -659,6 +659,10 @@ double measure(const bench_options& o, const model_config& cfg, const chunk_opti
     if (opt.time_ops) row["scoring_s"] = split_last[static_cast<std::size_t>(oomb_trainer::op_kind::selection)];
     if (last.sparse_pages_candidate > 0)
       row["pages_selected_fraction"] = double(last.sparse_pages_selected) / double(last.sparse_pages_candidate);
+    if (last.sparse_pages_predicted > 0) {  // offload: stage 1's prefetch on the last chunk's selection
+      row["pages_predicted"] = last.sparse_pages_predicted;
+      row["pages_predicted_used_fraction"] = double(last.sparse_pages_predicted_used) / double(last.sparse_pages_predicted);
+    }
     if (const auto* tables = trainer.selections()) {
       const selection_counts c = count_selected(*tables);
       row["pages_selected_per_chunk"] = c.per_chunk_mean;

@@ -157,6 +157,10 @@ struct chunk_step_stats {
   std::int32_t grad_pages_high_water = 0;  ///< far tier: gradient page pairs in use at most
   std::int64_t sparse_pages_selected = 0;  ///< sum over tiles of selected past pages
   std::int64_t sparse_pages_candidate = 0; ///< sum over tiles of past pages
+  /// Offload, stage 1: distinct pages prefetched on the last chunk's selection before a selection
+  /// was known, and of them the pages then selected (paged_attention::predict).
+  std::int64_t sparse_pages_predicted = 0;
+  std::int64_t sparse_pages_predicted_used = 0;
   /// GPU time per op_kind (chunk_options::time_ops with a backend that has an op clock; else 0).
   op_seconds op_time{};
   /// Host time in the attention work (always measured: a few clock reads per call).

@@ -88,6 +88,7 @@ class chunk_recurrent {
     stats_.tokens = N;
     const auto moved0 = moved();
     const std::int64_t selected0 = attn_.pages_selected(), candidate0 = attn_.pages_candidate();
+    const std::int64_t predicted0 = attn_.pages_predicted(), predicted_used0 = attn_.pages_predicted_used();
     attn_.begin_step(chunks, seq.doc_starts);
     if constexpr (has_transfer_wait_probe_v<B>) be_.take_transfer_wait_seconds();  // drops what came before
     if constexpr (has_op_clock_v<B>) be_.take_op_seconds();
@@ -148,6 +149,8 @@ class chunk_recurrent {
     stats_.bytes_to_far = moved1.second - moved0.second;
     stats_.sparse_pages_selected = attn_.pages_selected() - selected0;
     stats_.sparse_pages_candidate = attn_.pages_candidate() - candidate0;
+    stats_.sparse_pages_predicted = attn_.pages_predicted() - predicted0;
+    stats_.sparse_pages_predicted_used = attn_.pages_predicted_used() - predicted_used0;
     stats_.loss = be_.take_loss() / static_cast<double>(counted);
     if constexpr (has_transfer_wait_probe_v<B>) stats_.exposed_transfer_seconds = be_.take_transfer_wait_seconds();
     if constexpr (has_op_clock_v<B>) stats_.op_time = be_.take_op_seconds();

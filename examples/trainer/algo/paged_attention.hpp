@@ -164,10 +164,17 @@ class paged_attention {
     tile_first_.clear();
     if (lower != nullptr)
       for (std::int64_t q0 = 0; q0 < n; q0 += opt_.tile) tile_first_.push_back(static_cast<std::int32_t>(lower[q0] / opt_.page));
+    predict(l, c, past);
     {
       const detail::host_clock t(host_.selection);
       selector_->select(q, n, cache_->page_ids(seq_, l), past, lower != nullptr ? tile_first_.data() : nullptr, out);
     }
+    if (!predicted_.empty())
+      for (const std::int32_t pg : out.indices())
+        if (predicted_[static_cast<std::size_t>(pg)] == 1) {
+          predicted_[static_cast<std::size_t>(pg)] = 2;  // counted once
+          ++pages_predicted_used_;
+        }
     pages_selected_ += out.num_entries();
     for (std::int32_t t = 0; t < out.num_tiles(); ++t)
       pages_candidate_ += lower != nullptr ? std::max(0, past - tile_first_[static_cast<std::size_t>(t)]) : past;
@@ -309,6 +316,10 @@ class paged_attention {
   /// Sums over tiles since construction: selected past pages, and past pages.
   std::int64_t pages_selected() const noexcept { return pages_selected_; }
   std::int64_t pages_candidate() const noexcept { return pages_candidate_; }
+  /// Sums since construction, stage 1 with offload: distinct pages prefetched on the last chunk's
+  /// selection before a selection was known (predict()), and of them the pages it then selected.
+  std::int64_t pages_predicted() const noexcept { return pages_predicted_; }
+  std::int64_t pages_predicted_used() const noexcept { return pages_predicted_used_; }
 
  private:
   /// A run of logical pages [first, first + count) attended together; `needed` lists the pages
@@ -353,6 +364,26 @@ class paged_attention {
     residency([&] { kv_->prefetch(nid); });
     const auto gid = past_grad_ids(own_first, w.needed, nid, nullptr);
     residency([&] { grad_->prefetch(gid); });
+  }
+
+  /// Stage 1, sparse, streamed: before chunk c's selection in layer l is known (select() waits
+  /// for it), prefetches the distinct pages chunk c - 1 selected in layer l, at most a window's,
+  /// ascending as the first window takes them. Adjacent chunks mostly select the same pages, and
+  /// their copies then overlap the selection instead of following it; a page not selected after
+  /// all only took a copy and a slot the eviction policy reclaims.
+  void predict(std::int32_t l, std::int32_t c, std::int32_t past) {
+    predicted_.clear();
+    if (c == 0 || !kv_->streamed()) return;
+    predicted_.assign(static_cast<std::size_t>(past), 0);
+    for (const std::int32_t pg : selection(l, c - 1)->indices()) predicted_[static_cast<std::size_t>(pg)] = 1;
+    logical_.clear();
+    const auto W = static_cast<std::size_t>(opt_.effective_window());
+    for (std::int32_t pg = 0; pg < past && logical_.size() < W; ++pg)
+      if (predicted_[static_cast<std::size_t>(pg)] == 1) logical_.push_back(pg);
+    for (std::int32_t pg = logical_.empty() ? 0 : logical_.back() + 1; pg < past; ++pg)
+      predicted_[static_cast<std::size_t>(pg)] = 0;  // past the window: not prefetched
+    pages_predicted_ += static_cast<std::int64_t>(logical_.size());
+    residency([&] { kv_->prefetch(far_ids(l, logical_)); });
   }
 
   const oomb::sparse_page_table* selection(std::int32_t l, std::int32_t c) const {
@@ -490,6 +521,9 @@ class paged_attention {
   std::vector<std::int64_t> lower_;                  // key_lower's
   std::vector<std::int32_t> tile_first_;             // select's, per tile
   std::int64_t pages_selected_ = 0, pages_candidate_ = 0;
+  std::int64_t pages_predicted_ = 0, pages_predicted_used_ = 0;
+  std::vector<std::uint8_t> predicted_;  // predict()'s, per logical page: 1 prefetched, 2 then selected
+  std::vector<std::int32_t> logical_;    // predict()'s logical pages
   attention_host_seconds host_{};  // this step's (begin_step resets it)
   double wait0_ = 0;               // the selector's wait seconds at begin_step
   look_ahead ahead_;               // stage 2's calls of the chunk at hand (streamed only)

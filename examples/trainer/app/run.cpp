@@ -656,6 +656,10 @@ void training_run::log(const step_record& r) {
     if (o_.sparse) {
       j["sparse_pages_selected"] = s.sparse_pages_selected;
       j["sparse_pages_candidate"] = s.sparse_pages_candidate;
+      if (o_.offload) {
+        j["sparse_pages_predicted"] = s.sparse_pages_predicted;
+        j["sparse_pages_predicted_used"] = s.sparse_pages_predicted_used;
+      }
     }
   }
   if (memory_use_) {

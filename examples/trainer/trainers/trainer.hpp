@@ -148,6 +148,8 @@ inline void add_stats(chunk_step_stats& sum, const chunk_step_stats& s) {
   sum.grad_pages_high_water = std::max(sum.grad_pages_high_water, s.grad_pages_high_water);
   sum.sparse_pages_selected += s.sparse_pages_selected;
   sum.sparse_pages_candidate += s.sparse_pages_candidate;
+  sum.sparse_pages_predicted += s.sparse_pages_predicted;
+  sum.sparse_pages_predicted_used += s.sparse_pages_predicted_used;
   for (int k = 0; k < op_kinds; ++k) sum.op_time[static_cast<std::size_t>(k)] += s.op_time[static_cast<std::size_t>(k)];
   sum.attention_host.residency += s.attention_host.residency;
   sum.attention_host.kernels += s.attention_host.kernels;
