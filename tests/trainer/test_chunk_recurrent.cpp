@@ -106,14 +106,18 @@ TEST_CASE("chunk-recurrent: one window per layer, token-major pages, and offload
   spo.near_pages = 4;
   const chunked_run sparse_off = run_chunked(p, seq, spo);
   CHECK(trainer_test::same_bits(sparse_off.grads, sparse.grads));
-  // Streamed, stage 1 prefetches each chunk's likely pages on the last chunk's selection (at
-  // most a window's): the bits above are unchanged by it; in place nothing is prefetched.
-  CHECK(sparse.stats.sparse_pages_predicted == 0);
-  CHECK(sparse_off.stats.sparse_pages_predicted > 0);
-  CHECK(sparse_off.stats.sparse_pages_predicted_used > 0);
-  CHECK(sparse_off.stats.sparse_pages_predicted_used <= sparse_off.stats.sparse_pages_predicted);
-  MESSAGE("stage 1 prefetched ", sparse_off.stats.sparse_pages_predicted, " pages on the last chunk's selection, ",
-          sparse_off.stats.sparse_pages_predicted_used, " of them then selected");
+  CHECK(sparse_off.stats.sparse_pages_predicted == 0);  // prefetch_last_selection is off by default
+  // Streamed with prefetch_last_selection, stage 1 prefetches each chunk's likely pages on the last
+  // chunk's selection (at most a window's): the same bits, and the guess counted.
+  chunk_options guess = spo;
+  guess.prefetch_last_selection = true;
+  const chunked_run sparse_guess = run_chunked(p, seq, guess);
+  CHECK(trainer_test::same_bits(sparse_guess.grads, sparse.grads));
+  CHECK(sparse_guess.stats.sparse_pages_predicted > 0);
+  CHECK(sparse_guess.stats.sparse_pages_predicted_used > 0);
+  CHECK(sparse_guess.stats.sparse_pages_predicted_used <= sparse_guess.stats.sparse_pages_predicted);
+  MESSAGE("stage 1 prefetched ", sparse_guess.stats.sparse_pages_predicted, " pages on the last chunk's selection, ",
+          sparse_guess.stats.sparse_pages_predicted_used, " of them then selected");
   const double err = trainer_test::worst_tensor_error(p, sparse.grads, full, nullptr);
   CHECK(err > 1e-6);  // a real approximation, not dense in disguise
   MESSAGE("sparse (budget 1, sink 1, local 1, 3 of up to 9 past pages) vs dense: worst tensor gradient error ", err,

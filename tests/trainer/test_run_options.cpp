@@ -107,6 +107,23 @@ TEST_CASE("run options: --attention-kernels automatic|portable reaches the chunk
                        oomb::invalid_argument);
 }
 
+TEST_CASE("run options: --prefetch-last-selection reaches the chunk options and options.json; needs sparse and offload") {
+  CHECK_FALSE(parse_train_options(run_args("o")).prefetch_last_selection);
+  CHECK(oomb_trainer::options_json(parse_train_options(run_args("o")))["prefetch_last_selection"] == false);
+  const auto o = parse_train_options(run_args("o", {"--sparse-budget", "0", "--offload", "--prefetch-last-selection"}));
+  CHECK(o.prefetch_last_selection);
+  CHECK(oomb_trainer::chunk_options_of(o).prefetch_last_selection);
+  CHECK(oomb_trainer::options_json(o)["prefetch_last_selection"] == true);
+  for (const std::vector<std::string>& without : {std::vector<std::string>{"--offload"}, {"--sparse-budget", "0"}})
+    CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", [&] {
+                           auto a = without;
+                           a.push_back("--prefetch-last-selection");
+                           return a;
+                         }())),
+                         doctest::Contains("--prefetch-last-selection prefetches stage 1's page-sparse selections"),
+                         oomb::invalid_argument);
+}
+
 TEST_CASE("run options: --deterministic reaches the chunk options and options.json; on cuda only what it can order") {
   CHECK_FALSE(parse_train_options(run_args("o")).deterministic);
   CHECK(oomb_trainer::options_json(parse_train_options(run_args("o")))["deterministic"] == false);

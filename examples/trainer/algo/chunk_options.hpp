@@ -63,6 +63,9 @@ struct chunk_options {
   /// that grows linearly with the context. The results are the same bits (the forward is
   /// deterministic and its inputs are the same in both stages).
   bool keep_attention_outputs = false;
+  /// Sparse with offload, stage 1: before a layer's selection is known, prefetch the pages the
+  /// previous chunk selected in that layer (paged_attention::predict). Off until measured on a GPU.
+  bool prefetch_last_selection = false;
   /// Time the backend's ops by kind (backends with an op clock, ops_backend.hpp): each op costs
   /// two tiny timer launches, so it is for measuring (bench_trainer --split), off by default.
   bool time_ops = false;

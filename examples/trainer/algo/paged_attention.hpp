@@ -366,14 +366,14 @@ class paged_attention {
     residency([&] { grad_->prefetch(gid); });
   }
 
-  /// Stage 1, sparse, streamed: before chunk c's selection in layer l is known (select() waits
-  /// for it), prefetches the distinct pages chunk c - 1 selected in layer l, at most a window's,
+  /// Stage 1, sparse, streamed, chunk_options::prefetch_last_selection: before chunk c's selection
+  /// in layer l is known (select() waits for it), prefetches the distinct pages chunk c - 1 selected in layer l, at most a window's,
   /// ascending as the first window takes them. Adjacent chunks mostly select the same pages, and
   /// their copies then overlap the selection instead of following it; a page not selected after
   /// all only took a copy and a slot the eviction policy reclaims.
   void predict(std::int32_t l, std::int32_t c, std::int32_t past) {
     predicted_.clear();
-    if (c == 0 || !kv_->streamed()) return;
+    if (!opt_.prefetch_last_selection || c == 0 || !kv_->streamed()) return;
     predicted_.assign(static_cast<std::size_t>(past), 0);
     for (const std::int32_t pg : selection(l, c - 1)->indices()) predicted_[static_cast<std::size_t>(pg)] = 1;
     logical_.clear();

@@ -59,6 +59,7 @@ struct train_options {
   std::int64_t stop_after = 0;  ///< stop (and save) after this many steps of this run; 0: run to --steps
   std::int32_t kv_keys = 8, kv_values = 6, kv_queries = 8;  ///< --synthetic kv-recall's shape
   bool keep_attention_outputs = false;  ///< stage 2 reads stage 1's attention outputs instead of attending again
+  bool prefetch_last_selection = false;  ///< --prefetch-last-selection (sparse with offload)
   bool full_backprop = false;
   std::string device = "cpu";  ///< where the training state lives and the step runs: "cpu" or "cuda"
   std::uint64_t host_memory = 0;  ///< bytes the run may take on the host; 0: host_memory_default()
@@ -85,7 +86,7 @@ page-sparse attention.
 
 usage: oomb-train --config model.json (--data tokens.bin [--packing P] | --synthetic NAME) --seq-len N
                   [--batch B] --chunk C --page P [--sparse-budget B --sink S --local L --tile Q --scoring K]
-                  [--offload --near-pages K]
+                  [--offload --near-pages K] [--prefetch-last-selection]
                   --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
                   [--rope-theta T] [--rope-scaling JSON]
                   [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop] [--device cpu|cuda]
@@ -145,6 +146,10 @@ sequence and memory
                         (default: max(4 x a chunk's pages, 256); sparse: 2 x (a chunk's pages
                         + 16 (B + S + L)); at least a chunk's pages)
   --window-pages W      pages per attention window (default: K/2 with --offload, all without)
+  --prefetch-last-selection
+                        with --sparse-budget and --offload: in stage 1, prefetch the pages the last
+                        chunk selected in a layer before the layer's own selection is known (an
+                        experiment, off by default: docs/sparse.md)
   --grad-homes F        what the gradient pages' homes hold with --offload: fp32 (default), bf16 (half
                         the host bytes; the near slots still add in fp32, each write-back rounds to
                         nearest even) or bf16-stochastic (rounds up with the probability of the
@@ -317,6 +322,7 @@ inline chunk_options chunk_options_of(const train_options& o) {
   co.tile = o.tile;
   co.score = o.scoring;
   co.keep_attention_outputs = o.keep_attention_outputs;
+  co.prefetch_last_selection = o.prefetch_last_selection;
   return co;
 }
 
@@ -394,6 +400,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--kv-queries") o.kv_queries = i32(1);
     else if (f == "--full-backprop") o.full_backprop = true;
     else if (f == "--keep-attention-outputs") o.keep_attention_outputs = true;
+    else if (f == "--prefetch-last-selection") o.prefetch_last_selection = true;
     else if (f == "--deterministic") o.deterministic = true;
     else if (f == "--plan") o.plan = true;
     else if (f == "--debug") o.debug = true;
@@ -441,6 +448,8 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(o.device == "cpu" || !o.full_backprop, "--device cuda runs chunk-recurrent training only (--full-backprop ",
                "is the CPU's baseline)");
   check_sparse_shape_flags(o.sparse, sparse_only);
+  OOMB_EXPECTS(!o.prefetch_last_selection || (o.sparse && o.offload), "--prefetch-last-selection prefetches stage 1's ",
+               "page-sparse selections into the near tier: it needs --sparse-budget and --offload");
   if (o.deterministic && o.device == "cuda") {
     OOMB_EXPECTS(!o.sparse, "--deterministic on --device cuda takes dense attention only: the page-sparse backward still adds ",
                  "dQ in arbitrary order (leave out --sparse-budget, or run on --device cpu, which is always deterministic)");
