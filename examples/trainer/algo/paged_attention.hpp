@@ -316,8 +316,9 @@ class paged_attention {
   /// Sums over tiles since construction: selected past pages, and past pages.
   std::int64_t pages_selected() const noexcept { return pages_selected_; }
   std::int64_t pages_candidate() const noexcept { return pages_candidate_; }
-  /// Sums since construction, stage 1 with offload: distinct pages prefetched on the last chunk's
-  /// selection before a selection was known (predict()), and of them the pages it then selected.
+  /// Sums since construction (prefetch_last_selection): distinct pages stage 1 prefetched on the
+  /// last chunk's selection before a selection was known (predict()), and of them the pages it
+  /// then selected.
   std::int64_t pages_predicted() const noexcept { return pages_predicted_; }
   std::int64_t pages_predicted_used() const noexcept { return pages_predicted_used_; }
 
@@ -367,10 +368,10 @@ class paged_attention {
   }
 
   /// Stage 1, sparse, streamed, chunk_options::prefetch_last_selection: before chunk c's selection
-  /// in layer l is known (select() waits for it), prefetches the distinct pages chunk c - 1 selected in layer l, at most a window's,
-  /// ascending as the first window takes them. Adjacent chunks mostly select the same pages, and
-  /// their copies then overlap the selection instead of following it; a page not selected after
-  /// all only took a copy and a slot the eviction policy reclaims.
+  /// in layer l is known (select() waits for it), prefetches the distinct pages chunk c - 1
+  /// selected in layer l, at most a window's, ascending as the first window takes them. Where
+  /// adjacent chunks share pages, their copies overlap the selection instead of following it; a
+  /// page not selected after all only took a copy and a slot the eviction policy reclaims.
   void predict(std::int32_t l, std::int32_t c, std::int32_t past) {
     predicted_.clear();
     if (!opt_.prefetch_last_selection || c == 0 || !kv_->streamed()) return;
