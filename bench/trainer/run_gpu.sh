@@ -11,7 +11,7 @@
 #   HOME_MEMORY    with OFFLOAD=1: pinned (default) or pageable homes (--home-memory)
 #   KEEP=1         keep stage 1's attention outputs for stage 2 (--keep-attention-outputs)
 #   PREFETCH_LAST=1  sparse with offload: stage 1 prefetches the last chunk's selection (--prefetch-last-selection)
-#   DETERMINISTIC=1  the attention backward in a fixed order (--deterministic; dense attention only)
+#   DETERMINISTIC=1  the attention backward in a fixed order (--deterministic; dense and page-sparse)
 #   SPLIT=1        time the backend's ops by kind on the device (--split: each row's split_s)
 #   SPARSE_BUDGET  page-sparse attention, B scored past pages per query tile (--sparse-budget); SINK,
 #                  LOCAL, TILE, SCORING (quest|mean) shape it (--sink, --local, --tile, --scoring;

@@ -548,6 +548,8 @@ TEST_CASE("attention: the Hopper backward's query walk covers the selected tiles
   // the steps of all split CTAs together must hold every row of a selected tile from the first row on
   // exactly once and never a row of an unselected tile (so no step straddles one), each step at most
   // rs rows, starting on a whole query where rs is whole queries. Dense: every row from the first on.
+  // tile_steps (deterministic sparse calls): besides, each step lies in one tile and starts k * rs
+  // rows after the tile's first, so that all blocks cut a tile into the same steps.
   std::mt19937 rng(12);
   int walks = 0;
   bool ok = true;
@@ -570,14 +572,16 @@ TEST_CASE("attention: the Hopper backward's query walk covers the selected tiles
     }
     const int first_row = static_cast<int>(rng() % static_cast<std::uint32_t>(rows));
     const int split = 1 + static_cast<int>(rng() % 4);
+    const bool tile_steps = !dense && rng() % 2 == 0;
     const gpu::detail::fast_divmod tile_div(static_cast<std::uint32_t>(tile_rows));
     std::vector<int> seen(static_cast<std::size_t>(rows), 0);
     for (int z = 0; z < split; ++z)
       for (gpu::detail::query_walk wk(dense ? nullptr : sel.data(), ntiles, tile_rows, tile_div, rows, rs, first_row, z,
-                                      split);
+                                      split, tile_steps);
            !wk.done(); wk.next()) {
         const int r0 = wk.r0, r1 = wk.r1();
         ok = ok && r0 < r1 && r1 - r0 <= rs && r1 <= rows && (!whole || r0 % group == 0);
+        ok = ok && (!tile_steps || ((r0 % tile_rows) % rs == 0 && (r1 - 1) / tile_rows == r0 / tile_rows));
         for (int r = r0; ok && r < r1; ++r) {
           ++seen[static_cast<std::size_t>(r)];
           ok = on[static_cast<std::size_t>(r / tile_rows)] != 0;
@@ -590,7 +594,7 @@ TEST_CASE("attention: the Hopper backward's query walk covers the selected tiles
       ok = r >= first_row && on[static_cast<std::size_t>(r / tile_rows)] ? n == 1 : n <= 1;
     }
     INFO("trial ", trial, ": group ", group, ", tile ", tile, ", tiles ", ntiles, ", rs ", rs, ", first row ", first_row,
-         ", split ", split, dense ? ", dense" : "");
+         ", split ", split, dense ? ", dense" : "", tile_steps ? ", tile steps" : "");
     CHECK(ok);
   }
   CHECK(walks > 10000);
@@ -1429,10 +1433,11 @@ void check_documents(const problem& p, const cpu_result& ref) {
     sm90_all(gpu::backward_sm90_config<128>{});
   else
     sm90_all(gpu::backward_sm90_config<64>{});
-  if (!c.sparse)  // dQ in key block order: each step's run of blocks starts at its first bound's block
-    run.backward("sm90 deterministic", [&](const gpu::attention_args& a, auto... rest) {
-      attn_test::deterministic_backward(a, rest..., nullptr);
-    });
+  // dQ in key block order: dense, each step's run of blocks from its first bound's block; sparse, the
+  // tile's virtual sequence in window order, each tile in steps of its own (sparse_dq_order)
+  run.backward("sm90 deterministic", [&](const gpu::attention_args& a, auto... rest) {
+    attn_test::deterministic_backward(a, rest..., nullptr);
+  });
 }
 
 config documents(config c, std::vector<std::int64_t> starts) {
@@ -1539,7 +1544,7 @@ std::size_t differing(const std::vector<float>& a, const std::vector<float>& b) 
 
 }  // namespace
 
-TEST_CASE("attention: the deterministic Hopper backward matches the CPU reference and repeats bit for bit") {
+TEST_CASE("attention: the deterministic Hopper backward matches the CPU reference and repeats bit for bit, dense and sparse") {
   if (!hopper_device()) {
     MESSAGE("not a compute-capability 9.0 device: the deterministic backward is not run");
     return;
@@ -1555,6 +1560,14 @@ TEST_CASE("attention: the deterministic Hopper backward matches the CPU referenc
       windowed(make("det g4 d128 3 windows", 256, 1500, 8, 2, 128, 128), 3),
       documents(make("det docs g7 d128", 300, 700, 14, 2, 128, 128), {389, 700, 750, 901, 950}),
       documents(windowed(make("det docs g3 d64 2 windows", 290, 1000, 6, 2, 64, 128), 2), {130, 700, 1003, 1129}),
+      // page-sparse: whole-query steps that do not divide a tile (126 of 896 rows at group 7), two
+      // blocks per page, several windows, documents whose first bound lies mid-page
+      sparse(make("det sparse g7 d128", 300, 1300, 14, 2, 128, 128), 128),
+      sparse(make("det sparse g2 d64 p256 tile 64", 333, 1500, 4, 2, 64, 256), 64),
+      sparse(make("det sparse g1 d128 3 windows", 260, 1700, 2, 2, 128, 128), 128, 3),
+      documents(sparse(make("det sparse docs g5 d64", 256, 1000, 10, 2, 64, 128), 128), {130, 700, 1003, 1129, 1200}),
+      documents(sparse(make("det sparse docs g7 d128 p256 2 windows", 300, 1200, 14, 2, 128, 256), 128, 2),
+                {200, 700, 1250, 1400}),
   };
   for (const config& c : cases) {
     const problem p(c);
@@ -1578,9 +1591,12 @@ TEST_CASE("attention: the deterministic Hopper backward matches the CPU referenc
   // the default's sums (checked against the oracle by the other cases) to fp32 rounding. Left out
   // under OOMB_GPU_TEST_QUICK (compute-sanitizer runs), where they would take many minutes.
   if (std::getenv("OOMB_GPU_TEST_QUICK") != nullptr) return;
+  config large_sparse = sparse(make("det large sparse 28:4 d128 4096 x 32K", 4096, 32768, 28, 4, 128, 128), 128);
+  large_sparse.keep = 0.25;  // ~64 of 256 past pages per tile
   for (const config& c : {make("det large 28:4 d128 4096 x 16K", 4096, 16384, 28, 4, 128, 128),
                           documents(make("det large docs 14:2 d64 4096 x 8K", 4096, 8192, 14, 2, 64, 128),
-                                    {3000, 8192, 9000, 11000})}) {
+                                    {3000, 8192, 9000, 11000}),
+                          large_sparse}) {
     const problem p(c);
     device_problem dp(p);
     dev<bf16> o(p.q.size());
@@ -1619,12 +1635,8 @@ TEST_CASE("attention: a deterministic backward refuses what it cannot order, bef
   CHECK_THROWS_AS(gpu::backward(plan, dp.args(), buf.p, buf.p, dp.d_o.p, buf.p, buf.p, buf.p, dp.grads(buf.p),
                                 {ws.p, plan.workspace_ints - 1}, nullptr),
                   oomb::invalid_argument);
-  // the portable kernels and page-sparse calls
+  // the portable kernels
   o.kernels = gpu::kernel_choice::portable;
   CHECK_THROWS_AS(gpu::plan_backward(gpu::call_shape::of(dp.args(), buf.p), attn_test::facts(), o), oomb::invalid_argument);
-  o.kernels = gpu::kernel_choice::automatic;
-  const problem ps(sparse(make("det refusals sparse", 100, 300, 14, 2, 128, 128), 128));
-  device_problem dps(ps);
-  CHECK_THROWS_AS(gpu::plan_backward(gpu::call_shape::of(dps.args(), buf.p), attn_test::facts(), o), oomb::invalid_argument);
   sync();
 }

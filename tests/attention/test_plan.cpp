@@ -4,6 +4,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <random>
 #include <vector>
 
 #include <oomb/attention/plan.hpp>
@@ -239,12 +241,27 @@ TEST_CASE("attention plan: a deterministic backward takes no query split and a d
   CHECK(d64.config == K::backward_hopper_d64);
   CHECK(d64.step_rows == 126);
   CHECK(d64.workspace_ints == 2 * ((1000 * 7 + 125) / 126));
-  // what it cannot order is refused: page-sparse calls, the portable kernels (another GPU, short
-  // pages, or asked for), an 8-byte aligned dq, a forced query split, the d64 wide-group kernel
+  // page-sparse: every block in window order, whole walks, no order kernel; each tile of 128
+  // queries (896 rows) in steps of its own: 11 of 77 rows and one of 49
   auto sp = dense;
   sp.sparse = true;
   sp.tile = 128;
-  CHECK_THROWS_AS(att::plan_backward(sp, f, o), oomb::invalid_argument);
+  const auto sparse = att::plan_backward(sp, f, o);
+  CHECK(sparse.deterministic);
+  CHECK(sparse.query_split == 1);
+  CHECK(sparse.sparse.window_order);
+  CHECK(sparse.ctas_per_head == sparse.key_blocks);
+  CHECK(sparse.sparse.pieces == 1);
+  CHECK(sparse.turn_steps() == 32 * 12);
+  CHECK(sparse.workspace_ints == 4 * 32 * 12);
+  for (int pos = 0; pos < sparse.ctas_per_head; pos += 97) {
+    int piece = 7;
+    CHECK(sparse.sparse.block_at(pos, piece) == pos);
+    CHECK(piece == -1);
+  }
+  CHECK_FALSE(att::plan_backward(sp, f).sparse.window_order);
+  // what it cannot order is refused: the portable kernels (another GPU, short pages, or asked for),
+  // an 8-byte aligned dq, a forced query split, the d64 wide-group kernel
   CHECK_THROWS_AS(att::plan_backward(dense, h200(false), o), oomb::invalid_argument);
   CHECK_THROWS_AS(att::plan_backward(call(512, 1024, 24, 28, 4, 128, 64), f, o), oomb::invalid_argument);
   auto unaligned = dense;
@@ -259,4 +276,44 @@ TEST_CASE("attention plan: a deterministic backward takes no query split and a d
   auto portable = o;
   portable.kernels = att::kernel_choice::portable;
   CHECK_THROWS_AS(att::plan_backward(dense, f, portable), oomb::invalid_argument);
+}
+
+TEST_CASE("attention plan: the deterministic sparse backward's dQ turns count the contributors below each block") {
+  // sparse_dq_order against a count by hand: over random windows (first page, own pages, pages of
+  // one or two key blocks), tile lists (sorted, some pages before the window, some of the window's
+  // past not selected) and first bounds, block kb's turn in a step is the number of key blocks below
+  // kb that the step's tile attends (a selected past page or an own page) from the bound's block on.
+  std::mt19937 rng(35);
+  int checked = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int first_page = static_cast<int>(rng() % 20), pages = 1 + static_cast<int>(rng() % 40);
+    const int own_page = static_cast<int>(rng() % (pages + 1));  // == pages: a window of the past only
+    const int bpp = 1 + static_cast<int>(rng() % 2);
+    // logical pages before the window and of its past; past the window too when it holds no own page
+    // (a window of an earlier part of the past: its tiles select later windows' pages as well)
+    std::vector<std::int32_t> list;
+    for (int pg = 0; pg < first_page + own_page + (own_page == pages ? 10 : 0); ++pg)
+      if (rng() % 3 == 0) list.push_back(pg);
+    const auto below = [&](std::int64_t y) {
+      return static_cast<int>(std::lower_bound(list.begin(), list.end(), y) - list.begin());
+    };
+    const att::sparse_dq_order order{first_page, own_page, bpp};
+    const auto attended = [&](int w) {  // window page w
+      return w >= own_page || std::binary_search(list.begin(), list.end(), first_page + w);
+    };
+    const int blocks = pages * bpp;
+    const int lo = static_cast<int>(rng() % blocks);
+    int count = 0;  // contributors below kb, counted as kb grows
+    for (int kb = lo; kb < blocks; ++kb) {
+      if (!attended(kb / bpp)) continue;
+      const int turn = order.turn(kb, lo, order.pages_below(below, kb / bpp), order.pages_below(below, lo / bpp),
+                                  order.attends(below, lo / bpp));
+      INFO("trial " << trial << ": first page " << first_page << ", pages " << pages << ", own page " << own_page
+                    << ", blocks per page " << bpp << ", lo " << lo << ", kb " << kb);
+      CHECK(turn == count);
+      ++count;
+      ++checked;
+    }
+  }
+  CHECK(checked > 10000);
 }

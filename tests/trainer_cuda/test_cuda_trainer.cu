@@ -179,12 +179,17 @@ TEST_CASE("oomb-train --device cuda --deterministic: two runs, and a stopped-and
   const std::string init = write_init(tmp.path, config);
   // Pages of 128 (the Hopper kernels): 4,096 tokens in chunks of 512, so a chunk's backward adds
   // each dQ step from up to 32 key blocks; in place and with offload (8 near slots, 4 per window).
-  // (At 1,024 tokens two default runs gave the same bits: too few blocks to reorder.)
-  const auto run_options = [&](const fs::path& out, bool offload, bool deterministic) {
+  // (At 1,024 tokens two default runs gave the same bits: too few blocks to reorder.) Page-sparse:
+  // 4 selected past pages + sink + local per tile of 64 queries (GQA 2: 128 rows), of up to 28.
+  struct mode {
+    bool sparse, offload;
+  };
+  const auto run_options = [&](const fs::path& out, mode m, bool deterministic) {
     std::vector<std::string> a{"--config", config, "--synthetic", "kv-recall", "--seq-len", "4096", "--chunk", "512",
                                "--page", "128", "--steps", "4", "--lr", "1e-3", "--out", out.string(), "--quiet",
                                "--device", "cuda"};
-    if (offload) a.insert(a.end(), {"--offload", "--near-pages", "8"});
+    if (m.offload) a.insert(a.end(), {"--offload", "--near-pages", "8"});
+    if (m.sparse) a.insert(a.end(), {"--sparse-budget", "4", "--sink", "1", "--local", "1", "--tile", "64"});
     if (deterministic) a.push_back("--deterministic");
     auto o = oomb_trainer::parse_train_options(a);
     o.init = init;
@@ -200,29 +205,29 @@ TEST_CASE("oomb-train --device cuda --deterministic: two runs, and a stopped-and
     for (const char* file : {"model.safetensors", "optimizer.safetensors"})
       res.files.push_back(training_test::file_bytes((out / "checkpoint-4" / file).string()));
   };
-  const auto straight = [&](const fs::path& out, bool offload, bool deterministic) {
+  const auto straight = [&](const fs::path& out, mode m, bool deterministic) {
     result res;
-    oomb_trainer::training_run r(run_options(out, offload, deterministic), {}, oomb_trainer::cuda_trainer_factory());
+    oomb_trainer::training_run r(run_options(out, m, deterministic), {}, oomb_trainer::cuda_trainer_factory());
     finish(r, out, res);
     return res;
   };
-  for (const bool offload : {false, true}) {
-    CAPTURE(offload);
-    const std::string mode = offload ? "offload" : "in-place";
-    const result a = straight(tmp.path / (mode + "-a"), offload, true), b = straight(tmp.path / (mode + "-b"), offload, true);
+  for (const mode m : {mode{false, false}, mode{false, true}, mode{true, false}, mode{true, true}}) {
+    const std::string name = std::string(m.sparse ? "sparse-" : "dense-") + (m.offload ? "offload" : "in-place");
+    CAPTURE(name);
+    const result a = straight(tmp.path / (name + "-a"), m, true), b = straight(tmp.path / (name + "-b"), m, true);
     CHECK(a.losses == b.losses);
     CHECK(a.files == b.files);
     // stopped after 2 steps and resumed: the same losses and the same bytes at step 4
-    const fs::path part = tmp.path / (mode + "-part");
+    const fs::path part = tmp.path / (name + "-part");
     result resumed;
     {
-      auto o = run_options(part, offload, true);
+      auto o = run_options(part, m, true);
       o.stop_after = 2;
       oomb_trainer::training_run first(o, {}, oomb_trainer::cuda_trainer_factory());
       for (int s = 0; s < 2; ++s) resumed.losses.push_back(first.step().loss);
       first.save();
     }
-    auto o = run_options(part, offload, true);
+    auto o = run_options(part, m, true);
     o.init.clear();
     o.resume = (part / "checkpoint").string();
     oomb_trainer::training_run rest(o, {}, oomb_trainer::cuda_trainer_factory());
@@ -230,11 +235,11 @@ TEST_CASE("oomb-train --device cuda --deterministic: two runs, and a stopped-and
     CHECK(resumed.losses == a.losses);
     CHECK(resumed.files == a.files);
     // Without the flag, for the docs: how far two straight runs drift apart.
-    const result x = straight(tmp.path / (mode + "-x"), offload, false), y = straight(tmp.path / (mode + "-y"), offload, false);
+    const result x = straight(tmp.path / (name + "-x"), m, false), y = straight(tmp.path / (name + "-y"), m, false);
     double worst = 0;
     for (std::size_t s = 0; s < x.losses.size(); ++s) worst = std::max(worst, rel(y.losses[s], x.losses[s]));
     const std::string same = x.files == y.files ? "the same bytes" : "different bytes";
-    MESSAGE(mode << ": two runs without --deterministic: losses apart by up to " << worst << " (relative), checkpoints "
+    MESSAGE(name << ": two runs without --deterministic: losses apart by up to " << worst << " (relative), checkpoints "
                  << same << "; with it: the same bytes");
   }
 }

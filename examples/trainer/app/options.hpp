@@ -163,8 +163,8 @@ sequence and memory
   --attention-kernels K  the attention kernels of --device cuda: automatic (default: the Hopper ones on an
                         H100/H200 with pages of >= 128 tokens, the portable ones elsewhere) or portable
   --deterministic       the same bits on every run and on resume: on --device cuda the attention
-                        backward adds dQ in a fixed order (dense attention, the Hopper kernels:
-                        --page >= 128; measured cost in docs/trainer.md); the CPU always is
+                        backward adds dQ in a fixed order (the Hopper kernels: --page >= 128;
+                        dense and page-sparse; measured cost in docs/trainer.md); the CPU always is
   --keep-attention-outputs
                         keep every layer's attention output and lse from stage 1 (in compute memory,
                         or pinned homes through 4 device slots with --offload) and read them in
@@ -450,13 +450,10 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   check_sparse_shape_flags(o.sparse, sparse_only);
   OOMB_EXPECTS(!o.prefetch_last_selection || (o.sparse && o.offload), "--prefetch-last-selection prefetches stage 1's ",
                "page-sparse selections into the near tier: it needs --sparse-budget and --offload");
-  if (o.deterministic && o.device == "cuda") {
-    OOMB_EXPECTS(!o.sparse, "--deterministic on --device cuda takes dense attention only: the page-sparse backward still adds ",
-                 "dQ in arbitrary order (leave out --sparse-budget, or run on --device cpu, which is always deterministic)");
+  if (o.deterministic && o.device == "cuda")
     OOMB_EXPECTS(o.attention_kernels == oomb::attention::kernel_choice::automatic && o.page >= 128,
                  "--deterministic on --device cuda needs the Hopper attention kernels: --page >= 128 (got ", o.page,
                  ") and --attention-kernels automatic; the portable ones add dQ in arbitrary order");
-  }
   OOMB_EXPECTS(!o.keep_attention_outputs || !o.full_backprop, "--keep-attention-outputs is chunk-recurrent's (not --full-backprop)");
   OOMB_EXPECTS(o.optimizer_gpu_memory < 0 || o.device == "cuda", "--optimizer-gpu-memory places the optimizer state on a GPU: "
                "it needs --device cuda");

@@ -436,7 +436,7 @@ void launch_backward_sm90(const backward_plan& plan, const attention_args& a, co
   const int ctas = plan.ctas_per_head;  // per KV head
   check_backward_workspace(plan, ws);
   if (plan.deterministic) {
-    OOMB_EXPECTS(Cfg::DQ_WRITER && !Cfg::DQ_OWN && a.tile_indptr == nullptr && plan.query_split == 1,
+    OOMB_EXPECTS(Cfg::DQ_WRITER && !Cfg::DQ_OWN && plan.query_split == 1 && plan.sparse.window_order == (a.tile_indptr != nullptr),
                  "attention_backward (sm90, deterministic): the plan's configuration cannot order dQ");
     const cudaError_t e = cudaMemsetAsync(ws.data, 0, static_cast<std::size_t>(plan.workspace_ints) * sizeof(std::int32_t), stream);
     if (e != cudaSuccess) OOMB_FAIL(cuda_error, "attention_backward (deterministic): zeroing the dQ turns: ", cudaGetErrorString(e));
@@ -445,7 +445,7 @@ void launch_backward_sm90(const backward_plan& plan, const attention_args& a, co
   if (a.tile_indptr != nullptr) {
     p.plan = plan.sparse;
     const int past_blocks = p.plan.own_kb;
-    if (plan.workspace_ints > 0 && ws.data != nullptr) {
+    if (!plan.deterministic && plan.workspace_ints > 0 && ws.data != nullptr) {  // deterministic: window order
       sparse_backward_order_kernel<><<<1, ORDER_THREADS, 0, stream>>>(p, past_blocks, a.kv.pool.page_size / Cfg::BN,
                                                                     ws.data);
       check_launch("attention_backward (sm90, sparse launch order)");

@@ -71,20 +71,24 @@ enum class backward_dq {
 /// [t * tile_rows, (t + 1) * tile_rows)) whose bit in `sel` is set. Each run is cut into steps of `rs`
 /// rows counted from the run's first tile, the last step clipped at the run's end, so a step never
 /// holds rows of a tile that does not attend the keys, whatever rs is: hb6's steps of whole queries
-/// (rs = floor(BM / group) * group, which does not divide a tile) take sparse calls too (hs1). Steps
-/// before the one holding `first_row` (the first row that sees the block's keys) are skipped; with a
-/// query split, CTA z takes steps z, z + split, ... of the walk. Producer, dq writer and consumers each
-/// walk the same sequence. Host code too, for the CPU test of its coverage.
+/// (rs = floor(BM / group) * group, which does not divide a tile) take sparse calls too (hs1).
+/// tile_steps (deterministic calls): every tile is a run of its own, so that all blocks cut a tile
+/// into the same steps (sparse_dq_order). Steps before the one holding `first_row` (the first row
+/// that sees the block's keys) are skipped; with a query split, CTA z takes steps z, z + split, ... of
+/// the walk. Producer, dq writer and consumers each walk the same sequence. Host code too, for the CPU
+/// test of its coverage.
 struct query_walk {
   const std::uint32_t* sel;  // nullptr: dense
   int ntiles, tile_rows, rows, rs, split;
   fast_divmod tile_div;  // row -> tile
+  bool tile_steps;       // sparse: each tile a run of its own
   int r0 = 0;            // the current step: rows [r0, r1()); r0 >= rows: done
   int run_end = 0;       // where the current run ends (a tile boundary, or rows)
 
   __host__ __device__ query_walk(const std::uint32_t* sel_, int ntiles_, int tile_rows_, fast_divmod tile_div_, int rows_, int rs_,
-                        int first_row, int z, int split_)
-      : sel(sel_), ntiles(ntiles_), tile_rows(tile_rows_), rows(rows_), rs(rs_), split(split_), tile_div(tile_div_) {
+                        int first_row, int z, int split_, bool tile_steps_ = false)
+      : sel(sel_), ntiles(ntiles_), tile_rows(tile_rows_), rows(rows_), rs(rs_), split(split_), tile_div(tile_div_),
+        tile_steps(tile_steps_) {
     if (sel == nullptr) {
       run_end = rows;
       r0 = first_row < rows ? first_row / rs * rs : rows;
@@ -128,7 +132,7 @@ struct query_walk {
       return;
     }
     r0 = a * tile_rows;
-    const int e = next_tile(a + 1, false);
+    const int e = tile_steps ? a + 1 : next_tile(a + 1, false);
     run_end = e * tile_rows < rows ? e * tile_rows : rows;
   }
   __host__ __device__ void advance() {
@@ -172,6 +176,24 @@ __device__ __forceinline__ std::uint32_t range_bits(int wd, int ta, int tb) {
   if (hi <= 0 || lo >= 32) return 0u;
   const std::uint32_t from = lo <= 0 ? ~0u : ~0u << lo, below = hi >= 32 ? ~0u : (1u << hi) - 1u;
   return from & below;
+}
+
+/// How many entries of the sorted list a[0, n) lie below x, searched by a whole warp (every lane
+/// calls it, with its lane index): each round probes 32 evenly spaced entries, so a list of n entries
+/// costs log_32(n) dependent loads. Every lane returns the count.
+__device__ __forceinline__ int warp_lower_bound(const std::int32_t* a, int n, std::int64_t x, int lane) {
+  int lo = 0, hi = n;  // the count lies in [lo, hi]
+  while (lo < hi) {    // warp-uniform
+    const int step = (hi - lo + 31) / 32;
+    const int pos = lo + lane * step;
+    const unsigned below = __ballot_sync(~0u, pos < hi && a[pos] < x);  // a prefix of the lanes
+    const int c = __popc(below);
+    if (c == 0) break;  // a[lo] >= x
+    const int top = lo + c * step;  // a[lo + (c - 1) * step] < x <= a[top] (or top >= hi)
+    lo += (c - 1) * step + 1;
+    hi = top < hi ? top : hi;
+  }
+  return lo;
 }
 
 /// Finds the query tiles t in [ta, tb) whose sorted page list holds a page, as bits of a shared
@@ -576,7 +598,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
 
   const std::uint64_t t_selected = Trace ? globaltimer() : 0;
   const query_walk walk0(sparse ? sSel : nullptr, ntiles, tile_rows, p.tile_rows_div, row_end, RS, row_begin,
-                         static_cast<int>(blockIdx.z), qsplit);
+                         static_cast<int>(blockIdx.z), qsplit, sparse && p.dq_turns != nullptr);
   if (walk0.done()) {  // uniform: no step of this block's share sees these keys
     if (kv_early) mbar_wait(kv_bar, 0);  // no load may land in the shared memory of a CTA that ended
     return;
@@ -596,27 +618,56 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
         // free the tile once the reductions have read it.
         // writer_tensor: one tensor reduction per 32-column panel of the tile, the step's whole
         // queries (a clipped step's masked rows add zeros; queries past sq are not written).
-        // Deterministic plans (dq_turns; dense, no query split): a step's rows get the blocks' dQ in key
-        // block order. The blocks that walk step s are a run [lo, hi]: both ends of a walk grow with
-        // the block (the causal start; with bounds, the end of the last document reaching the
-        // block), and lo is the block holding the step's first bound. Block kb adds when kb - lo
-        // blocks have, then passes the turn on once its reductions are complete. (Passing it only
-        // after issuing the next step's would take the completion off the writer's path, but then
-        // block kb could add to step s only once block kb - 1 had reached step s + 1: the blocks of
-        // a wave would start a step apart instead of a reduction apart.) Lower blocks of a KV head
-        // launch first, so every wait is on a CTA that runs or has ended.
-        const int steps = (rows + RS - 1) / RS;
+        // Deterministic plans (dq_turns; no query split): a step's rows get the blocks' dQ in key
+        // block order. Dense, the blocks that walk step s are a run [lo, hi]: both ends of a walk grow
+        // with the block (the causal start; with bounds, the end of the last document reaching the
+        // block), and lo is the block holding the step's first bound, so block kb adds when kb - lo
+        // blocks have. Sparse, each tile's steps are its own (tile_steps) and block kb's turn counts
+        // the blocks of the tile's virtual sequence from lo up to kb (sparse_dq_order), searched in the
+        // tile's list by the warp once per tile (and per bound block). A block passes the turn on once
+        // its reductions are complete. (Passing it only after issuing the next step's would take the
+        // completion off the writer's path, but then block kb could add to step s only once block
+        // kb - 1 had reached step s + 1: the blocks of a wave would start a step apart instead of a
+        // reduction apart.) Lower blocks of a KV head launch first (sparse: window order), so every
+        // wait is on a CTA that runs or has ended.
+        const int spt = (tile_rows + RS - 1) / RS;  // sparse: steps per tile
+        const int steps = sparse ? ntiles * spt : (rows + RS - 1) / RS;
+        const sparse_dq_order dq_order{p.first_page, static_cast<std::int32_t>(p_own - p.first_page < 0 ? 0
+                                                         : p_own - p.first_page > win.pages ? win.pages
+                                                                                            : p_own - p.first_page),
+                                       (1 << p.log_page) / BN};
+        int cached_tile = -1, cached_lo = -1, below_kb = 0, below_lo = 0;
+        bool lo_attended = false;
         int i = 0;
         for (query_walk wk = walk0; !wk.done(); wk.next(), ++i) {
           const int r0 = wk.r0, r1 = wk.r1();
           const int qa = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r0)));
           const int qb = static_cast<int>(p.group_div.div(static_cast<std::uint32_t>(r1 - 1)));
           const int nb = i % Cfg::DQ_BUFS;
-          std::int32_t* const turn = p.dq_turns != nullptr ? p.dq_turns + std::int64_t(kvh) * steps + r0 / RS : nullptr;
-          if (turn != nullptr) {
+          std::int32_t* turn = nullptr;
+          if (p.dq_turns != nullptr) {
             const std::int64_t first_key = key_lower_rel(p, qa) + p.q_start - pos0;  // window-relative
             const int lo = first_key > 0 ? static_cast<int>(first_key / BN) : 0;
-            if (lane == 0) wait_turn(turn, kb - lo);
+            int my_turn = kb - lo;
+            if (!sparse) {
+              turn = p.dq_turns + std::int64_t(kvh) * steps + r0 / RS;
+            } else {
+              const int t = static_cast<int>(p.tile_rows_div.div(static_cast<std::uint32_t>(r0)));
+              turn = p.dq_turns + std::int64_t(kvh) * steps + t * spt + (r0 - t * tile_rows) / RS;
+              const std::int32_t* const list = p.tile_pages + p.tile_indptr[t];
+              const int cnt = p.tile_indptr[t + 1] - p.tile_indptr[t];
+              const auto below = [&](std::int64_t page) { return warp_lower_bound(list, cnt, page, lane); };
+              if (t != cached_tile) below_kb = dq_order.pages_below(below, page_j);
+              if (t != cached_tile || lo != cached_lo) {
+                const int lo_page = lo / dq_order.blocks_per_page;
+                below_lo = dq_order.pages_below(below, lo_page);
+                lo_attended = dq_order.attends(below, lo_page);
+              }
+              cached_tile = t;
+              cached_lo = lo;
+              my_turn = dq_order.turn(kb, lo, below_kb, below_lo, lo_attended);
+            }
+            if (lane == 0) wait_turn(turn, my_turn);
             __syncwarp();
             fence_proxy_async_global();
           }

@@ -134,10 +134,11 @@ struct plan_options {
   int order = 0;
   /// Forces this configuration (tests, benchmark); count: the plan chooses.
   kernel_config config = kernel_config::count;
-  /// Backward: the same bits on every run. The Hopper dense backward then adds each dQ step in key
-  /// block order (a turn counter per KV head and step in the workspace: backward_plan::workspace_ints)
-  /// and takes no query split, so no sum depends on which CTA finishes first. Page-sparse calls,
-  /// the portable kernels and an 8-byte aligned dq are refused (their sums are still unordered).
+  /// Backward: the same bits on every run. The Hopper backward then adds each dQ step in key block
+  /// order (a turn counter per KV head and step in the workspace: backward_plan::workspace_ints) and
+  /// takes no query split, so no sum depends on which CTA finishes first. Page-sparse calls launch
+  /// their blocks in window order and walk each query tile in steps of its own (sparse_dq_order).
+  /// The portable kernels and an 8-byte aligned dq are refused (their sums are still unordered).
   bool deterministic = false;
 };
 
@@ -152,6 +153,8 @@ struct plan_options {
 /// them; the first `ends` of that order are the ones cut into pieces. The order kernel also leaves, per
 /// past page, the bits of the tiles that select it (`tiles_of`), so that a CTA reads its walk's tiles
 /// instead of searching the tiles' lists.
+/// Deterministic calls (`window_order`): launch position o takes block o, whole walks, so that every
+/// block a dQ step waits for (a lower one: sparse_dq_order) launched before it.
 struct sparse_backward_plan {
   std::int32_t own_kb = 0;       // first key block of the chunk's own pages (from the host's q_start)
   std::int32_t own = 0;          // own key blocks
@@ -161,13 +164,17 @@ struct sparse_backward_plan {
   const std::int32_t* order = nullptr;     // device: past blocks, most selected first (nullptr: the alternation)
   const std::int32_t* selected = nullptr;  // device: how many blocks `order` lists
   const std::uint32_t* tiles_of = nullptr;  // device: per past page (window order), ceil(tiles / 32) words of tile bits
-  OOMB_HOST_DEVICE int ctas_per_head(int key_blocks) const { return (own + ends) * pieces + (key_blocks - own - ends); }
+  bool window_order = false;                 // deterministic calls: position o is block o
+  OOMB_HOST_DEVICE int ctas_per_head(int key_blocks) const {
+    return window_order ? key_blocks : (own + ends) * pieces + (key_blocks - own - ends);
+  }
   /// The key block that launch position o (within a KV head) takes, and which piece of it (-1: the
   /// whole walk); -1: none (an ordered launch's position past the selected blocks).
   OOMB_HOST_DEVICE int block_at(int o, int& piece) const {
+    piece = -1;
+    if (window_order) return o;
     const int cut = (own + ends) * pieces;
     int k;  // own block b: -1 - b; past: the position in the alternation
-    piece = -1;
     if (o < cut) {
       const int b = o / pieces;
       if (pieces > 1) piece = o - b * pieces;
@@ -199,6 +206,39 @@ struct sparse_backward_plan {
   }
 };
 
+/// The deterministic page-sparse backward's dQ order (plan_options::deterministic). Every block walks
+/// a query tile in steps of its own, counted from the tile's first row (query_walk's tile_steps), so
+/// all blocks that attend a tile cut it into the same steps, and each step has a turn counter: step k
+/// of tile t of KV head h is counter (h * tiles + t) * steps_per_tile + k (backward_plan::turn_steps).
+/// A step's contributors are the key blocks of its tile's virtual key sequence (the selected past
+/// pages inside the window, then the chunk's own pages) in window order, from the block holding the
+/// step's first bound on (block 0 without bounds), up to the causal end. Block kb adds its dQ when
+/// the contributors below it have: `turn` of them. `below(y)` says how many entries of the tile's
+/// sorted page list lie below logical page y (std::lower_bound in the CPU test, a warp's search in the
+/// kernel); a past page outside the window is never counted.
+struct sparse_dq_order {
+  std::int32_t first_page;       // the window's first logical page
+  std::int32_t own_page;         // window index of the chunk's first own page, in [0, window pages]
+  std::int32_t blocks_per_page;  // page_size / bn
+  /// Pages of the tile's virtual sequence with window index < x.
+  template <class Below>
+  OOMB_HOST_DEVICE int pages_below(const Below& below, int x) const {
+    const int past = x < own_page ? x : own_page;
+    return below(first_page + past) - below(first_page) + (x > own_page ? x - own_page : 0);
+  }
+  /// Whether the tile attends window page x.
+  template <class Below>
+  OOMB_HOST_DEVICE bool attends(const Below& below, int x) const {
+    return x >= own_page || below(first_page + x + 1) > below(first_page + x);
+  }
+  /// The turn of block kb (a contributor: its page attended, kb >= lo, the block of the step's first
+  /// bound), given pages_below of kb's page and of lo's, and whether lo's page is attended.
+  OOMB_HOST_DEVICE int turn(int kb, int lo, int below_kb_page, int below_lo_page, bool lo_page_attended) const {
+    return (below_kb_page - below_lo_page) * blocks_per_page - (lo_page_attended ? lo % blocks_per_page : 0) +
+           kb % blocks_per_page;
+  }
+};
+
 /// One forward call's launch: the configuration, the cluster split and the grid's row blocks.
 struct forward_plan {
   call_shape shape;
@@ -227,6 +267,13 @@ struct backward_plan {
   /// Steps of step_rows packed query rows per KV head.
   std::int64_t query_steps() const {
     return step_rows > 0 ? (std::int64_t(shape.sq) * shape.group() + step_rows - 1) / step_rows : 0;
+  }
+  /// Deterministic calls: the dQ turn counters per KV head, one per step: query_steps() dense; sparse,
+  /// where each tile is walked in steps of its own (sparse_dq_order), tiles * ceil(tile rows / step_rows).
+  std::int64_t turn_steps() const {
+    if (!shape.sparse) return query_steps();
+    const std::int64_t tiles = (shape.sq + shape.tile - 1) / shape.tile, tile_rows = std::int64_t(shape.tile) * shape.group();
+    return step_rows > 0 ? tiles * ((tile_rows + step_rows - 1) / step_rows) : 0;
   }
 };
 
@@ -413,10 +460,9 @@ inline backward_plan plan_backward(const call_shape& s, const device_facts& f, c
   }
   const int query_tiles = static_cast<int>(p.query_steps());
   if (o.deterministic) {
-    // The kernel orders dQ by key block on dense calls, where every step's contributors are a run of
-    // consecutive blocks; only the writer warp's configurations reduce a step from one thread group.
-    OOMB_EXPECTS(!s.sparse, "plan_backward (deterministic): page-sparse calls are not supported yet (their dQ sums are "
-                 "not ordered); use a dense call");
+    // The kernel orders dQ by key block: dense, every step's contributors are a run of consecutive
+    // blocks; sparse, the blocks of the tile's virtual sequence (sparse_dq_order), launched in window
+    // order. Only the writer warp's configurations reduce a step from one thread group.
     OOMB_EXPECTS(t.hopper, "plan_backward (deterministic): needs the Hopper backward (an sm_90 GPU with sm_90a code and "
                  "pages of >= 128 tokens); the portable kernels add dQ in arbitrary order");
     OOMB_EXPECTS(s.dq_aligned16 && p.config != kernel_config::backward_hopper_d64_unaligned &&
@@ -429,7 +475,12 @@ inline backward_plan plan_backward(const call_shape& s, const device_facts& f, c
                  o.split);
     p.deterministic = true;
     p.query_split = 1;
-    p.workspace_ints = std::int64_t(s.hkv) * p.query_steps();
+    if (s.sparse) {
+      p.sparse = detail::make_sparse_backward_plan(s, p.key_blocks, t.bn, false);
+      p.sparse.window_order = true;
+      p.ctas_per_head = p.key_blocks;
+    }
+    p.workspace_ints = std::int64_t(s.hkv) * p.turn_steps();
     return p;
   }
   if (o.split > 0)
