@@ -55,8 +55,9 @@ typedef struct {
   /* Packed documents (v2): device int64 [sq], query i attends only keys at positions >=
    * key_lower[i] (non-decreasing, at most q_start + i; not checked on the device); NULL = one document. */
   const int64_t* key_lower;
-  /* v3: nonzero: the backward adds dQ in a fixed order, the same bits on every run (dense calls on
-   * the Hopper kernels: pages >= 128 tokens; others are refused). Its workspace is then required. */
+  /* v3: nonzero: the backward adds dQ in a fixed order, the same bits on every run (the Hopper
+   * kernels, dense or page-sparse: pages >= 128 tokens; others are refused). Its workspace is then
+   * required. */
   int32_t deterministic;
 } oomb_cuda_attention_args;
 

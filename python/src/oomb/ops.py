@@ -17,7 +17,7 @@ tile_pages, tile, own_ids=None) -> (o, lse)``
     ``key_lower`` (int64 [sq], optional): packed documents; query i attends only keys at positions
     ``>= key_lower[i]``, the start of its document (non-decreasing, at most ``q_start + i``):
     block-diagonal causal attention. Every attention op below takes it, then ``deterministic``
-    (default False): on CUDA the backward adds dQ in a fixed order (dense Hopper calls, pages of >= 128
+    (default False): on CUDA the backward adds dQ in a fixed order (the Hopper kernels, pages of >= 128
     tokens; ``oomb::attention::plan_options::deterministic``), so its gradients are the same bits on
     every run; the CPU path always is.
 ``oomb::attention_backward(...) -> (dq, dk, dv)``, mutates ``grad_pool``: that backward as an op.
