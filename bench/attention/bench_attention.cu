@@ -14,7 +14,8 @@
 // documents of about L tokens each, the public entries with per-document bounds over the whole and
 // the trimmed window against the same calls without, time per attended key pair, and the trimmed
 // backward at query splits 1-4). On Hopper every shape also times the public backward planned
-// deterministic (plan_options::deterministic) beside the default.
+// deterministic (plan_options::deterministic) beside the default, dense and (the 256K sparse run)
+// page-sparse.
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 #include <cmath>
@@ -355,6 +356,7 @@ struct sparse_timing {
   timing bwd_hs1;  // the public entry's kernel in hs1's launch order: no walk cut into pieces (order_hint 3)
   timing bwd_no_ws;  // the public entry without a workspace: past blocks in the window-ends-first order (hs1's), long walks in pieces
   timing bwd_packed;  // the wide-group configuration (steps of BM packed rows that straddle queries) with the workspace
+  timing bwd_det;     // the public backward planned deterministic (window order, each tile in steps of its own)
 };
 
 /// One launch of the sparse backward's public configuration in launch order `order` (0: the default with a
@@ -421,6 +423,15 @@ sparse_timing time_sparse(const problem& p, int reps) {
     attn_test::backward(a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, nullptr, {}, backward_kernels);
   });
   if (gpu::detail::current_device_is_sm90()) {
+    gpu::plan_options det;
+    det.deterministic = true;
+    const auto det_plan = gpu::plan_backward(gpu::call_shape::of(a, dq.p), attn_test::facts(), det);
+    dev<std::int32_t> det_ws(static_cast<std::size_t>(det_plan.workspace_ints));
+    t.bwd_det = time_ms(1, reps, [&] {
+      gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
+      gpu::backward(det_plan, a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads, {det_ws.p, det_plan.workspace_ints},
+                    nullptr);
+    });
     t.bwd_hs1 = time_ms(1, reps, [&] {
       gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
       if (c.d == 128)
@@ -689,26 +700,29 @@ int main(int argc, char** argv) {
                 trace_sparse(p, order, std::string(s.name) + (pool > 0 ? " pool" : " random"), tf);
             const double tf_f = fl_f / st.fwd.median / 1e9, tf_b = 2.5 * fl_f / st.bwd.median / 1e9;
             auto tf = [&](double ms) { return ms > 0 ? 2.5 * fl_f / ms / 1e9 : 0.0; };
-            const double tf_b0 = tf(st.bwd_hs1.median), tf_bi = tf(st.bwd_no_ws.median), tf_bp = tf(st.bwd_packed.median);
+            const double tf_b0 = tf(st.bwd_hs1.median), tf_bi = tf(st.bwd_no_ws.median), tf_bp = tf(st.bwd_packed.median),
+                         tf_bd = tf(st.bwd_det.median);
             const double dense_f = flops_fwd / paged.fwd.median / 1e9, dense_b = flops_bwd / paged.bwd.median / 1e9;
             const std::string sel = "64 pages + sink 1 + local 8 per 128-query tile, drawn from " +
                                     (pool > 0 ? "a shared pool of " + std::to_string(pool) + " pages" : std::string("every past page"));
             std::printf("  [sparse %s 256K past, %s (%lld past keys), TFLOP/s over attended keys: fwd %.1f (%.3fx dense %.1f) | "
                         "bwd %.1f (%.3fx dense %.1f) | no workspace (ends first) %.1f (%.3fx) | hs1's order, no walk in "
-                        "pieces %.1f (%.3fx) | packed-row steps %.1f (%.3fx)]\n",
+                        "pieces %.1f (%.3fx) | packed-row steps %.1f (%.3fx) | deterministic %.1f (%.3fx the default's time)]\n",
                         s.name, sel.c_str(), (long long)keys, tf_f, tf_f / dense_f, dense_f, tf_b, tf_b / dense_b, dense_b,
-                        tf_bi, tf_bi / dense_b, tf_b0, tf_b0 / dense_b, tf_bp, tf_bp / dense_b);
+                        tf_bi, tf_bi / dense_b, tf_b0, tf_b0 / dense_b, tf_bp, tf_bp / dense_b, tf_bd,
+                        st.bwd_det.median / st.bwd.median);
             if (jf != nullptr)
               std::fprintf(jf,
                            "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"sparse\": \"%s\", "
                            "\"pool\": %d, \"attended_past_keys\": %lld, \"tflops_median_min_max\": "
                            "{\"fwd_sparse\": [%f, %f, %f], \"bwd_sparse\": [%f, %f, %f], \"bwd_sparse_no_workspace\": [%f, %f, %f], "
-                           "\"bwd_sparse_hs1_order\": [%f, %f, %f], \"bwd_sparse_packed_rows\": [%f, %f, %f]}, "
+                           "\"bwd_sparse_hs1_order\": [%f, %f, %f], \"bwd_sparse_packed_rows\": [%f, %f, %f], "
+                           "\"bwd_sparse_deterministic\": [%f, %f, %f]}, "
                            "\"fwd_dense_paged_median\": %f, \"bwd_dense_paged_median\": %f}\n",
                            s.name, (long long)past, sq, r, sel.c_str(), pool, (long long)keys, tf_f, fl_f / st.fwd.hi / 1e9,
                            fl_f / st.fwd.lo / 1e9, tf_b, tf(st.bwd.hi), tf(st.bwd.lo), tf_bi, tf(st.bwd_no_ws.hi),
                            tf(st.bwd_no_ws.lo), tf_b0, tf(st.bwd_hs1.hi), tf(st.bwd_hs1.lo), tf_bp, tf(st.bwd_packed.hi),
-                           tf(st.bwd_packed.lo), dense_f, dense_b);
+                           tf(st.bwd_packed.lo), tf_bd, tf(st.bwd_det.hi), tf(st.bwd_det.lo), dense_f, dense_b);
             std::fflush(stdout);
             p.c.sparse = false;
             p.tile_indptr.clear();
