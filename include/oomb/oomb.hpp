@@ -64,9 +64,12 @@
 #include "oomb/sparse/sparse_page_table.hpp"
 #include "oomb/sparse/tile_selector.hpp"
 
-// attention: what one paged attention call works on, its plan, the CPU reference every kernel is checked
-// against, and the RoPE table the K/V page writes read (the kernels are under oomb/attention/*.cuh)
+// attention: what one paged attention call works on, its plan, the Hopper backward's walk over query
+// rows (host logic the kernels share), the CPU reference every kernel is checked against, and the RoPE
+// table the K/V page writes read (the kernels are under oomb/attention/*.cuh)
 #include "oomb/attention/args.hpp"
+#include "oomb/attention/fast_divmod.hpp"
 #include "oomb/attention/plan.hpp"
+#include "oomb/attention/query_walk.hpp"
 #include "oomb/attention/reference.hpp"
 #include "oomb/attention/rope_table.hpp"

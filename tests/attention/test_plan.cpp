@@ -1,14 +1,20 @@
 // oomb tests — the attention plan (oomb/attention/plan.hpp) on the CPU: which kernel configuration a
 // call gets on a device of given facts, the splits that fill the GPU's last wave, the sparse
-// launch order and workspace, and the refusals. No GPU needed: the facts are written by hand.
+// launch order and workspace, and the refusals; and the Hopper backward's host logic: fast_divmod,
+// the query walk, the sparse launch plan's coverage and the deterministic sparse backward's dQ
+// turns. No GPU needed: the facts are written by hand.
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
+#include <numeric>
 #include <random>
 #include <vector>
 
+#include <oomb/attention/fast_divmod.hpp>
 #include <oomb/attention/plan.hpp>
+#include <oomb/attention/query_walk.hpp>
 
 namespace {
 
@@ -316,4 +322,250 @@ TEST_CASE("attention plan: the deterministic sparse backward's dQ turns count th
     }
   }
   CHECK(checked > 10000);
+}
+
+TEST_CASE("attention: fast_divmod is exact") {
+  for (std::uint32_t d = 1; d <= 200; ++d) {
+    const att::detail::fast_divmod f(d);
+    bool ok = true;
+    for (std::uint32_t n = 0; n < 100000; ++n) ok = ok && f.div(n) == n / d;
+    for (std::uint32_t n : {0x7fffffffu, 0x7ffffffeu, 0x40000000u, 123456789u}) ok = ok && f.div(n) == n / d;
+    INFO("d = ", d);
+    CHECK(ok);
+  }
+}
+
+TEST_CASE("attention: the Hopper backward's query walk covers the selected tiles' rows once, no others") {
+  // query_walk (query_walk.hpp), run on the host: over random selections (1..100 tiles, so one to
+  // four words of bits), GQA groups, step heights (whole-query steps that do not divide a tile, as
+  // hb6's 77 of 80 rows at group 7, and 64/80/128-row cp.async steps), first rows and query splits,
+  // the steps of all split CTAs together must hold every row of a selected tile from the first row on
+  // exactly once and never a row of an unselected tile (so no step straddles one), each step at most
+  // rs rows, starting on a whole query where rs is whole queries. Dense: every row from the first on.
+  // tile_steps (deterministic sparse calls): besides, each step lies in one tile and starts k * rs
+  // rows after the tile's first, so that all blocks cut a tile into the same steps.
+  std::mt19937 rng(12);
+  int walks = 0;
+  bool ok = true;
+  for (int trial = 0; trial < 3000 && ok; ++trial) {
+    const int group = std::array<int, 5>{1, 2, 5, 7, 8}[trial % 5];
+    const int tile = 128 * (1 + static_cast<int>(rng() % 2)) / std::gcd(128, group);  // tile * group: a multiple of 128
+    const int ntiles = 1 + static_cast<int>(rng() % 100);
+    const int sq = (ntiles - 1) * tile + 1 + static_cast<int>(rng() % tile);
+    const int rows = sq * group, tile_rows = tile * group;
+    const int bm = std::array<int, 3>{64, 80, 128}[rng() % 3];
+    const bool whole = rng() % 2 == 0 && group <= bm;
+    const int rs = whole ? bm / group * group : bm;
+    const bool dense = trial % 7 == 0;
+    const double keep = std::array<double, 3>{0.1, 0.5, 0.9}[rng() % 3];
+    std::vector<std::uint32_t> sel(4, 0u);  // up to 128 tiles
+    std::vector<char> on(static_cast<std::size_t>(ntiles));
+    for (int t = 0; t < ntiles; ++t) {
+      on[static_cast<std::size_t>(t)] = dense || std::uniform_real_distribution<double>(0, 1)(rng) < keep;
+      if (on[static_cast<std::size_t>(t)]) sel[static_cast<std::size_t>(t >> 5)] |= 1u << (t & 31);
+    }
+    const int first_row = static_cast<int>(rng() % static_cast<std::uint32_t>(rows));
+    const int split = 1 + static_cast<int>(rng() % 4);
+    const bool tile_steps = !dense && rng() % 2 == 0;
+    const att::detail::fast_divmod tile_div(static_cast<std::uint32_t>(tile_rows));
+    std::vector<int> seen(static_cast<std::size_t>(rows), 0);
+    for (int z = 0; z < split; ++z)
+      for (att::detail::query_walk wk(dense ? nullptr : sel.data(), ntiles, tile_rows, tile_div, rows, rs, first_row, z,
+                                      split, tile_steps);
+           !wk.done(); wk.next()) {
+        const int r0 = wk.r0, r1 = wk.r1();
+        ok = ok && r0 < r1 && r1 - r0 <= rs && r1 <= rows && (!whole || r0 % group == 0);
+        ok = ok && (!tile_steps || ((r0 % tile_rows) % rs == 0 && (r1 - 1) / tile_rows == r0 / tile_rows));
+        for (int r = r0; ok && r < r1; ++r) {
+          ++seen[static_cast<std::size_t>(r)];
+          ok = on[static_cast<std::size_t>(r / tile_rows)] != 0;
+        }
+        ++walks;
+      }
+    for (int r = 0; ok && r < rows; ++r) {  // (rows of unselected tiles were refused above)
+      const int n = seen[static_cast<std::size_t>(r)];
+      // rows before first_row may ride along in its step (the causal mask zeroes them): at most once
+      ok = r >= first_row && on[static_cast<std::size_t>(r / tile_rows)] ? n == 1 : n <= 1;
+    }
+    INFO("trial ", trial, ": group ", group, ", tile ", tile, ", tiles ", ntiles, ", rs ", rs, ", first row ", first_row,
+         ", split ", split, dense ? ", dense" : "", tile_steps ? ", tile steps" : "");
+    CHECK(ok);
+  }
+  CHECK(walks > 10000);
+}
+
+TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block once, a cut one in pieces") {
+  // make_sparse_backward_plan and sparse_backward_plan (plan.hpp), on the host, over windows of 1..300
+  // blocks of 128 keys (pages of 128 and 256 keys) with none to all of them the chunk's own, 1..80 query
+  // tiles: the launch positions of a KV head take every block of the window; an own block and the first
+  // `ends` past blocks of the alternation (the window's first ceil(ends / 2) and last floor(ends / 2)
+  // past blocks: sink and local pages) in `pieces` positions, one per piece, any other block in one
+  // with the whole walk; and a cut block's pieces, each walking its rows (piece_rows) of a random
+  // selection, hold every selected row from the block's first row on exactly once.
+  std::mt19937 rng(21);
+  int cut_blocks = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int ps = trial % 2 == 0 ? 128 : 256, group = std::array<int, 3>{1, 4, 7}[trial % 3];
+    const int window_pages = 1 + static_cast<int>(rng() % (300 * 128 / ps));
+    const int own_pages = static_cast<int>(rng() % static_cast<std::uint32_t>(window_pages + 1));
+    att::call_shape a;
+    a.page_size = ps;
+    a.first_page = static_cast<int>(rng() % 5);
+    a.window_pages = window_pages;
+    a.q_start = std::int64_t(a.first_page + window_pages - own_pages) * ps;
+    a.sparse = true;
+    a.tile = 128;
+    a.sq = 1 + static_cast<int>(rng() % (80 * 128));
+    const int key_blocks = window_pages * ps / 128;
+    const auto plan = att::detail::make_sparse_backward_plan(a, key_blocks, 128, trial % 11 != 0);
+    const int tiles = (a.sq + a.tile - 1) / a.tile, npast = key_blocks - plan.own;
+    INFO("trial ", trial, ": page ", ps, ", blocks ", key_blocks, ", own ", plan.own, ", tiles ", tiles, ", pieces ",
+         plan.pieces, " of ", plan.piece_tiles, " tiles, ends ", plan.ends);
+    REQUIRE(plan.own_kb == npast);
+    REQUIRE(plan.own == own_pages * ps / 128);
+    REQUIRE((plan.pieces == 1 || plan.pieces * plan.piece_tiles >= tiles));
+    REQUIRE((plan.pieces == 1 || (plan.pieces - 1) * plan.piece_tiles < tiles));  // a past block's pieces all hold tiles
+    std::vector<std::vector<int>> pieces_of(static_cast<std::size_t>(key_blocks));
+    bool ok = true;
+    for (int o = 0; o < plan.ctas_per_head(key_blocks) && ok; ++o) {
+      int piece = 0;
+      const int kb = plan.block_at(o, piece);
+      ok = kb >= 0 && kb < key_blocks;
+      if (ok) pieces_of[static_cast<std::size_t>(kb)].push_back(piece);
+    }
+    REQUIRE(ok);
+    int bad = -1;  // the first block that fails
+    for (int kb = 0; kb < key_blocks && ok; ++kb) {
+      bad = kb;
+      const bool cut = plan.pieces > 1 && (kb >= npast || kb < (plan.ends + 1) / 2 || kb >= npast - plan.ends / 2);
+      auto got = pieces_of[static_cast<std::size_t>(kb)];
+      std::sort(got.begin(), got.end());
+      std::vector<int> want(1, -1);
+      if (cut) {
+        want.resize(static_cast<std::size_t>(plan.pieces));
+        std::iota(want.begin(), want.end(), 0);
+      }
+      ok = got == want;
+      if (!cut || !ok) continue;
+      // the pieces' walks of a random selection, steps of 77 rows (hb6's whole queries at group 7)
+      ++cut_blocks;
+      const int tile_rows = a.tile * group, rows = a.sq * group, rs = 128 / group * group;
+      const int first_row = kb >= npast ? std::min(rows - 1, (kb - npast) * 128 * group) : 0;
+      std::vector<std::uint32_t> sel(128, 0u);
+      for (int t = 0; t < tiles; ++t)
+        if (kb >= npast || rng() % 2 == 0) sel[static_cast<std::size_t>(t >> 5)] |= 1u << (t & 31);
+      std::vector<int> seen(static_cast<std::size_t>(rows), 0);
+      for (int piece = 0; piece < plan.pieces; ++piece) {
+        int begin = 0, end = 0;
+        plan.piece_rows(piece, tile_rows, first_row / tile_rows, first_row, rows, begin, end);
+        if (begin >= end) continue;
+        for (att::detail::query_walk wk(sel.data(), tiles, tile_rows,
+                                        att::detail::fast_divmod(static_cast<std::uint32_t>(tile_rows)), end, rs, begin, 0, 1);
+             !wk.done(); wk.next())
+          for (int r = wk.r0; r < wk.r1(); ++r) ++seen[static_cast<std::size_t>(r)];
+      }
+      for (int r = 0; r < rows; ++r) {
+        const bool on = (sel[static_cast<std::size_t>(r / tile_rows >> 5)] >> (r / tile_rows & 31)) & 1u;
+        const int n = seen[static_cast<std::size_t>(r)];
+        ok = ok && (r >= first_row && on ? n == 1 : n <= 1 && (on || n == 0));
+      }
+    }
+    INFO("block ", bad);
+    CHECK(ok);
+  }
+  CHECK(cut_blocks > 1000);
+}
+
+TEST_CASE("attention: the deterministic sparse backward gives each step's blocks the turns 0, 1, 2, ... in key block order") {
+  // The whole protocol on the host, as the kernel runs it: for random page-sparse calls (GQA groups,
+  // whole-query steps that do not divide a tile, pages of one or two key blocks, windows that start
+  // past page 0, documents or none), every key block of the window walks the rows the kernel gives it
+  // (causal start, the reach of its documents, its page's tiles) in tile steps (query_walk), and
+  // takes at each step the turn sparse_dq_order gives it. Each step's counter must then see the
+  // turns 0 .. n-1 exactly once, rising with the block: no block waits for a turn nobody takes (a
+  // hang), none shares one (an unordered sum), and the order is the blocks'. Counters stay inside
+  // backward_plan::turn_steps().
+  std::mt19937 rng(77);
+  constexpr int BN = 128;
+  int steps_checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int group = std::array<int, 5>{1, 2, 4, 5, 7}[trial % 5];
+    const int tile = 128 / std::gcd(128, group) * (1 + static_cast<int>(rng() % 2));
+    const int rs = std::array<int, 2>{80, 128}[rng() % 2] / group * group;  // whole-query steps
+    const int bpp = 1 + static_cast<int>(rng() % 2), page = bpp * BN;
+    const int first_page = static_cast<int>(rng() % 4);
+    const int sq = 1 + static_cast<int>(rng() % (6 * tile));
+    const int own_pages = (sq + page - 1) / page;
+    const int past_pages = static_cast<int>(rng() % 24);
+    const int pages = past_pages + own_pages;
+    const std::int64_t q_start = std::int64_t(first_page + past_pages) * page, pos0 = std::int64_t(first_page) * page;
+    const int ntiles = (sq + tile - 1) / tile, rows = sq * group, tile_rows = tile * group;
+    // each tile's sorted list: random past pages, some before the window
+    std::vector<std::vector<std::int32_t>> lists(static_cast<std::size_t>(ntiles));
+    for (auto& l : lists)
+      for (int pg = 0; pg < first_page + past_pages; ++pg)
+        if (rng() % 3 == 0) l.push_back(pg);
+    // documents: non-decreasing starts, each at most its own position
+    std::vector<std::int64_t> lower(static_cast<std::size_t>(sq), 0);
+    if (trial % 3 == 0) {
+      std::int64_t start = 0;
+      for (int i = 0; i < sq; ++i) {
+        if (rng() % 97 == 0) start = q_start + i - static_cast<std::int64_t>(rng() % 300);
+        start = std::max<std::int64_t>(start, lower[static_cast<std::size_t>(std::max(i - 1, 0))]);
+        lower[static_cast<std::size_t>(i)] = std::min<std::int64_t>(start, q_start + i);
+      }
+    }
+    const att::sparse_dq_order order{first_page, past_pages, bpp};
+    const att::detail::fast_divmod tile_div(static_cast<std::uint32_t>(tile_rows));
+    const int spt = (tile_rows + rs - 1) / rs;
+    std::vector<std::vector<std::pair<int, int>>> turns(static_cast<std::size_t>(ntiles * spt));  // (block, turn)
+    bool inside = true;
+    for (int kb = 0; kb < pages * bpp; ++kb) {
+      const std::int64_t kmin = pos0 + std::int64_t(kb) * BN, first_q = kmin - q_start;
+      if (first_q >= sq) continue;
+      const int row_begin = static_cast<int>(std::max<std::int64_t>(first_q, 0)) * group;
+      int reach = 0;  // the first query whose document starts after the block's last key
+      while (reach < sq && lower[static_cast<std::size_t>(reach)] <= kmin + BN - 1) ++reach;
+      const int row_end = std::min(rows, reach * group);
+      if (row_begin >= row_end) continue;
+      const int page_j = kb / bpp;
+      const bool past = page_j < past_pages;
+      const int ta = row_begin / tile_rows, tb = (row_end - 1) / tile_rows + 1;
+      std::vector<std::uint32_t> sel(4, 0u);
+      for (int t = ta; t < tb; ++t) {
+        const auto& l = lists[static_cast<std::size_t>(t)];
+        if (!past || std::binary_search(l.begin(), l.end(), first_page + page_j))
+          sel[static_cast<std::size_t>(t >> 5)] |= 1u << (t & 31);
+      }
+      for (att::detail::query_walk wk(sel.data(), ntiles, tile_rows, tile_div, row_end, rs, row_begin, 0, 1, true);
+           !wk.done(); wk.next()) {
+        const int r0 = wk.r0, qa = r0 / group, t = r0 / tile_rows;
+        const std::int64_t first_key = lower[static_cast<std::size_t>(qa)] - pos0;
+        const int lo = first_key > 0 ? static_cast<int>(first_key / BN) : 0;
+        const auto& l = lists[static_cast<std::size_t>(t)];
+        const auto below = [&](std::int64_t y) {
+          return static_cast<int>(std::lower_bound(l.begin(), l.end(), y) - l.begin());
+        };
+        const int counter = t * spt + (r0 - t * tile_rows) / rs;
+        inside = inside && counter < ntiles * spt;
+        turns[static_cast<std::size_t>(counter)].emplace_back(
+            kb, order.turn(kb, lo, order.pages_below(below, page_j), order.pages_below(below, lo / bpp),
+                           order.attends(below, lo / bpp)));
+      }
+    }
+    INFO("trial " << trial << ": group " << group << ", tile " << tile << ", rs " << rs << ", blocks per page " << bpp
+                  << ", first page " << first_page << ", past pages " << past_pages << ", sq " << sq
+                  << (trial % 3 == 0 ? ", documents" : ""));
+    CHECK(inside);
+    for (std::size_t s = 0; s < turns.size(); ++s) {
+      auto& v = turns[s];
+      std::sort(v.begin(), v.end());
+      bool ok = true;
+      for (std::size_t i = 0; i < v.size(); ++i) ok = ok && v[i].second == static_cast<int>(i);
+      INFO("step counter " << s << " of " << v.size() << " blocks");
+      CHECK(ok);
+      steps_checked += !v.empty();
+    }
+  }
+  CHECK(steps_checked > 5000);
 }

@@ -13,6 +13,7 @@
 #include "oomb/core/bf16.hpp"
 #include "oomb/paging/views.hpp"
 
+#include "oomb/attention/fast_divmod.hpp"
 #include "oomb/attention/plan.hpp"
 #include "oomb/attention/ptx.cuh"
 
