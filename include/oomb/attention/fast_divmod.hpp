@@ -1,6 +1,5 @@
 // oomb — division by a run-time divisor as a multiply and a shift, for the attention kernels' row
-// arithmetic (packed rows to queries and heads, rows to sparse tiles). Host and device, so tests
-// check it on the host.
+// arithmetic (packed rows to queries and heads, rows to sparse tiles).
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
