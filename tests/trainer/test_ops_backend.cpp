@@ -43,14 +43,25 @@ struct bad_residency : cpu_ops<float> {
   using residency_backend = int;
 };
 
+// The CPU backend without the model's types: an attention backend (paged_attention runs over it,
+// as the package's GPU path runs over cuda_attention_ops), not an ops backend.
+class attention_only : public cpu_ops<float> {
+  using params_type = void;  // private: hides the base's type from the trait
+};
+
 }  // namespace
 
-TEST_CASE("ops backend: the trait accepts the CPU backends and rejects incomplete ones") {
+TEST_CASE("ops backend: the traits accept the CPU backends and reject incomplete ones") {
   static_assert(oomb_trainer::is_ops_backend_v<cpu_ops<double>>);
   static_assert(oomb_trainer::is_ops_backend_v<cpu_ops<float, oomb::bf16, float>>);
   CHECK_FALSE(oomb_trainer::is_ops_backend_v<int>);
   CHECK_FALSE(oomb_trainer::is_ops_backend_v<types_only>);
   CHECK_FALSE(oomb_trainer::is_ops_backend_v<bad_residency>);
+  static_assert(oomb_trainer::is_attention_backend_v<cpu_ops<double>>);
+  CHECK_FALSE(oomb_trainer::is_attention_backend_v<bad_residency>);
+  CHECK_FALSE(oomb_trainer::is_attention_backend_v<types_only>);
+  CHECK(oomb_trainer::is_attention_backend_v<attention_only>);
+  CHECK_FALSE(oomb_trainer::is_ops_backend_v<attention_only>);
 }
 
 TEST_CASE("cpu backend: write_pages and add_from_pages move rows exactly, bf16 pages round as oomb::bf16") {

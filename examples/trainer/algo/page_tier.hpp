@@ -58,7 +58,7 @@ struct bf16_home_residency {
 /// The pages of one far pool of element X, as backend B's kernels reach them.
 template <class B, class X, class Eviction = oomb::lru_eviction>
 class page_tier {
-  static_assert(is_ops_backend_v<B>, "page_tier needs an ops backend");
+  static_assert(is_attention_backend_v<B>, "page_tier needs an attention backend");
   using residency = typename B::residency_backend;
   using scheduler = oomb::residency_scheduler<residency, Eviction>;
   using bf16_home = detail::bf16_home_residency<B, X>;

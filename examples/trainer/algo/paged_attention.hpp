@@ -67,7 +67,7 @@ struct has_wait_seconds<Selector, std::void_t<decltype(double(std::declval<const
 /// Eviction: the K/V scheduler's policy (oomb::lru_eviction or oomb::belady_eviction).
 template <class B, class Eviction = oomb::lru_eviction>
 class paged_attention {
-  static_assert(is_ops_backend_v<B>, "paged_attention needs an ops backend");
+  static_assert(is_attention_backend_v<B>, "paged_attention needs an attention backend");
   using T = typename B::value_type;
   using S = typename B::stat_type;
   using E = typename B::kv_type;

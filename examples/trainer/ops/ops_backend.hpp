@@ -140,12 +140,10 @@ struct window_table {
 
 namespace detail {
 template <class B, class = void>
-struct is_ops_backend : std::false_type {};
+struct is_attention_backend : std::false_type {};
 template <class B>
-struct is_ops_backend<
+struct is_attention_backend<
     B, std::void_t<typename B::value_type, typename B::stat_type, typename B::kv_type, typename B::grad_type,
-                   typename B::template buffer<typename B::value_type>, typename B::params_type,
-                   typename B::grads_type, typename B::rope_type,
                    typename B::residency_backend::compute_stream_type, typename B::selector_type,
                    decltype(std::declval<B&>().compute()), decltype(std::declval<B&>().copy_in()),
                    decltype(std::declval<B&>().copy_out()), decltype(std::declval<B&>().far_memory()),
@@ -178,13 +176,25 @@ struct is_ops_backend<
     : std::bool_constant<oomb::is_residency_backend_v<typename B::residency_backend> &&
                          std::is_same_v<decltype(std::declval<B&>().compute()),
                                         typename B::residency_backend::compute_stream_type>> {};
+
+template <class B, class = void>
+struct has_dense_types : std::false_type {};
+template <class B>
+struct has_dense_types<B, std::void_t<typename B::template buffer<typename B::value_type>, typename B::params_type,
+                                      typename B::grads_type, typename B::rope_type>> : std::true_type {};
 }  // namespace detail
 
-/// True when B is an ops backend (see the file comment). Checks the types and the page and
-/// attention ops (the part of the seam a new backend most easily gets wrong); the dense ops are
-/// checked where the model calls them.
+/// True when B is an attention backend: the types, the residency, the page ops and the attention
+/// over windows of the file comment, what algo/page_tier.hpp and algo/paged_attention.hpp use (the
+/// Python package's GPU path runs them over one, cuda/cuda_attention_ops.cuh).
 template <class B>
-inline constexpr bool is_ops_backend_v = detail::is_ops_backend<B>::value;
+inline constexpr bool is_attention_backend_v = detail::is_attention_backend<B>::value;
+
+/// True when B is an ops backend (see the file comment): an attention backend with the model's
+/// buffer, parameter and RoPE types. Checks the types and the page and attention ops (the part of
+/// the seam a new backend most easily gets wrong); the dense ops are checked where the model calls them.
+template <class B>
+inline constexpr bool is_ops_backend_v = is_attention_backend_v<B> && detail::has_dense_types<B>::value;
 
 namespace detail {
 template <class B, class = void>
