@@ -8,9 +8,12 @@ Prints one JSON object per length in strong_baseline.py's shape ("len", "s", "to
 "peak_bytes") plus the device's own view ("device_used_bytes": cudaMemGetInfo's total - free at the
 end of the step, CUDA context and torch's cache included) and the pools' bytes; with --jsonl appends
 rows in the results format (system "oomb-torch", phase "fwd_bwd"). The pools come from torch's
-caching allocator, so max_memory_allocated counts everything oomb allocates on the device.
+caching allocator, so max_memory_allocated counts everything oomb allocates on the device; with
+--offload or --sparse-budget the pages are the session's (oomb.paged_cuda: device slots from
+cudaMalloc, homes in host memory), so device_used_bytes is the figure that tells flatness.
 
   python bench_driver.py --config configs/qwen2.5-7b.json --lengths 32768 131072 --chunk 4096 --jsonl out.jsonl
+  python bench_driver.py ... --offload pageable [--near-pages N] [--sparse-budget 64]
 """
 import argparse
 import datetime
@@ -21,7 +24,7 @@ import time
 import torch
 import transformers
 
-from oomb.torch import ChunkRecurrent
+from oomb.torch import ChunkRecurrent, Offload, SparseConfig
 
 
 def build(config_path: str):
@@ -49,6 +52,12 @@ def main():
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--keep", action="store_true", help="keep stage 1's attention outputs for stage 2 "
                     "(ChunkRecurrent(keep_attention_outputs=True))")
+    ap.add_argument("--offload", choices=["pinned", "pageable"], default=None,
+                    help="stream the pages through device slots from homes in this host memory")
+    ap.add_argument("--near-pages", type=int, default=0,
+                    help="offload: K/V slots (as many gradient slots); 0: the C++ trainer's default")
+    ap.add_argument("--sparse-budget", type=int, default=None,
+                    help="page-sparse attention: scored past pages per 128-query tile (sink 1, local 1)")
     ap.add_argument("--jsonl", default="")
     ap.add_argument("--deadline-s", type=float, default=500, help="skip lengths once this much time has passed")
     ap.add_argument("--commit", default="")
@@ -56,10 +65,19 @@ def main():
     name = a.name or a.config.rsplit("/", 1)[-1].removesuffix(".json")
     t_start = time.time()
     model, cfg = build(a.config)
-    cr = ChunkRecurrent(model, chunk=a.chunk, page=a.page, max_tokens=max(a.lengths), keep_attention_outputs=a.keep)
-    pools = cr.store.kv_pool.numel() * 2 + cr.store.grad_pool.numel() * 4
+    sparse = SparseConfig(budget=a.sparse_budget) if a.sparse_budget is not None else None
+    offload = None
+    if a.offload:
+        # The C++ trainer's default_near_pages: two windows, each twice a chunk's pages (at least
+        # 128) dense, or a chunk's pages and 16 (B + S + L) selected ones sparse.
+        own = a.chunk // a.page
+        window = own + 16 * (sparse.budget + 2) if sparse else max(2 * own, 128)
+        offload = Offload(kv_slots=a.near_pages or 2 * window, homes=a.offload)
+    cr = ChunkRecurrent(model, chunk=a.chunk, page=a.page, max_tokens=max(a.lengths), keep_attention_outputs=a.keep,
+                        sparse=sparse, offload=offload)
+    pools = cr.store.kv_pool.numel() * 2 + cr.store.grad_pool.numel() * 4 if cr.store is not None else 0
     print(json.dumps({"model": name, "built_s": round(time.time() - t_start, 1), "pool_bytes": pools,
-                      "keep_attention_outputs": a.keep}), flush=True)
+                      "keep_attention_outputs": a.keep, "offload": str(offload), "sparse": str(sparse)}), flush=True)
 
     def step(n):
         ids = torch.randint(0, cfg.vocab_size, (1, n), device="cuda")
@@ -84,6 +102,8 @@ def main():
                        "peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
                        "peak_bytes": torch.cuda.max_memory_allocated(), "device_used_bytes": total - free,
                        "pool_bytes": pools}
+                if cr.session is not None:  # what the session moved and holds (oomb_cuda_paged_stats)
+                    row["session"] = cr.memory()
             except torch.OutOfMemoryError:
                 row = {"len": n, "oom": True}
             model.zero_grad(set_to_none=True)
@@ -97,7 +117,10 @@ def main():
                 if "s" not in r:
                     continue
                 f.write(json.dumps({"system": "oomb-torch", "model": name, "tokens": r["len"], "chunk": a.chunk,
-                                    "page": a.page, "attention": "dense", "offload": False,
+                                    "page": a.page, "attention": "sparse" if sparse else "dense",
+                                    "sparse_budget": a.sparse_budget, "offload": offload is not None,
+                                    "home_memory": a.offload, "near_pages": offload.kv_slots if offload else 0,
+                                    "session": r.get("session"),
                                     "keep_attention_outputs": a.keep, "phase": "fwd_bwd",
                                     "step_s": r["s"], "tok_per_s": r["tok_per_s"], "loss": r["loss"],
                                     "peak_gpu_bytes": r["peak_bytes"], "device_used_bytes": r["device_used_bytes"],

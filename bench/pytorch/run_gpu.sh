@@ -9,7 +9,9 @@
 # Environment (optional): CHUNK (qwen2.5-0.5b: 16384, else 4096), SYSTEMS ("torch oomb pytorch"),
 # DEADLINE_S (the call's budget, 540; shared in proportion 45/25/30), TESTS=1 (the package's GPU
 # tests first, python/tests/test_cuda.py and test_ops.py, into $OUT/pytest.log), KEEP=1 (both
-# oomb systems keep stage 1's attention outputs for stage 2).
+# oomb systems keep stage 1's attention outputs for stage 2), OFFLOAD=pinned|pageable (both oomb systems
+# stream their pages from homes in that host memory; NEAR_PAGES slots, 0: the trainer's default),
+# SPARSE_BUDGET=B (both page-sparse, sink 1, local 1, 128-query tiles).
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -48,6 +50,14 @@ fi
 
 keep_torch=() keep_trainer=()
 [ "${KEEP:-0}" = 1 ] && keep_torch=(--keep) keep_trainer=(--keep-attention-outputs)
+if [ -n "${OFFLOAD:-}" ]; then
+  keep_torch+=(--offload "$OFFLOAD" --near-pages "${NEAR_PAGES:-0}")
+  keep_trainer+=(--offload --home-memory "$OFFLOAD" --near-pages "${NEAR_PAGES:-0}")
+fi
+if [ -n "${SPARSE_BUDGET:-}" ]; then
+  keep_torch+=(--sparse-budget "$SPARSE_BUDGET")
+  keep_trainer+=(--sparse-budget "$SPARSE_BUDGET")
+fi
 share() { local left=$((DEADLINE_S - (SECONDS - start))); echo $((left * $1 / 100)); }
 if [[ " $SYSTEMS " == *" torch "* ]]; then
   s=$(share 45)

@@ -10,12 +10,18 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <vector>
 
 #include <cuda_runtime.h>
 
 #include "oomb/attention/attention.cuh"
 #include "oomb/core/error.hpp"
+#include "oomb/offload/belady_eviction.hpp"
 #include "oomb/paging/page_shape.hpp"
+#include "trainer/algo/paged_attention.hpp"
+#include "trainer/cuda/cuda_attention_ops.cuh"
+#include "trainer/cuda/huge_page_host_resource.hpp"
 
 // The twelve kernel configurations, compiled here (this unit is the package library's only
 // launcher), unless the build links oomb::attention_kernels, which has them (oomb's own CUDA build).
@@ -93,6 +99,215 @@ att::backward_plan plan_backward_of(const oomb_cuda_attention_args* c, const att
   return att::plan_backward(att::call_shape::of(a, dq), att::current_device_facts(), options_of(c));
 }
 
+// ---- paged attention of one sequence: the trainer's paged_attention over the attention backend ----
+
+namespace trainer = oomb_trainer;
+
+/// One event pair per session: the caller's stream -> the session's compute stream at a call's
+/// start, and back at its end, so the session's work sits between the caller's in stream order.
+class stream_bridge {
+ public:
+  stream_bridge() {
+    OOMB_CUDA_CHECK(cudaEventCreateWithFlags(&in_, cudaEventDisableTiming), "oomb_cuda: event");
+    OOMB_CUDA_CHECK(cudaEventCreateWithFlags(&out_, cudaEventDisableTiming), "oomb_cuda: event");
+  }
+  stream_bridge(const stream_bridge&) = delete;
+  stream_bridge& operator=(const stream_bridge&) = delete;
+  ~stream_bridge() {
+    (void)cudaEventDestroy(in_);
+    (void)cudaEventDestroy(out_);
+  }
+  void enter(cudaStream_t caller, cudaStream_t compute) {
+    OOMB_CUDA_CHECK(cudaEventRecord(in_, caller), "oomb_cuda: ordering after the caller's stream");
+    OOMB_CUDA_CHECK(cudaStreamWaitEvent(compute, in_, 0), "oomb_cuda: ordering after the caller's stream");
+  }
+  void leave(cudaStream_t compute, cudaStream_t caller) {
+    OOMB_CUDA_CHECK(cudaEventRecord(out_, compute), "oomb_cuda: ordering the caller's stream after the session");
+    OOMB_CUDA_CHECK(cudaStreamWaitEvent(caller, out_, 0), "oomb_cuda: ordering the caller's stream after the session");
+  }
+
+ private:
+  cudaEvent_t in_ = nullptr, out_ = nullptr;
+};
+
+/// The session's interface, one implementation per home memory.
+struct paged_session {
+  virtual ~paged_session() = default;
+  virtual void begin_step(std::int32_t chunks, const std::vector<std::int32_t>& doc_starts) = 0;
+  virtual void append(std::int64_t n) = 0;
+  virtual void write(std::int32_t l, std::int32_t c, std::int64_t n, const oomb::bf16* k, const oomb::bf16* v,
+                     cudaStream_t s) = 0;
+  virtual void select(std::int32_t l, std::int32_t c, std::int64_t n, const oomb::bf16* q, cudaStream_t s) = 0;
+  virtual void expect_recompute(std::int32_t c) = 0;
+  virtual void forward(std::int32_t l, std::int32_t c, std::int64_t n, const oomb::bf16* q, oomb::bf16* o, float* lse,
+                       cudaStream_t s) = 0;
+  virtual void backward(std::int32_t l, std::int32_t c, std::int64_t n, const oomb::bf16* q, const oomb::bf16* o,
+                        const float* lse, const oomb::bf16* d_o, oomb::bf16* dq, oomb::bf16* dk, oomb::bf16* dv,
+                        cudaStream_t s) = 0;
+  virtual void release_chunk(std::int32_t c, cudaStream_t s) = 0;
+  virtual oomb_cuda_paged_stats end_step() = 0;
+};
+
+template <class Far>
+class paged_session_of final : public paged_session {
+  using backend = trainer::basic_cuda_attention_ops<Far>;
+  using bf16 = oomb::bf16;
+
+ public:
+  paged_session_of(const trainer::model_config& cfg, const trainer::chunk_options& opt, std::int64_t max_tokens)
+      : opt_(opt), attention_(be_, cfg, opt, max_tokens) {
+    be_.attention_plan(plan_of(opt));
+  }
+
+  void begin_step(std::int32_t chunks, const std::vector<std::int32_t>& doc_starts) override {
+    selected0_ = attention_.pages_selected();
+    candidate0_ = attention_.pages_candidate();
+    moved0_ = moved();
+    attention_.begin_step(chunks, doc_starts);
+    (void)be_.take_transfer_wait_seconds();  // drops what came before
+  }
+  void append(std::int64_t n) override { attention_.append(n); }
+  void write(std::int32_t l, std::int32_t c, std::int64_t n, const bf16* k, const bf16* v, cudaStream_t s) override {
+    bridged(s, [&] { attention_.write(l, c, n, k, v); });
+  }
+  void select(std::int32_t l, std::int32_t c, std::int64_t n, const bf16* q, cudaStream_t s) override {
+    OOMB_CUDA_EXPECTS(opt_.sparse, "select on a dense session");
+    bridged(s, [&] { attention_.select(l, c, n, q); });
+  }
+  void expect_recompute(std::int32_t c) override { attention_.expect_recompute(c); }
+  void forward(std::int32_t l, std::int32_t c, std::int64_t n, const bf16* q, bf16* o, float* lse,
+               cudaStream_t s) override {
+    bridged(s, [&] { attention_.forward(l, c, std::int64_t(c) * opt_.chunk, n, q, o, lse); });
+  }
+  void backward(std::int32_t l, std::int32_t c, std::int64_t n, const bf16* q, const bf16* o, const float* lse,
+                const bf16* d_o, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s) override {
+    bridged(s, [&] { attention_.backward(l, c, std::int64_t(c) * opt_.chunk, n, q, o, lse, d_o, dq, dk, dv); });
+  }
+  void release_chunk(std::int32_t c, cudaStream_t s) override {
+    bridged(s, [&] { attention_.release_chunk(c); });
+  }
+  oomb_cuda_paged_stats end_step() override {
+    attention_.drain();
+    be_.take_page_report();
+    oomb_cuda_paged_stats r{};
+    const auto m = moved();
+    r.bytes_to_near = static_cast<std::int64_t>(m.first - moved0_.first);
+    r.bytes_to_far = static_cast<std::int64_t>(m.second - moved0_.second);
+    r.exposed_transfer_seconds = be_.take_transfer_wait_seconds();
+    const auto& kv = attention_.cache().pool();
+    const auto& grads = attention_.mirror().pool();
+    r.kv_pages_in_use = kv.in_use();
+    r.grad_pages_in_use = grads.in_use();
+    r.kv_pages_high_water = kv.stats().high_water;
+    r.grad_pages_high_water = grads.stats().high_water;
+    r.near_kv_slots = attention_.kv().near_slots();
+    r.near_grad_slots = attention_.grads().near_slots();
+    r.near_bytes = static_cast<std::int64_t>(attention_.kv().near_bytes() + attention_.grads().near_bytes());
+    r.far_bytes = static_cast<std::int64_t>(attention_.cache().stats().reserved_bytes +
+                                            attention_.mirror().stats().reserved_bytes);
+    r.sparse_pages_selected = attention_.pages_selected() - selected0_;
+    r.sparse_pages_candidate = attention_.pages_candidate() - candidate0_;
+    return r;
+  }
+
+ private:
+  static att::plan_options plan_of(const trainer::chunk_options& o) {
+    att::plan_options p;
+    p.kernels = o.attention_kernels;
+    p.deterministic = o.deterministic;
+    return p;
+  }
+  template <class F>
+  void bridged(cudaStream_t caller, F&& f) {
+    bridge_.enter(caller, be_.compute().get());
+    f();
+    bridge_.leave(be_.compute().get(), caller);
+  }
+  std::pair<std::uint64_t, std::uint64_t> moved() const {
+    const auto k = attention_.kv().stats(), g = attention_.grads().stats();
+    return {k.bytes_to_near + g.bytes_to_near, k.bytes_to_far + g.bytes_to_far};
+  }
+
+  trainer::chunk_options opt_;
+  backend be_;
+  trainer::paged_attention<backend, oomb::belady_eviction> attention_;
+  stream_bridge bridge_;
+  std::int64_t selected0_ = 0, candidate0_ = 0;
+  std::pair<std::uint64_t, std::uint64_t> moved0_{};
+};
+
+std::unique_ptr<paged_session> make_session(const oomb_cuda_paged_config& c) {
+  OOMB_CUDA_EXPECTS(c.struct_size >= static_cast<std::int32_t>(sizeof(oomb_cuda_paged_config)),
+                    "oomb_cuda_paged_config of ", c.struct_size, " bytes, this library needs ",
+                    sizeof(oomb_cuda_paged_config));
+  const cudaError_t e = cudaSetDevice(c.device);
+  if (e != cudaSuccess) OOMB_FAIL(oomb::cuda_error, "oomb_cuda: cannot use device ", c.device, ": ", cudaGetErrorString(e));
+  OOMB_CUDA_EXPECTS(c.layers > 0 && c.hq > 0 && c.hkv > 0 && c.hq % c.hkv == 0, "bad heads: ", c.layers, " layers, ",
+                    c.hq, " query heads, ", c.hkv, " KV heads");
+  OOMB_CUDA_EXPECTS(c.head_dim == 64 || c.head_dim == 128, "head_dim ", c.head_dim, ": the kernels take 64 or 128");
+  OOMB_CUDA_EXPECTS(c.max_tokens > 0, "max_tokens must be positive, got ", c.max_tokens);
+  OOMB_CUDA_EXPECTS(c.home_memory == 0 || c.home_memory == 1, "home_memory ", c.home_memory, " is not 0 (pinned) or 1 (pageable)");
+  OOMB_CUDA_EXPECTS(c.grad_homes >= 0 && c.grad_homes <= 2, "grad_homes ", c.grad_homes, " is not 0, 1 or 2");
+  OOMB_CUDA_EXPECTS(c.scoring == 0 || c.scoring == 1, "scoring ", c.scoring, " is not 0 (Quest) or 1 (mean)");
+  trainer::model_config cfg;
+  cfg.num_hidden_layers = c.layers;
+  cfg.num_attention_heads = c.hq;
+  cfg.num_key_value_heads = c.hkv;
+  cfg.head_dim = c.head_dim;
+  trainer::chunk_options o;
+  o.chunk = c.chunk;
+  o.page = c.page;
+  o.offload = c.offload != 0;
+  o.window_pages = c.window_pages;
+  o.homes = c.home_memory == 1 ? trainer::home_memory::pageable : trainer::home_memory::pinned;
+  o.grad_homes = c.grad_homes == 1   ? trainer::page_home_format::bf16
+                 : c.grad_homes == 2 ? trainer::page_home_format::bf16_stochastic
+                                     : trainer::page_home_format::same;
+  o.sparse = c.sparse != 0;
+  o.budget = c.budget;
+  o.sink = c.sink;
+  o.local = c.local;
+  o.tile = c.tile;
+  o.score = c.scoring == 1 ? oomb::score_kind::mean : oomb::score_kind::quest;
+  o.deterministic = c.deterministic != 0;
+  o.attention_kernels = c.portable ? att::kernel_choice::portable : att::kernel_choice::automatic;
+  o.near_pages = o.offload ? (c.near_pages > 0 ? c.near_pages : trainer::default_near_pages(o)) : 0;
+  o.validate();
+  if (o.sparse) trainer::check_gpu_sparse_tile(o.tile, c.hq, c.hkv);
+  if (!o.offload) return std::make_unique<paged_session_of<oomb::device_resource>>(cfg, o, c.max_tokens);
+  if (o.homes == trainer::home_memory::pageable)
+    return std::make_unique<paged_session_of<trainer::huge_page_host_resource>>(cfg, o, c.max_tokens);
+  return std::make_unique<paged_session_of<oomb::pinned_resource>>(cfg, o, c.max_tokens);
+}
+
+}  // namespace
+
+struct oomb_cuda_paged {
+  int device = 0;
+  std::unique_ptr<paged_session> session;
+};
+
+namespace {
+
+/// Checks the handle and makes its device current.
+paged_session& session_of(oomb_cuda_paged* s) {
+  OOMB_CUDA_EXPECTS(s != nullptr && s->session, "null session");
+  const cudaError_t e = cudaSetDevice(s->device);
+  if (e != cudaSuccess) OOMB_FAIL(oomb::cuda_error, "oomb_cuda: cannot use device ", s->device, ": ", cudaGetErrorString(e));
+  return *s->session;
+}
+
+template <class T>
+const T* in(const void* p, const char* what) {
+  OOMB_CUDA_EXPECTS(p != nullptr, "null ", what);
+  return static_cast<const T*>(p);
+}
+template <class T>
+T* out(void* p, const char* what) {
+  OOMB_CUDA_EXPECTS(p != nullptr, "null ", what);
+  return static_cast<T*>(p);
+}
+
 }  // namespace
 
 extern "C" {
@@ -145,6 +360,81 @@ int oomb_cuda_attention_backward(const oomb_cuda_attention_args* args, const voi
     const auto plan = plan_backward_of(args, a, dq);
     att::backward(plan, a, lse, delta, static_cast<const oomb::bf16*>(d_o), dq, dk, dv, dpast,
                   {workspace, workspace_ints}, s);
+  });
+}
+
+int oomb_cuda_paged_create(const oomb_cuda_paged_config* config, oomb_cuda_paged** out) {
+  return guarded([&] {
+    OOMB_CUDA_EXPECTS(config != nullptr && out != nullptr, "null argument");
+    *out = nullptr;
+    auto s = std::make_unique<oomb_cuda_paged>();
+    s->device = config->device;
+    s->session = make_session(*config);
+    *out = s.release();
+  });
+}
+
+void oomb_cuda_paged_destroy(oomb_cuda_paged* s) {
+  if (s == nullptr) return;
+  (void)cudaSetDevice(s->device);
+  delete s;
+}
+
+int oomb_cuda_paged_begin_step(oomb_cuda_paged* s, int32_t chunks, const int32_t* doc_starts, int32_t docs) {
+  return guarded([&] {
+    OOMB_CUDA_EXPECTS(chunks > 0 && docs >= 0 && (docs == 0 || doc_starts != nullptr), "bad step: ", chunks,
+                      " chunks, ", docs, " documents");
+    session_of(s).begin_step(chunks, std::vector<std::int32_t>(doc_starts, doc_starts + docs));
+  });
+}
+
+int oomb_cuda_paged_append(oomb_cuda_paged* s, int64_t tokens) {
+  return guarded([&] { session_of(s).append(tokens); });
+}
+
+int oomb_cuda_paged_write(oomb_cuda_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* k, const void* v,
+                          void* stream) {
+  return guarded([&] {
+    session_of(s).write(layer, chunk, n, in<oomb::bf16>(k, "k"), in<oomb::bf16>(v, "v"),
+                        static_cast<cudaStream_t>(stream));
+  });
+}
+
+int oomb_cuda_paged_select(oomb_cuda_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* q, void* stream) {
+  return guarded([&] {
+    session_of(s).select(layer, chunk, n, in<oomb::bf16>(q, "q"), static_cast<cudaStream_t>(stream));
+  });
+}
+
+int oomb_cuda_paged_expect_recompute(oomb_cuda_paged* s, int32_t chunk) {
+  return guarded([&] { session_of(s).expect_recompute(chunk); });
+}
+
+int oomb_cuda_paged_forward(oomb_cuda_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* q, void* o,
+                            float* lse, void* stream) {
+  return guarded([&] {
+    session_of(s).forward(layer, chunk, n, in<oomb::bf16>(q, "q"), out<oomb::bf16>(o, "o"), out<float>(lse, "lse"),
+                          static_cast<cudaStream_t>(stream));
+  });
+}
+
+int oomb_cuda_paged_backward(oomb_cuda_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* q, const void* o,
+                             const float* lse, const void* d_o, void* dq, void* dk, void* dv, void* stream) {
+  return guarded([&] {
+    session_of(s).backward(layer, chunk, n, in<oomb::bf16>(q, "q"), in<oomb::bf16>(o, "o"), in<float>(lse, "lse"),
+                           in<oomb::bf16>(d_o, "d_o"), out<oomb::bf16>(dq, "dq"), out<oomb::bf16>(dk, "dk"),
+                           out<oomb::bf16>(dv, "dv"), static_cast<cudaStream_t>(stream));
+  });
+}
+
+int oomb_cuda_paged_release_chunk(oomb_cuda_paged* s, int32_t chunk, void* stream) {
+  return guarded([&] { session_of(s).release_chunk(chunk, static_cast<cudaStream_t>(stream)); });
+}
+
+int oomb_cuda_paged_end_step(oomb_cuda_paged* s, oomb_cuda_paged_stats* stats) {
+  return guarded([&] {
+    OOMB_CUDA_EXPECTS(stats != nullptr, "null stats");
+    *stats = session_of(s).end_step();
   });
 }
 

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define OOMB_CUDA_ABI_VERSION 3
+#define OOMB_CUDA_ABI_VERSION 4
 
 OOMB_C_API int32_t oomb_cuda_abi_version(void);
 OOMB_C_API const char* oomb_cuda_last_error(void);
@@ -76,6 +76,70 @@ OOMB_C_API int oomb_cuda_attention_backward(const oomb_cuda_attention_args* args
                                             const void* d_o, float* delta, float* dq, float* dk, float* dv,
                                             float* grad_pool, const int32_t* grad_pages, int32_t* workspace,
                                             int64_t workspace_ints, void* stream);
+
+/* ---- Paged attention of one sequence (v4): the chunk-recurrent trainer's algorithm
+ * (examples/trainer/algo/paged_attention.hpp) over the CUDA attention backend
+ * (examples/trainer/cuda/cuda_attention_ops.cuh), for the package's offload and page-sparse runs.
+ * The session owns its pages: K/V (bf16) and gradient (fp32) pages in device memory, or with offload
+ * their homes in host memory (pinned or pageable) streamed through fixed sets of device slots by the
+ * CUDA residency scheduler; with sparse, device page summaries and the tile selection. Its work runs
+ * on its own streams, ordered after what the caller's stream had enqueued at each call and before
+ * what it enqueues next (events, no host wait), so torch's tensors may be passed and freed as usual.
+ * Layer l's calls for chunk c follow the trainer's order: stage 1 (c = 0, 1, ...): append the chunk's
+ * tokens once, then per layer write (its K/V), select (sparse), forward; stage 2 (c = last .. 0):
+ * expect_recompute(c), forward for every layer (the recomputation), backward from the last layer down,
+ * then release_chunk(c); end_step after chunk 0. Pointers are device memory of the session's device;
+ * q [n][hq][d], k and v [n][hkv][d], o, d_o, dq [n][hq][d] bf16, lse fp32 [hq][n]. */
+typedef struct oomb_cuda_paged oomb_cuda_paged;
+
+typedef struct {
+  int32_t struct_size; /* sizeof(oomb_cuda_paged_config) as the caller knows it */
+  int32_t device;
+  int32_t layers, hq, hkv, head_dim; /* head_dim 64 or 128 */
+  int32_t chunk, page;               /* page: a power of two >= 16 dividing chunk; >= 128 for the Hopper kernels */
+  int64_t max_tokens;                /* the longest sequence a step may bring */
+  int32_t offload;                   /* 0: every page in device memory; 1: homes in host memory, streamed */
+  int32_t near_pages;   /* offload: device slots for K/V pages, and as many for gradient pages; 0: the trainer's default */
+  int32_t window_pages; /* needed pages per attention window; 0: near_pages / 2 (offload), else one window */
+  int32_t home_memory;  /* offload: 0 pinned, 1 pageable (no device memory grows with the homes) */
+  int32_t grad_homes;   /* offload: 0 fp32, 1 bf16 (rounded to nearest even), 2 bf16 rounded stochastically */
+  int32_t sparse;       /* nonzero: page-sparse attention over the past */
+  int32_t budget, sink, local, tile;
+  int32_t scoring;      /* 0: Quest bound, 1: mean key */
+  int32_t deterministic; /* the attention backward adds dQ in a fixed order (pages >= 128) */
+  int32_t portable;      /* the portable kernels even on Hopper */
+} oomb_cuda_paged_config;
+
+typedef struct {
+  int64_t bytes_to_near, bytes_to_far; /* K/V and gradient pages, both directions, since the last end_step */
+  double exposed_transfer_seconds;     /* the session's compute stream waiting for page copies */
+  int32_t kv_pages_in_use, grad_pages_in_use, kv_pages_high_water, grad_pages_high_water;
+  int32_t near_kv_slots, near_grad_slots;
+  int64_t near_bytes;                  /* the device slots of both tiers (fixed) */
+  int64_t far_bytes;                   /* what the K/V and gradient pools (or homes) hold now */
+  int64_t sparse_pages_selected, sparse_pages_candidate; /* sums over tiles, this step */
+} oomb_cuda_paged_stats;
+
+OOMB_C_API int oomb_cuda_paged_create(const oomb_cuda_paged_config* config, oomb_cuda_paged** out);
+OOMB_C_API void oomb_cuda_paged_destroy(oomb_cuda_paged* session);
+/* A step of `chunks` chunks; doc_starts (host, ascending, first 0; NULL/0: one document) are the
+ * positions where packed documents start: each query attends its own document only. */
+OOMB_C_API int oomb_cuda_paged_begin_step(oomb_cuda_paged* s, int32_t chunks, const int32_t* doc_starts, int32_t docs);
+OOMB_C_API int oomb_cuda_paged_append(oomb_cuda_paged* s, int64_t tokens);
+OOMB_C_API int oomb_cuda_paged_write(oomb_cuda_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* k,
+                                     const void* v, void* stream);
+OOMB_C_API int oomb_cuda_paged_select(oomb_cuda_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* q,
+                                      void* stream);
+OOMB_C_API int oomb_cuda_paged_expect_recompute(oomb_cuda_paged* s, int32_t chunk);
+OOMB_C_API int oomb_cuda_paged_forward(oomb_cuda_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* q,
+                                       void* o, float* lse, void* stream);
+/* ADDS into dq, dk, dv (the chunk's own keys, with what later chunks left in its gradient pages). */
+OOMB_C_API int oomb_cuda_paged_backward(oomb_cuda_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* q,
+                                        const void* o, const float* lse, const void* d_o, void* dq, void* dk,
+                                        void* dv, void* stream);
+OOMB_C_API int oomb_cuda_paged_release_chunk(oomb_cuda_paged* s, int32_t chunk, void* stream);
+/* Waits for every copy and kernel of the step, throws what a kernel reported, and fills *stats. */
+OOMB_C_API int oomb_cuda_paged_end_step(oomb_cuda_paged* s, oomb_cuda_paged_stats* stats);
 
 #ifdef __cplusplus
 }

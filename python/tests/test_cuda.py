@@ -201,11 +201,15 @@ def test_pools_come_from_torchs_allocator():
 
 
 def test_gpu_refusals(ids_of):
-    model = make_model("qwen2", dtype=torch.bfloat16, **tiny("qwen2")).to(DEV)
-    with pytest.raises(RefusedError, match="page-sparse attention and offload are the CPU path's only"):
-        ChunkRecurrent(model, chunk=256, page=128, max_tokens=1024, sparse=SparseConfig(budget=2))
-    with pytest.raises(RefusedError, match="page-sparse attention and offload are the CPU path's only"):
-        ChunkRecurrent(model, chunk=256, page=128, max_tokens=1024, offload=Offload(kv_slots=4))
+    model = make_model("qwen2", dtype=torch.bfloat16, **tiny("qwen2")).to(DEV)  # 4 query heads, 2 KV heads
+    with pytest.raises(RefusedError, match="on CUDA the gradient tier has as many slots as the K/V tier"):
+        ChunkRecurrent(model, chunk=256, page=128, max_tokens=1024, offload=Offload(kv_slots=4, grad_slots=6))
+    with pytest.raises(RefusedError, match="a window takes at most half the slots"):
+        ChunkRecurrent(model, chunk=256, page=128, max_tokens=1024, offload=Offload(kv_slots=4, window=3))
+    with pytest.raises(RefusedError, match="must hold a chunk's 4 pages"):
+        ChunkRecurrent(model, chunk=512, page=128, max_tokens=1024, offload=Offload(kv_slots=3))
+    with pytest.raises(RefusedError, match="must be a multiple of 128 on CUDA"):
+        ChunkRecurrent(model, chunk=256, page=128, max_tokens=1024, sparse=SparseConfig(budget=2, tile=32))
     small = make_model("qwen2", dtype=torch.bfloat16).to(DEV)  # head_dim 8
     with pytest.raises(RefusedError, match="head_dim 8: oomb's CUDA kernels take 64 or 128"):
         ChunkRecurrent(small, chunk=32, page=16, max_tokens=64)
@@ -276,3 +280,81 @@ def test_the_gpu_example_trains():
                           "16384", "2"], check=True, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("step ")]
     assert len(lines) == 2 and all("16384 tokens" in ln for ln in lines), out.stdout + out.stderr
+
+
+# CUDA with offload or sparse: the C++ trainer's paged attention through liboomb_cuda's session.
+SESSION_MODES = {
+    "offload-pinned": dict(offload=Offload(kv_slots=4)),  # windows of 2 pages: 4 to 8 per call, merged
+    "offload-pageable": dict(offload=Offload(kv_slots=4, homes="pageable")),
+    "offload-bf16-grad-homes": dict(offload=Offload(kv_slots=8, grad_homes="bf16")),
+    "sparse-every-page": dict(sparse=SparseConfig(budget=64, tile=64)),  # selects every page: dense's result
+    "sparse-every-page-offload": dict(sparse=SparseConfig(budget=64, tile=64),
+                                      offload=Offload(kv_slots=16, homes="pageable")),
+}
+
+
+@pytest.mark.parametrize("mode", list(SESSION_MODES))
+def test_session_bf16_is_as_close_to_fp64_as_hf_bf16_training(mode, ids_of):
+    # As the in-place driver's accuracy test: 1000 tokens in chunks of 256, pages of 128, against fp64
+    # full backprop beside HF's own bf16 training. Sparse selecting every page must be dense's result.
+    model = make_model("qwen2", **tiny("qwen2")).to(DEV)
+    ids = ids_of(1000).to(DEV)
+    targets = shift(ids)
+    _, g64 = reference_grads(model, ids, targets)
+    model = model.to(torch.bfloat16)
+    _, g_hf = reference_grads(model, ids, targets)
+    model.zero_grad(set_to_none=True)
+    cr = ChunkRecurrent(model, chunk=256, page=128, max_tokens=1024, **SESSION_MODES[mode])
+    assert cr.session is not None and cr.store is None
+    loss = cr.forward_backward(ids)
+    ratios = [rel(p.grad, g64[n]) / max(rel(g_hf[n], g64[n]), 1e-30) for n, p in model.named_parameters()]
+    step = cr.memory()
+    summary = {"mode": mode, "loss": float(loss), "median_ratio": statistics.median(ratios), "max_ratio": max(ratios),
+               "step": step}
+    print(json.dumps(summary))
+    if os.environ.get("OOMB_TEST_OUT"):
+        with open(os.path.join(os.environ["OOMB_TEST_OUT"], "session_accuracy.jsonl"), "a") as f:
+            f.write(json.dumps(summary) + "\n")
+    bf16_homes = mode == "offload-bf16-grad-homes"  # each write-back rounds the pages' dK/dV once more
+    assert summary["median_ratio"] <= (1.3 if bf16_homes else 1.05), summary
+    assert summary["max_ratio"] <= (3.0 if bf16_homes else 1.5), summary
+    assert step["kv_pages_in_use"] == 0 and step["grad_pages_in_use"] == 0  # every page given back
+    if "offload" in SESSION_MODES[mode]:
+        assert step["bytes_to_near"] > 0 and step["near_kv_slots"] == SESSION_MODES[mode]["offload"].kv_slots
+    if "sparse" in SESSION_MODES[mode]:
+        assert step["sparse_pages_selected"] == step["sparse_pages_candidate"] > 0
+    cr.close()
+
+
+def test_session_sparse_selects_fewer_pages_and_trains(ids_of):
+    # 4,096 tokens in chunks of 512: each 64-query tile attends sink 1, local 1 and the 2 best of up
+    # to 28 past pages; stage 2 reuses stage 1's selection, so the step must stay finite and below dense.
+    model = make_model("qwen2", dtype=torch.bfloat16, **tiny("qwen2")).to(DEV)
+    ids = ids_of(4096).to(DEV)
+    cr = ChunkRecurrent(model, chunk=512, page=128, max_tokens=4096, sparse=SparseConfig(budget=2, tile=64),
+                        offload=Offload(kv_slots=16))
+    loss = cr.forward_backward(ids)
+    step = cr.memory()
+    assert math.isfinite(float(loss)) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+    assert 0 < step["sparse_pages_selected"] < step["sparse_pages_candidate"]
+    cr.close()
+
+
+def test_session_gpu_memory_does_not_grow_with_the_context(ids_of):
+    # Offload with pageable homes: what the GPU holds after a step at 64K tokens is what it holds
+    # after one at 4K (the homes are host memory; the slots, tables and the model's chunk are fixed).
+    # In place the same model's pages would take 192 MiB more at 64K (K/V bf16 + gradients fp32).
+    model = make_model("qwen2", dtype=torch.bfloat16, **tiny("qwen2")).to(DEV)
+    used = {}
+    for n in (4096, 65536, 4096):
+        cr = ChunkRecurrent(model, chunk=2048, page=128, max_tokens=65536,
+                            offload=Offload(kv_slots=64, homes="pageable"))
+        cr.forward_backward(ids_of(n).to(DEV))
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        used.setdefault(n, []).append(total - free)
+        cr.close()
+        model.zero_grad(set_to_none=True)
+    print(json.dumps({str(k): v for k, v in used.items()}))
+    assert used[65536][0] - used[4096][0] <= 4 << 20, used
+

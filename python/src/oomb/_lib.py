@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 ABI_VERSION = 3
-CUDA_ABI_VERSION = 3
+CUDA_ABI_VERSION = 4
 DTYPE_F32 = 0
 DTYPE_F64 = 1
 DTYPE_BF16 = 2
@@ -222,6 +222,33 @@ def version() -> str:
     return lib.oomb_version().decode()
 
 
+class CudaPagedConfig(ctypes.Structure):
+    """oomb_cuda_paged_config (oomb_cuda.h, v4)."""
+    _fields_ = [
+        ("struct_size", c_i32), ("device", c_i32),
+        ("layers", c_i32), ("hq", c_i32), ("hkv", c_i32), ("head_dim", c_i32),
+        ("chunk", c_i32), ("page", c_i32),
+        ("max_tokens", c_i64),
+        ("offload", c_i32), ("near_pages", c_i32), ("window_pages", c_i32), ("home_memory", c_i32),
+        ("grad_homes", c_i32),
+        ("sparse", c_i32), ("budget", c_i32), ("sink", c_i32), ("local", c_i32), ("tile", c_i32),
+        ("scoring", c_i32), ("deterministic", c_i32), ("portable", c_i32),
+    ]
+
+
+class CudaPagedStats(ctypes.Structure):
+    """oomb_cuda_paged_stats (oomb_cuda.h, v4)."""
+    _fields_ = [
+        ("bytes_to_near", c_i64), ("bytes_to_far", c_i64),
+        ("exposed_transfer_seconds", ctypes.c_double),
+        ("kv_pages_in_use", c_i32), ("grad_pages_in_use", c_i32),
+        ("kv_pages_high_water", c_i32), ("grad_pages_high_water", c_i32),
+        ("near_kv_slots", c_i32), ("near_grad_slots", c_i32),
+        ("near_bytes", c_i64), ("far_bytes", c_i64),
+        ("sparse_pages_selected", c_i64), ("sparse_pages_candidate", c_i64),
+    ]
+
+
 # ---- the GPU path (liboomb_cuda): loaded on first use, so a CPU-only install never needs it ------
 
 _cuda = None
@@ -239,6 +266,7 @@ def cuda_lib():
             + "). It is built by `pip install ./python` where CMake finds nvcc (CUDA 12.8 or later), or point "
             "OOMB_CUDA_LIBRARY at a liboomb_cuda.so (docs/pytorch.md).")
     cl = ctypes.CDLL(str(path))
+    paged = ctypes.POINTER(c_p)
     signatures = {
         "oomb_cuda_abi_version": ([], c_i32),
         "oomb_cuda_last_error": ([], ctypes.c_char_p),
@@ -248,6 +276,17 @@ def cuda_lib():
             [ctypes.POINTER(CudaAttentionArgs), c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_i64, c_p],
             ctypes.c_int,
         ),
+        "oomb_cuda_paged_create": ([ctypes.POINTER(CudaPagedConfig), paged], ctypes.c_int),
+        "oomb_cuda_paged_destroy": ([c_p], None),
+        "oomb_cuda_paged_begin_step": ([c_p, c_i32, c_p, c_i32], ctypes.c_int),
+        "oomb_cuda_paged_append": ([c_p, c_i64], ctypes.c_int),
+        "oomb_cuda_paged_write": ([c_p, c_i32, c_i32, c_i64, c_p, c_p, c_p], ctypes.c_int),
+        "oomb_cuda_paged_select": ([c_p, c_i32, c_i32, c_i64, c_p, c_p], ctypes.c_int),
+        "oomb_cuda_paged_expect_recompute": ([c_p, c_i32], ctypes.c_int),
+        "oomb_cuda_paged_forward": ([c_p, c_i32, c_i32, c_i64, c_p, c_p, c_p, c_p], ctypes.c_int),
+        "oomb_cuda_paged_backward": ([c_p, c_i32, c_i32, c_i64, c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_p], ctypes.c_int),
+        "oomb_cuda_paged_release_chunk": ([c_p, c_i32, c_p], ctypes.c_int),
+        "oomb_cuda_paged_end_step": ([c_p, ctypes.POINTER(CudaPagedStats)], ctypes.c_int),
     }
     _declare(cl, signatures)
     if cl.oomb_cuda_abi_version() != CUDA_ABI_VERSION:

@@ -54,15 +54,26 @@ class SparseConfig:
 
 @dataclass(frozen=True)
 class Offload:
-    """Stream the past through near tiers of fixed size, as the GPU path will (here on the CPU, with
-    the library's residency schedulers on its host streams; the homes are the store's pools):
-    ``kv_slots`` K/V page slots and ``grad_slots`` gradient page slots (default: as many), the
-    attention reading the past ``window`` pages at a time (default: all the slots), forward windows
-    merged by log-sum-exp. What is near is fixed whatever the sequence's length."""
+    """Stream the past through near tiers of fixed size: ``kv_slots`` K/V page slots and
+    ``grad_slots`` gradient page slots (default: as many), the attention reading the past ``window``
+    pages at a time, forward windows merged by log-sum-exp. What is near is fixed whatever the
+    sequence's length.
+
+    On CUDA the homes are host memory and the slots device memory, moved by oomb's CUDA residency
+    scheduler on copy streams behind the compute (the C++ trainer's paged attention): ``homes``
+    ``"pinned"`` (the copy engines reach them directly; the driver keeps 8 bytes of device memory
+    per pinned 4 KiB) or ``"pageable"`` (through a pinned staging ring: nothing on the GPU grows
+    with the context); ``grad_homes`` ``"fp32"``, ``"bf16"`` or ``"bf16-stochastic"`` (half the
+    gradient homes' host bytes, each write-back rounded once). There gradient slots are as many as
+    K/V slots, and a window (default ``kv_slots // 2``) at most half of them: one computing while
+    the next streams in. On the CPU the library's residency schedulers run on its host streams, the
+    homes are the store's pools and the window defaults to all the slots."""
 
     kv_slots: int
     grad_slots: Optional[int] = None
     window: Optional[int] = None
+    homes: str = "pinned"
+    grad_homes: str = "fp32"
 
 
 # ---- the registered attention function --------------------------------------------------------
@@ -127,12 +138,16 @@ class ChunkRecurrent:
         if offload is not None and not isinstance(offload, Offload):
             raise RefusedError(f"oomb: offload must be an oomb.torch.Offload or None, got {offload!r}")
         if offload is not None:
+            if offload.homes not in ("pinned", "pageable") or offload.grad_homes not in ("fp32", "bf16",
+                                                                                        "bf16-stochastic"):
+                raise RefusedError(f"oomb: {offload}: homes is 'pinned' or 'pageable', grad_homes 'fp32', 'bf16' or "
+                                   "'bf16-stochastic'")
             grad_slots = offload.grad_slots or offload.kv_slots
             window = offload.window or min(offload.kv_slots, grad_slots)
             if min(offload.kv_slots, grad_slots, window) <= 0 or window > min(offload.kv_slots, grad_slots):
                 raise RefusedError(f"oomb: {offload}: slots must be positive and the window ({window} pages) fit "
                                    f"both near tiers ({offload.kv_slots} K/V, {grad_slots} gradient slots)")
-            offload = Offload(offload.kv_slots, grad_slots, window)
+            offload = Offload(offload.kv_slots, grad_slots, offload.window, offload.homes, offload.grad_homes)
         if keep_attention_outputs and offload is not None:
             raise RefusedError("oomb: keep_attention_outputs with offload is not supported (the kept outputs would "
                                "hold O(sequence) memory where offload keeps it flat)")
@@ -166,13 +181,27 @@ class ChunkRecurrent:
         self.dtype = self._param_dtype() if self.device.type == "cpu" else torch.bfloat16
         if self.device.type == "cuda":
             self._check_cuda(d)
+        else:
+            self._check_cpu()
+        #: CUDA with offload or sparse: the C++ trainer's paged attention owns the pages (paged_cuda);
+        #: otherwise the store below does.
+        self.session = None
+        #: The session's figures after the last step (what moved, what is held); None before one.
+        self.last_step: Optional[dict] = None
+        if self.device.type == "cuda" and (sparse is not None or offload is not None):
+            self.session = self._make_session()
+            self.store, self.seq = None, None
+            #: CPU only: the selections live in the session on CUDA.
+            self.selections: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
+            return
         pages = layers * -(-max_tokens // page)
         self.store = PagedStore(layers=layers, page_size=page, kv_heads=hkv, head_dim=d, chunk_size=chunk,
                                 max_pages=pages, max_grad_pages=pages, dtype=self.dtype, device=self.device,
                                 summaries=sparse is not None,
                                 near_kv_slots=offload.kv_slots if offload else 0,
                                 near_grad_slots=offload.grad_slots if offload else 0,
-                                window_pages=offload.window if offload else 0)
+                                window_pages=(offload.window or min(offload.kv_slots, offload.grad_slots))
+                                if offload else 0)
         self.seq = self.store.add_sequence()
         #: After a call: per (layer, chunk) the sparse selection stage 1 made, (indptr, pages) with
         #: logical past-page indices per tile; empty when dense.
@@ -197,10 +226,22 @@ class ChunkRecurrent:
                                "(docs/pytorch.md)")
         if head_dim not in (64, 128):
             raise RefusedError(f"oomb: head_dim {head_dim}: oomb's CUDA kernels take 64 or 128")
-        if self.sparse is not None or self.offload is not None:
-            raise RefusedError("oomb: page-sparse attention and offload are the CPU path's only so far (their GPU "
-                               "parts, device page summaries and device near tiers, are not wired into the package "
-                               "yet: docs/pytorch.md); on CUDA the driver is dense, every page in place")
+        o = self.offload
+        if self.sparse is not None or o is not None:
+            if self.keep_attention_outputs:
+                raise RefusedError("oomb: keep_attention_outputs with sparse or offload is not supported on CUDA")
+            if o is not None and o.grad_slots != o.kv_slots:
+                raise RefusedError(f"oomb: {o}: on CUDA the gradient tier has as many slots as the K/V tier "
+                                   "(leave grad_slots out)")
+            if o is not None and o.window is not None and 2 * o.window > o.kv_slots:
+                raise RefusedError(f"oomb: {o}: on CUDA a window takes at most half the slots ({o.kv_slots // 2}), "
+                                   "one window computing while the next streams in")
+            if o is not None and o.kv_slots < self.chunk // self.page:
+                raise RefusedError(f"oomb: {o}: the near tier must hold a chunk's {self.chunk // self.page} pages of "
+                                   "one layer")
+            if self.sparse is not None and (self.sparse.tile * (self.hq // self.hkv)) % 128:
+                raise RefusedError(f"oomb: sparse tile {self.sparse.tile} x {self.hq // self.hkv} queries per KV "
+                                   "head must be a multiple of 128 on CUDA (the kernels' row blocks)")
         if self.deterministic and self.page < 128:
             raise RefusedError(f"oomb: deterministic on CUDA needs pages of >= 128 tokens (oomb's Hopper kernels order "
                                f"their dQ sums; the portable ones do not), got page {self.page}")
@@ -208,6 +249,22 @@ class ChunkRecurrent:
         if not dtypes <= {torch.bfloat16, torch.float32}:
             raise RefusedError(f"oomb: the model's parameters are {sorted(map(str, dtypes))}; on CUDA oomb's attention "
                                "is bf16: a bf16 model, or a float32 one under torch.autocast('cuda', torch.bfloat16)")
+
+    def _check_cpu(self):
+        o = self.offload
+        if o is not None and (o.homes != "pinned" or o.grad_homes != "fp32"):
+            raise RefusedError(f"oomb: {o}: homes and grad_homes are the GPU path's (on the CPU the homes are the "
+                               "store's pools)")
+
+    def _make_session(self):
+        from .paged_cuda import CudaPagedSession
+        o = self.offload
+        return CudaPagedSession(self.device, layers=self.layers, hq=self.hq, hkv=self.hkv, head_dim=self.head_dim,
+                                chunk=self.chunk, page=self.page, max_tokens=self.max_tokens,
+                                offload=o is not None, near_pages=o.kv_slots if o else 0,
+                                window_pages=(o.window or 0) if o else 0, homes=o.homes if o else "pinned",
+                                grad_homes=o.grad_homes if o else "fp32", sparse=self.sparse,
+                                deterministic=self.deterministic)
 
     def _param_dtype(self) -> torch.dtype:
         dtypes = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
@@ -344,8 +401,12 @@ class ChunkRecurrent:
                     total += run.step(ids[b], targets[b], count, float(scale))
                 finally:
                     _active = None
-                    while self.store.seq_len(self.seq) > 0:  # after an error: give every page back
-                        self.store.pop_chunk(self.seq)
+                    if self.session is not None:  # after an error: give every page back
+                        for c in reversed(range(run.live_chunks)):
+                            self.session.release_chunk(c)
+                    else:
+                        while self.store.seq_len(self.seq) > 0:
+                            self.store.pop_chunk(self.seq)
         finally:
             model.set_attn_implementation(previous)
         return total.to(torch.float64 if self.dtype == torch.float64 else torch.float32)
@@ -381,13 +442,18 @@ class ChunkRecurrent:
         caching allocator): pages in use and their peaks, bytes reserved. Everything is reserved at
         construction for ``max_tokens``. With offload, also ``near``: per near tier its slots and
         what moved through it (cumulative)."""
+        if self.session is not None:
+            return dict(self.last_step or {})
         out = self.store.stats()
         if self.offload is not None:
             out["near"] = self.store.residency_stats()
         return out
 
     def close(self) -> None:
-        self.store.close()
+        if self.session is not None:
+            self.session.close()
+        else:
+            self.store.close()
 
 
 class _Generators:
@@ -406,6 +472,24 @@ class _Generators:
             torch.cuda.set_rng_state(state[1], self.cuda)
 
 
+class _SessionAttention(torch.autograd.Function):
+    """Stage 2's attention of one layer through the CUDA session: forward over the pages (the chunk's
+    own among them, written in stage 1), backward adding the past's dK/dV into their gradient pages."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, session, layer: int, chunk: int):
+        o, lse = session.forward(layer, chunk, q)
+        ctx.save_for_backward(q, o, lse)
+        ctx.session, ctx.layer, ctx.chunk = session, layer, chunk
+        return o
+
+    @staticmethod
+    def backward(ctx, d_o):
+        q, o, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.session.backward(ctx.layer, ctx.chunk, q, o, lse, d_o.contiguous())
+        return dq, dk, dv, None, None, None
+
+
 class _Run:
     """One sequence's two stages; what the registered attention function consults."""
 
@@ -419,6 +503,7 @@ class _Run:
         self.key_lower_host = key_lower
         self.key_lower = None if key_lower is None else ops.to_device(key_lower, driver.device)
         self.stage = 0
+        self.live_chunks = 0  # session: chunks appended and not yet released
         self.chunk_index = 0
         self.q_start = 0
         self.captured: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
@@ -471,6 +556,8 @@ class _Run:
         q = query[0].transpose(0, 1)
         k = key[0].transpose(0, 1)
         v = value[0].transpose(0, 1)
+        if d.session is not None:
+            return self._attend_session(layer, q, k, v, scale).unsqueeze(0), None
         store, page, seq = d.store, d.page, d.seq
         first = self.q_start // page
         past_ids = store.page_ids(seq, layer, 0, first)
@@ -516,6 +603,24 @@ class _Run:
                                     scale, indptr, pages, tile, own_ids if on_cuda else None, kl, d.deterministic)
         return o.unsqueeze(0), None
 
+    def _attend_session(self, layer: int, q, k, v, scale: float):
+        """CUDA with offload or sparse: the session holds the pages. Stage 1 writes the chunk's K/V
+        into them, selects (sparse) and attends; stage 2's recomputation attends through
+        _SessionAttention, whose backward adds the past pages' dK/dV into their gradient pages and
+        returns the chunk's own dk, dv with what later chunks left for them."""
+        d = self.d
+        if abs(scale * math.sqrt(d.head_dim) - 1.0) > 1e-6:
+            raise RefusedError(f"oomb: layer {layer} scales attention scores by {scale}, not 1/sqrt(head_dim); "
+                               "oomb's paged attention on CUDA (offload, sparse) takes 1/sqrt(head_dim) only")
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        c = self.chunk_index
+        if self.stage == 1:
+            d.session.write(layer, c, k, v)
+            if d.sparse is not None:
+                d.session.select(layer, c, q)
+            return d.session.forward(layer, c, q)[0]
+        return _SessionAttention.apply(q, k, v, d.session, layer, c)
+
     def _positions(self, s0: int, s1: int, device: torch.device) -> torch.Tensor:
         """The RoPE positions of tokens [s0, s1) as [1, s1 - s0]: the packed row's, or s0, s0 + 1, ..."""
         if self.positions is not None:
@@ -556,13 +661,22 @@ class _Run:
         rng = _Generators(ids.device) if d._draws_dropout() else None
         chunk_states = []
 
+        session = d.session
+        if session is not None:
+            starts = [] if self.key_lower_host is None else torch.unique(self.key_lower_host).tolist()
+            session.begin_step(len(bounds), starts)
+
         # Stage 1: forwards, no autograd; every layer's K/V goes into its pages.
         self.stage = 1
         with torch.no_grad():
             for c, (s0, s1) in enumerate(bounds):
                 if rng is not None:
                     chunk_states.append(rng.get())
-                store.append(seq, s1 - s0)
+                if session is not None:
+                    session.append(s1 - s0)
+                    self.live_chunks += 1
+                else:
+                    store.append(seq, s1 - s0)
                 self.chunk_index, self.q_start = c, s0
                 self.called = set()
                 base(input_ids=ids[None, s0:s1], position_ids=self._positions(s0, s1, ids.device), use_cache=False)
@@ -581,6 +695,16 @@ class _Run:
                 if rng is not None:
                     rng.set(chunk_states[c])
                 self.chunk_index, self.q_start = c, s0
+                if session is not None:
+                    session.expect_recompute(c)
+                    hidden = base(input_ids=ids[None, s0:s1], position_ids=self._positions(s0, s1, ids.device),
+                                  use_cache=False).last_hidden_state
+                    loss, d_hidden = self._head_backward(hidden, targets[s0:s1], count, scale, loss_dtype)
+                    torch.autograd.backward([hidden], [d_hidden])  # the session's dk, dv carry later chunks'
+                    total += loss.to(torch.float64)
+                    session.release_chunk(c)
+                    self.live_chunks -= 1
+                    continue
                 first = s0 // page
                 # Packed documents: no page wholly before this chunk's first document is read (nor
                 # selected: each tile selects from its own document's start on).
@@ -617,4 +741,6 @@ class _Run:
                 store.pop_chunk(seq)
         if rng is not None:
             rng.set(after_stage1)
+        if session is not None:
+            d.last_step = session.end_step()
         return total
