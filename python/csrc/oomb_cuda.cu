@@ -7,6 +7,7 @@
 
 #include "c_abi_errors.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -146,6 +147,7 @@ struct paged_session {
                         cudaStream_t s) = 0;
   virtual void release_chunk(std::int32_t c, cudaStream_t s) = 0;
   virtual oomb_cuda_paged_stats end_step() = 0;
+  virtual const oomb::sparse_page_table& selection(std::int32_t l, std::int32_t c) const = 0;
 };
 
 template <class Far>
@@ -155,7 +157,7 @@ class paged_session_of final : public paged_session {
 
  public:
   paged_session_of(const trainer::model_config& cfg, const trainer::chunk_options& opt, std::int64_t max_tokens)
-      : opt_(opt), attention_(be_, cfg, opt, max_tokens) {
+      : opt_(opt), cfg_layers_(cfg.num_hidden_layers), attention_(be_, cfg, opt, max_tokens) {
     be_.attention_plan(plan_of(opt));
   }
 
@@ -185,6 +187,14 @@ class paged_session_of final : public paged_session {
   }
   void release_chunk(std::int32_t c, cudaStream_t s) override {
     bridged(s, [&] { attention_.release_chunk(c); });
+  }
+  const oomb::sparse_page_table& selection(std::int32_t l, std::int32_t c) const override {
+    OOMB_CUDA_EXPECTS(opt_.sparse, "a dense session has no selections");
+    const auto& all = attention_.selections();
+    const std::int64_t at = std::int64_t(c) * cfg_layers_ + l;
+    OOMB_CUDA_EXPECTS(l >= 0 && l < cfg_layers_ && c >= 0 && at < static_cast<std::int64_t>(all.size()), "no selection for layer ",
+                      l, ", chunk ", c, " in the last step (", all.size() / std::size_t(cfg_layers_), " chunks)");
+    return all[static_cast<std::size_t>(at)];
   }
   oomb_cuda_paged_stats end_step() override {
     attention_.drain();
@@ -229,6 +239,7 @@ class paged_session_of final : public paged_session {
   }
 
   trainer::chunk_options opt_;
+  std::int32_t cfg_layers_;
   backend be_;
   trainer::paged_attention<backend, oomb::belady_eviction> attention_;
   stream_bridge bridge_;
@@ -429,6 +440,23 @@ int oomb_cuda_paged_backward(oomb_cuda_paged* s, int32_t layer, int32_t chunk, i
 
 int oomb_cuda_paged_release_chunk(oomb_cuda_paged* s, int32_t chunk, void* stream) {
   return guarded([&] { session_of(s).release_chunk(chunk, static_cast<cudaStream_t>(stream)); });
+}
+
+int oomb_cuda_paged_selection(oomb_cuda_paged* s, int32_t layer, int32_t chunk, int32_t* indptr,
+                              int64_t indptr_capacity, int32_t* pages, int64_t pages_capacity, int64_t* tiles,
+                              int64_t* entries) {
+  return guarded([&] {
+    OOMB_CUDA_EXPECTS(tiles != nullptr && entries != nullptr, "null size outputs");
+    const oomb::sparse_page_table& sel = session_of(s).selection(layer, chunk);
+    const auto ip = sel.indptr();
+    const auto pg = sel.indices();
+    *tiles = static_cast<std::int64_t>(ip.size()) - 1;
+    *entries = static_cast<std::int64_t>(pg.size());
+    if (indptr != nullptr && indptr_capacity >= static_cast<std::int64_t>(ip.size()))
+      std::copy(ip.begin(), ip.end(), indptr);
+    if (pages != nullptr && pages_capacity >= static_cast<std::int64_t>(pg.size()))
+      std::copy(pg.begin(), pg.end(), pages);
+  });
 }
 
 int oomb_cuda_paged_end_step(oomb_cuda_paged* s, oomb_cuda_paged_stats* stats) {

@@ -138,6 +138,13 @@ OOMB_C_API int oomb_cuda_paged_backward(oomb_cuda_paged* s, int32_t layer, int32
                                         const void* o, const float* lse, const void* d_o, void* dq, void* dk,
                                         void* dv, void* stream);
 OOMB_C_API int oomb_cuda_paged_release_chunk(oomb_cuda_paged* s, int32_t chunk, void* stream);
+/* Sparse: the selection stage 1 made for (layer, chunk) in the last step, as the kernels read it:
+ * per tile of `tile` queries, ascending logical past pages (indptr [tiles + 1], pages [entries]).
+ * *tiles and *entries get the sizes; the arrays (host) are filled when their capacities hold them
+ * (NULL with 0: sizes only). */
+OOMB_C_API int oomb_cuda_paged_selection(oomb_cuda_paged* s, int32_t layer, int32_t chunk, int32_t* indptr,
+                                         int64_t indptr_capacity, int32_t* pages, int64_t pages_capacity,
+                                         int64_t* tiles, int64_t* entries);
 /* Waits for every copy and kernel of the step, throws what a kernel reported, and fills *stats. */
 OOMB_C_API int oomb_cuda_paged_end_step(oomb_cuda_paged* s, oomb_cuda_paged_stats* stats);
 

@@ -326,17 +326,39 @@ def test_session_bf16_is_as_close_to_fp64_as_hf_bf16_training(mode, ids_of):
     cr.close()
 
 
-def test_session_sparse_selects_fewer_pages_and_trains(ids_of):
-    # 4,096 tokens in chunks of 512: each 64-query tile attends sink 1, local 1 and the 2 best of up
-    # to 28 past pages; stage 2 reuses stage 1's selection, so the step must stay finite and below dense.
-    model = make_model("qwen2", dtype=torch.bfloat16, **tiny("qwen2")).to(DEV)
-    ids = ids_of(4096).to(DEV)
-    cr = ChunkRecurrent(model, chunk=512, page=128, max_tokens=4096, sparse=SparseConfig(budget=2, tile=64),
-                        offload=Offload(kv_slots=16))
-    loss = cr.forward_backward(ids)
+@pytest.mark.parametrize("offload", [None, Offload(kv_slots=16, homes="pageable")], ids=["in-place", "offload"])
+def test_session_sparse_is_as_close_to_the_masked_full_sequence_as_hf_bf16(offload, ids_of):
+    # 2,048 tokens in chunks of 256, pages of 128: each 64-query tile attends sink 1, local 1 and the
+    # best of up to 14 past pages. The reference is full backprop masked by the selections the session
+    # made (test_sparse.py's masks), in fp64, beside HF's bf16 training under the same masks.
+    import copy
+    from test_sparse import _masks, selection_masks
+    n, chunk, page, tile = 2048, 256, 128, 64
+    model64 = make_model("qwen2", **tiny("qwen2")).to(DEV)
+    model = copy.deepcopy(model64).to(torch.bfloat16)
+    ids = ids_of(n).to(DEV)
+    cr = ChunkRecurrent(model, chunk=chunk, page=page, max_tokens=n, sparse=SparseConfig(budget=1, tile=tile),
+                        offload=offload)
+    cr.forward_backward(ids)
     step = cr.memory()
-    assert math.isfinite(float(loss)) and all(torch.isfinite(p.grad).all() for p in model.parameters())
     assert 0 < step["sparse_pages_selected"] < step["sparse_pages_candidate"]
+    assert len(cr.selections) == model.config.num_hidden_layers * (n // chunk - 1)
+    got = {name: p.grad.clone() for name, p in model.named_parameters()}
+    _masks.clear()
+    _masks.update({k: m.to(DEV) for k, m in selection_masks(cr.selections, model.config.num_hidden_layers, n, chunk,
+                                                            page, tile).items()})
+    try:
+        for m in (model64, model):
+            m.set_attn_implementation("oomb_test_masked")
+        _, g64 = reference_grads(model64, ids, shift(ids))
+        _, g_hf = reference_grads(model, ids, shift(ids))
+    finally:
+        for m in (model64, model):
+            m.set_attn_implementation("sdpa")
+    ratios = [rel(got[k], g64[k]) / max(rel(g_hf[k], g64[k]), 1e-30) for k in got]
+    print(json.dumps({"offload": str(offload), "median_ratio": statistics.median(ratios), "max_ratio": max(ratios),
+                      "selected": step["sparse_pages_selected"], "candidates": step["sparse_pages_candidate"]}))
+    assert statistics.median(ratios) <= 1.05 and max(ratios) <= 1.5, ratios
     cr.close()
 
 

@@ -286,6 +286,7 @@ def cuda_lib():
         "oomb_cuda_paged_forward": ([c_p, c_i32, c_i32, c_i64, c_p, c_p, c_p, c_p], ctypes.c_int),
         "oomb_cuda_paged_backward": ([c_p, c_i32, c_i32, c_i64, c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_p], ctypes.c_int),
         "oomb_cuda_paged_release_chunk": ([c_p, c_i32, c_p], ctypes.c_int),
+        "oomb_cuda_paged_selection": ([c_p, c_i32, c_i32, c_p, c_i64, c_p, c_i64, p_i64, p_i64], ctypes.c_int),
         "oomb_cuda_paged_end_step": ([c_p, ctypes.POINTER(CudaPagedStats)], ctypes.c_int),
     }
     _declare(cl, signatures)

@@ -105,6 +105,19 @@ class CudaPagedSession:
     def release_chunk(self, chunk: int) -> None:
         self._check(self._lib.oomb_cuda_paged_release_chunk(self._handle, chunk, self._stream()))
 
+    def selection(self, layer: int, chunk: int):
+        """Sparse: the last step's selection for (layer, chunk): (indptr [tiles + 1], pages), int32
+        CPU tensors of logical past pages per tile, as stage 1 chose and both stages attended."""
+        tiles, entries = ctypes.c_int64(), ctypes.c_int64()
+        self._check(self._lib.oomb_cuda_paged_selection(self._handle, layer, chunk, None, 0, None, 0,
+                                                        ctypes.byref(tiles), ctypes.byref(entries)))
+        indptr = torch.empty(tiles.value + 1, dtype=torch.int32)
+        pages = torch.empty(entries.value, dtype=torch.int32)
+        self._check(self._lib.oomb_cuda_paged_selection(self._handle, layer, chunk, indptr.data_ptr(), indptr.numel(),
+                                                        pages.data_ptr(), pages.numel(), ctypes.byref(tiles),
+                                                        ctypes.byref(entries)))
+        return indptr, pages
+
     def end_step(self) -> dict:
         """Waits for the step's copies and kernels; what moved and what is held."""
         s = _lib.CudaPagedStats()

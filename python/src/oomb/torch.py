@@ -191,7 +191,6 @@ class ChunkRecurrent:
         if self.device.type == "cuda" and (sparse is not None or offload is not None):
             self.session = self._make_session()
             self.store, self.seq = None, None
-            #: CPU only: the selections live in the session on CUDA.
             self.selections: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
             return
         pages = layers * -(-max_tokens // page)
@@ -743,4 +742,8 @@ class _Run:
             rng.set(after_stage1)
         if session is not None:
             d.last_step = session.end_step()
+            if d.sparse is not None:  # as the CPU path keeps them: chunks with a past
+                for c in range(1, len(bounds)):
+                    for layer in range(d.layers):
+                        d.selections[(layer, c)] = session.selection(layer, c)
         return total
