@@ -124,7 +124,8 @@ def main():
                                     "keep_attention_outputs": a.keep, "phase": "fwd_bwd",
                                     "step_s": r["s"], "tok_per_s": r["tok_per_s"], "loss": r["loss"],
                                     "peak_gpu_bytes": r["peak_bytes"], "device_used_bytes": r["device_used_bytes"],
-                                    "pool_bytes": r["pool_bytes"], "torch": torch.__version__,
+                                    "pool_bytes": r["pool_bytes"], "device": torch.cuda.get_device_name(),
+                                    "torch": torch.__version__,
                                     "transformers": transformers.__version__, "commit": a.commit,
                                     "date": datetime.date.today().isoformat()}) + "\n")
 

@@ -288,8 +288,9 @@ SESSION_MODES = {
     "offload-pageable": dict(offload=Offload(kv_slots=4, homes="pageable")),
     "offload-bf16-grad-homes": dict(offload=Offload(kv_slots=8, grad_homes="bf16")),
     "sparse-every-page": dict(sparse=SparseConfig(budget=64, tile=64)),  # selects every page: dense's result
+    # 4 slots of 16 pages: it must stream (16 slots held the whole sequence: nothing came near).
     "sparse-every-page-offload": dict(sparse=SparseConfig(budget=64, tile=64),
-                                      offload=Offload(kv_slots=16, homes="pageable")),
+                                      offload=Offload(kv_slots=4, homes="pageable")),
 }
 
 
