@@ -66,13 +66,8 @@ def main():
     t_start = time.time()
     model, cfg = build(a.config)
     sparse = SparseConfig(budget=a.sparse_budget) if a.sparse_budget is not None else None
-    offload = None
-    if a.offload:
-        # The C++ trainer's default_near_pages: two windows, each twice a chunk's pages (at least
-        # 128) dense, or a chunk's pages and 16 (B + S + L) selected ones sparse.
-        own = a.chunk // a.page
-        window = own + 16 * (sparse.budget + 2) if sparse else max(2 * own, 128)
-        offload = Offload(kv_slots=a.near_pages or 2 * window, homes=a.offload)
+    # --near-pages 0: the C++ trainer's default slots (Offload's kv_slots left out)
+    offload = Offload(kv_slots=a.near_pages or None, homes=a.offload) if a.offload else None
     cr = ChunkRecurrent(model, chunk=a.chunk, page=a.page, max_tokens=max(a.lengths), keep_attention_outputs=a.keep,
                         sparse=sparse, offload=offload)
     pools = cr.store.kv_pool.numel() * 2 + cr.store.grad_pool.numel() * 4 if cr.store is not None else 0
@@ -119,7 +114,8 @@ def main():
                 f.write(json.dumps({"system": "oomb-torch", "model": name, "tokens": r["len"], "chunk": a.chunk,
                                     "page": a.page, "attention": "sparse" if sparse else "dense",
                                     "sparse_budget": a.sparse_budget, "offload": offload is not None,
-                                    "home_memory": a.offload, "near_pages": offload.kv_slots if offload else 0,
+                                    "home_memory": a.offload,
+                                    "near_pages": (r.get("session") or {}).get("near_kv_slots", 0),
                                     "session": r.get("session"),
                                     "keep_attention_outputs": a.keep, "phase": "fwd_bwd",
                                     "step_s": r["s"], "tok_per_s": r["tok_per_s"], "loss": r["loss"],

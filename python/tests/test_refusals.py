@@ -125,6 +125,8 @@ def test_offload_config():
         ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=True)
     with pytest.raises(RefusedError, match=r"the window \(5 pages\) fit both near tiers \(4 K/V, 4 gradient"):
         ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=Offload(kv_slots=4, window=5))
+    with pytest.raises(RefusedError, match="on the CPU give kv_slots"):
+        ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=Offload(homes="pinned"))
     with pytest.raises(RefusedError, match="homes is 'pinned' or 'pageable'"):
         ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=Offload(kv_slots=4, homes="disk"))
     with pytest.raises(RefusedError, match="homes and grad_homes are the GPU path's"):

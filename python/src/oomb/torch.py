@@ -66,10 +66,12 @@ class Offload:
     with the context); ``grad_homes`` ``"fp32"``, ``"bf16"`` or ``"bf16-stochastic"`` (half the
     gradient homes' host bytes, each write-back rounded once). There gradient slots are as many as
     K/V slots, and a window (default ``kv_slots // 2``) at most half of them: one computing while
-    the next streams in. On the CPU the library's residency schedulers run on its host streams, the
-    homes are the store's pools and the window defaults to all the slots."""
+    the next streams in; ``kv_slots`` may be left out for the C++ trainer's default (two windows of
+    twice a chunk's pages, at least 128 pages each; sparse: a chunk's pages and 16 (budget + sink +
+    local) each). On the CPU the library's residency schedulers run on its host streams, the homes
+    are the store's pools, ``kv_slots`` is required and the window defaults to all the slots."""
 
-    kv_slots: int
+    kv_slots: Optional[int] = None
     grad_slots: Optional[int] = None
     window: Optional[int] = None
     homes: str = "pinned"
@@ -143,10 +145,11 @@ class ChunkRecurrent:
                 raise RefusedError(f"oomb: {offload}: homes is 'pinned' or 'pageable', grad_homes 'fp32', 'bf16' or "
                                    "'bf16-stochastic'")
             grad_slots = offload.grad_slots or offload.kv_slots
-            window = offload.window or min(offload.kv_slots, grad_slots)
-            if min(offload.kv_slots, grad_slots, window) <= 0 or window > min(offload.kv_slots, grad_slots):
-                raise RefusedError(f"oomb: {offload}: slots must be positive and the window ({window} pages) fit "
-                                   f"both near tiers ({offload.kv_slots} K/V, {grad_slots} gradient slots)")
+            if offload.kv_slots is not None:  # else the GPU's default (checked where the device is known)
+                window = offload.window or min(offload.kv_slots, grad_slots)
+                if min(offload.kv_slots, grad_slots, window) <= 0 or window > min(offload.kv_slots, grad_slots):
+                    raise RefusedError(f"oomb: {offload}: slots must be positive and the window ({window} pages) fit "
+                                       f"both near tiers ({offload.kv_slots} K/V, {grad_slots} gradient slots)")
             offload = Offload(offload.kv_slots, grad_slots, offload.window, offload.homes, offload.grad_homes)
         if keep_attention_outputs and offload is not None:
             raise RefusedError("oomb: keep_attention_outputs with offload is not supported (the kept outputs would "
@@ -229,13 +232,15 @@ class ChunkRecurrent:
         if self.sparse is not None or o is not None:
             if self.keep_attention_outputs:
                 raise RefusedError("oomb: keep_attention_outputs with sparse or offload is not supported on CUDA")
+            if o is not None and o.kv_slots is None and o.grad_slots is not None:
+                raise RefusedError(f"oomb: {o}: grad_slots without kv_slots (on CUDA both tiers have kv_slots slots)")
             if o is not None and o.grad_slots != o.kv_slots:
                 raise RefusedError(f"oomb: {o}: on CUDA the gradient tier has as many slots as the K/V tier "
                                    "(leave grad_slots out)")
-            if o is not None and o.window is not None and 2 * o.window > o.kv_slots:
+            if o is not None and o.kv_slots is not None and o.window is not None and 2 * o.window > o.kv_slots:
                 raise RefusedError(f"oomb: {o}: on CUDA a window takes at most half the slots ({o.kv_slots // 2}), "
                                    "one window computing while the next streams in")
-            if o is not None and o.kv_slots < self.chunk // self.page:
+            if o is not None and o.kv_slots is not None and o.kv_slots < self.chunk // self.page:
                 raise RefusedError(f"oomb: {o}: the near tier must hold a chunk's {self.chunk // self.page} pages of "
                                    "one layer")
             if self.sparse is not None and (self.sparse.tile * (self.hq // self.hkv)) % 128:
@@ -251,6 +256,8 @@ class ChunkRecurrent:
 
     def _check_cpu(self):
         o = self.offload
+        if o is not None and o.kv_slots is None:
+            raise RefusedError(f"oomb: {o}: on the CPU give kv_slots (the default slot count is the GPU path's)")
         if o is not None and (o.homes != "pinned" or o.grad_homes != "fp32"):
             raise RefusedError(f"oomb: {o}: homes and grad_homes are the GPU path's (on the CPU the homes are the "
                                "store's pools)")
@@ -260,7 +267,7 @@ class ChunkRecurrent:
         o = self.offload
         return CudaPagedSession(self.device, layers=self.layers, hq=self.hq, hkv=self.hkv, head_dim=self.head_dim,
                                 chunk=self.chunk, page=self.page, max_tokens=self.max_tokens,
-                                offload=o is not None, near_pages=o.kv_slots if o else 0,
+                                offload=o is not None, near_pages=(o.kv_slots or 0) if o else 0,
                                 window_pages=(o.window or 0) if o else 0, homes=o.homes if o else "pinned",
                                 grad_homes=o.grad_homes if o else "fp32", sparse=self.sparse,
                                 deterministic=self.deterministic)
