@@ -157,14 +157,14 @@ class paged_session_of final : public paged_session {
 
  public:
   paged_session_of(const trainer::model_config& cfg, const trainer::chunk_options& opt, std::int64_t max_tokens)
-      : opt_(opt), cfg_layers_(cfg.num_hidden_layers), attention_(be_, cfg, opt, max_tokens) {
+      : opt_(opt), cfg_layers_(cfg.num_hidden_layers), hkv_(cfg.num_key_value_heads), d_(cfg.head_dim),
+        attention_(be_, cfg, opt, max_tokens) {
     be_.attention_plan(plan_of(opt));
   }
 
   void begin_step(std::int32_t chunks, const std::vector<std::int32_t>& doc_starts) override {
     selected0_ = attention_.pages_selected();
     candidate0_ = attention_.pages_candidate();
-    moved0_ = moved();
     attention_.begin_step(chunks, doc_starts);
     (void)be_.take_transfer_wait_seconds();  // drops what came before
   }
@@ -200,18 +200,16 @@ class paged_session_of final : public paged_session {
     attention_.drain();
     be_.take_page_report();
     oomb_cuda_paged_stats r{};
-    const auto m = moved();
-    r.bytes_to_near = static_cast<std::int64_t>(m.first - moved0_.first);
-    r.bytes_to_far = static_cast<std::int64_t>(m.second - moved0_.second);
     r.exposed_transfer_seconds = be_.take_transfer_wait_seconds();
     const auto& kv = attention_.cache().pool();
     const auto& grads = attention_.mirror().pool();
-    r.kv_pages_in_use = kv.in_use();
-    r.grad_pages_in_use = grads.in_use();
-    r.kv_pages_high_water = kv.stats().high_water;
-    r.grad_pages_high_water = grads.stats().high_water;
-    r.near_kv_slots = attention_.kv().near_slots();
-    r.near_grad_slots = attention_.grads().near_slots();
+    r.kv_in_use = kv.in_use();
+    r.grad_in_use = grads.in_use();
+    r.kv_high_water = kv.stats().high_water;
+    r.grad_high_water = grads.stats().high_water;
+    const std::int64_t pair_elements = 2 * std::int64_t(opt_.page) * hkv_ * d_;
+    r.kv = residency_of(attention_.kv(), pair_elements * std::int64_t(sizeof(bf16)));
+    r.grad = residency_of(attention_.grads(), pair_elements * std::int64_t(sizeof(float)));
     r.near_bytes = static_cast<std::int64_t>(attention_.kv().near_bytes() + attention_.grads().near_bytes());
     r.far_bytes = static_cast<std::int64_t>(attention_.cache().stats().reserved_bytes +
                                             attention_.mirror().stats().reserved_bytes);
@@ -227,24 +225,35 @@ class paged_session_of final : public paged_session {
     p.deterministic = o.deterministic;
     return p;
   }
+  /// A tier's counters as a store reports its near tiers (oomb_residency_stats).
+  template <class Tier>
+  static oomb_residency_stats residency_of(const Tier& tier, std::int64_t slot_bytes) {
+    const oomb::residency_stats s = tier.stats();
+    oomb_residency_stats r{};
+    r.bytes_to_near = static_cast<std::int64_t>(s.bytes_to_near);
+    r.bytes_to_far = static_cast<std::int64_t>(s.bytes_to_far);
+    r.hits = static_cast<std::int64_t>(s.hits);
+    r.misses = static_cast<std::int64_t>(s.misses);
+    r.evictions = static_cast<std::int64_t>(s.evictions);
+    r.write_backs = static_cast<std::int64_t>(s.write_backs);
+    r.zero_fills = static_cast<std::int64_t>(s.zero_fills);
+    r.slots = tier.near_slots();
+    r.slot_bytes = r.slots > 0 ? slot_bytes : 0;
+    return r;
+  }
   template <class F>
   void bridged(cudaStream_t caller, F&& f) {
     bridge_.enter(caller, be_.compute().get());
     f();
     bridge_.leave(be_.compute().get(), caller);
   }
-  std::pair<std::uint64_t, std::uint64_t> moved() const {
-    const auto k = attention_.kv().stats(), g = attention_.grads().stats();
-    return {k.bytes_to_near + g.bytes_to_near, k.bytes_to_far + g.bytes_to_far};
-  }
 
   trainer::chunk_options opt_;
-  std::int32_t cfg_layers_;
+  std::int32_t cfg_layers_, hkv_, d_;
   backend be_;
   trainer::paged_attention<backend, oomb::belady_eviction> attention_;
   stream_bridge bridge_;
   std::int64_t selected0_ = 0, candidate0_ = 0;
-  std::pair<std::uint64_t, std::uint64_t> moved0_{};
 };
 
 std::unique_ptr<paged_session> make_session(const oomb_cuda_paged_config& c) {

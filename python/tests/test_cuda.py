@@ -319,9 +319,13 @@ def test_session_bf16_is_as_close_to_fp64_as_hf_bf16_training(mode, ids_of):
     bf16_homes = mode == "offload-bf16-grad-homes"  # each write-back rounds the pages' dK/dV once more
     assert summary["median_ratio"] <= (1.3 if bf16_homes else 1.05), summary
     assert summary["max_ratio"] <= (3.0 if bf16_homes else 1.5), summary
-    assert step["kv_pages_in_use"] == 0 and step["grad_pages_in_use"] == 0  # every page given back
+    assert step["kv_in_use"] == 0 and step["grad_in_use"] == 0  # every page given back
     if "offload" in SESSION_MODES[mode]:
-        assert step["bytes_to_near"] > 0 and step["near_kv_slots"] == SESSION_MODES[mode]["offload"].kv_slots
+        near = step["near"]
+        assert near["kv"]["bytes_to_near"] > 0 and near["kv"]["slots"] == SESSION_MODES[mode]["offload"].kv_slots
+        assert near["grad"]["write_backs"] > 0 and near["grad"]["slots"] == near["kv"]["slots"]
+    else:
+        assert "near" not in step
     if "sparse" in SESSION_MODES[mode]:
         assert step["sparse_pages_selected"] == step["sparse_pages_candidate"] > 0
     cr.close()

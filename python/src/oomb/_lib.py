@@ -239,11 +239,10 @@ class CudaPagedConfig(ctypes.Structure):
 class CudaPagedStats(ctypes.Structure):
     """oomb_cuda_paged_stats (oomb_cuda.h, v4)."""
     _fields_ = [
-        ("bytes_to_near", c_i64), ("bytes_to_far", c_i64),
+        ("kv_in_use", c_i32), ("grad_in_use", c_i32),
+        ("kv_high_water", c_i32), ("grad_high_water", c_i32),
+        ("kv", ResidencyStats), ("grad", ResidencyStats),
         ("exposed_transfer_seconds", ctypes.c_double),
-        ("kv_pages_in_use", c_i32), ("grad_pages_in_use", c_i32),
-        ("kv_pages_high_water", c_i32), ("grad_pages_high_water", c_i32),
-        ("near_kv_slots", c_i32), ("near_grad_slots", c_i32),
         ("near_bytes", c_i64), ("far_bytes", c_i64),
         ("sparse_pages_selected", c_i64), ("sparse_pages_candidate", c_i64),
     ]

@@ -119,10 +119,21 @@ class CudaPagedSession:
         return indptr, pages
 
     def end_step(self) -> dict:
-        """Waits for the step's copies and kernels; what moved and what is held."""
+        """Waits for the step's copies and kernels; what is held and what moved, in a store's shape
+        (PagedStore.stats and residency_stats): pages in use and their high water marks, ``near``
+        per tier (with offload), and this step's exposed transfer time and sparse page counts."""
         s = _lib.CudaPagedStats()
         self._check(self._lib.oomb_cuda_paged_end_step(self._handle, ctypes.byref(s)))
-        return {name: getattr(s, name) for name, _ in _lib.CudaPagedStats._fields_}
+        out = {}
+        for name, _ in _lib.CudaPagedStats._fields_:
+            if name in ("kv", "grad"):
+                r = getattr(s, name)
+                out.setdefault("near", {})[name] = {f: getattr(r, f) for f, _ in _lib.ResidencyStats._fields_}
+            else:
+                out[name] = getattr(s, name)
+        if out["near"]["kv"]["slots"] == 0:
+            del out["near"]  # in place, as a store without near tiers
+        return out
 
     def close(self) -> None:
         if getattr(self, "_handle", None):
