@@ -276,10 +276,11 @@ def test_the_gpu_example_trains():
     import sys
     from pathlib import Path
     example = Path(__file__).resolve().parents[1] / "examples" / "train_gpu.py"
-    out = subprocess.run([sys.executable, str(example), str(example.parents[2] / "configs" / "qwen2.5-0.5b.json"),
-                          "16384", "2"], check=True, capture_output=True, text=True, timeout=300)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("step ")]
-    assert len(lines) == 2 and all("16384 tokens" in ln for ln in lines), out.stdout + out.stderr
+    for flags in ([], ["--offload"]):
+        out = subprocess.run([sys.executable, str(example), str(example.parents[2] / "configs" / "qwen2.5-0.5b.json"),
+                              "16384", "2", *flags], check=True, capture_output=True, text=True, timeout=300)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("step ")]
+        assert len(lines) == 2 and all("16384 tokens" in ln for ln in lines), out.stdout + out.stderr
 
 
 # CUDA with offload or sparse: the C++ trainer's paged attention through liboomb_cuda's session.
