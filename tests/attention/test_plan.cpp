@@ -484,7 +484,8 @@ TEST_CASE("attention: the deterministic sparse backward gives each step's blocks
   // takes at each step the turn sparse_dq_order gives it. Each step's counter must then see the
   // turns 0 .. n-1 exactly once, rising with the block: no block waits for a turn nobody takes (a
   // hang), none shares one (an unordered sum), and the order is the blocks'. Counters stay inside
-  // backward_plan::turn_steps().
+  // tiles x steps per tile, the count backward_plan::turn_steps() gives the workspace (the plan's
+  // own test checks turn_steps() against a hand count for the plan's step rows).
   std::mt19937 rng(77);
   constexpr int BN = 128;
   int steps_checked = 0;
