@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The GPU path: oomb's attention ops through liboomb_cuda against the CPU reference in float64, the
 driver in bf16 against fp64 full backprop beside HF's own bf16 training, pools from torch's
-allocator, and the GPU-only refusals. These need a CUDA device and liboomb_cuda; CI has neither,
+allocator, the GPU-only refusals, and the paged session (offload and page-sparse attention on CUDA:
+accuracy per mode, sparse against the masked full sequence, flat device memory). These need a CUDA device and liboomb_cuda; CI has neither,
 so they run on the GPU machine (tools/gpu/python_tests.sh) and are skipped elsewhere."""
 import json
 import math
