@@ -6,6 +6,7 @@
 #include "oomb_c.h"
 
 #include "c_abi_errors.hpp"
+#include "c_abi_residency.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -785,16 +786,9 @@ int oomb_store_residency_stats_get(const oomb_store* store, int32_t which, oomb_
     *out = oomb_residency_stats{};
     store->visit([&](const auto& t) {
       if (!t.tiers) return;
-      const auto r = (which == 0 ? t.tiers->kv : t.tiers->grad)->stats();
-      out->bytes_to_near = static_cast<int64_t>(r.bytes_to_near);
-      out->bytes_to_far = static_cast<int64_t>(r.bytes_to_far);
-      out->hits = static_cast<int64_t>(r.hits);
-      out->misses = static_cast<int64_t>(r.misses);
-      out->evictions = static_cast<int64_t>(r.evictions);
-      out->write_backs = static_cast<int64_t>(r.write_backs);
-      out->zero_fills = static_cast<int64_t>(r.zero_fills);
-      out->slots = r.capacity;
-      out->slot_bytes = static_cast<int64_t>((which == 0 ? t.tiers->kv : t.tiers->grad)->page_bytes());
+      const auto& tier = *(which == 0 ? t.tiers->kv : t.tiers->grad);
+      const auto r = tier.stats();
+      *out = oomb_c_abi::residency_stats_of(r, r.capacity, static_cast<int64_t>(tier.page_bytes()));
     });
   });
 }

@@ -6,6 +6,7 @@
 #include "oomb_cuda.h"
 
 #include "c_abi_errors.hpp"
+#include "c_abi_residency.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -228,18 +229,7 @@ class paged_session_of final : public paged_session {
   /// A tier's counters as a store reports its near tiers (oomb_residency_stats).
   template <class Tier>
   static oomb_residency_stats residency_of(const Tier& tier, std::int64_t slot_bytes) {
-    const oomb::residency_stats s = tier.stats();
-    oomb_residency_stats r{};
-    r.bytes_to_near = static_cast<std::int64_t>(s.bytes_to_near);
-    r.bytes_to_far = static_cast<std::int64_t>(s.bytes_to_far);
-    r.hits = static_cast<std::int64_t>(s.hits);
-    r.misses = static_cast<std::int64_t>(s.misses);
-    r.evictions = static_cast<std::int64_t>(s.evictions);
-    r.write_backs = static_cast<std::int64_t>(s.write_backs);
-    r.zero_fills = static_cast<std::int64_t>(s.zero_fills);
-    r.slots = tier.near_slots();
-    r.slot_bytes = r.slots > 0 ? slot_bytes : 0;
-    return r;
+    return oomb_c_abi::residency_stats_of(tier.stats(), tier.near_slots(), slot_bytes);
   }
   template <class F>
   void bridged(cudaStream_t caller, F&& f) {
