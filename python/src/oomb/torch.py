@@ -232,8 +232,6 @@ class ChunkRecurrent:
         if self.sparse is not None or o is not None:
             if self.keep_attention_outputs:
                 raise RefusedError("oomb: keep_attention_outputs with sparse or offload is not supported on CUDA")
-            if o is not None and o.kv_slots is None and o.grad_slots is not None:
-                raise RefusedError(f"oomb: {o}: grad_slots without kv_slots (on CUDA both tiers have kv_slots slots)")
             if o is not None and o.grad_slots != o.kv_slots:
                 raise RefusedError(f"oomb: {o}: on CUDA the gradient tier has as many slots as the K/V tier "
                                    "(leave grad_slots out)")
@@ -618,13 +616,14 @@ class _Run:
         if abs(scale * math.sqrt(d.head_dim) - 1.0) > 1e-6:
             raise RefusedError(f"oomb: layer {layer} scales attention scores by {scale}, not 1/sqrt(head_dim); "
                                "oomb's paged attention on CUDA (offload, sparse) takes 1/sqrt(head_dim) only")
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q = q.contiguous()
         c = self.chunk_index
         if self.stage == 1:
-            d.session.write(layer, c, k, v)
+            d.session.write(layer, c, k.contiguous(), v.contiguous())
             if d.sparse is not None:
                 d.session.select(layer, c, q)
             return d.session.forward(layer, c, q)[0]
+        # Stage 2 reads K/V from the pages stage 1 wrote: k and v are inputs only for their gradients.
         return _SessionAttention.apply(q, k, v, d.session, layer, c)
 
     def _positions(self, s0: int, s1: int, device: torch.device) -> torch.Tensor:
