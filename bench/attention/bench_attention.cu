@@ -360,9 +360,9 @@ struct sparse_timing {
 };
 
 /// One launch of the sparse backward's public configuration in launch order `order` (0: the default with a
-/// workspace, 3: hs1's), every CTA's timeline appended to `out` as CSV lines "label,order,begin,selected,walk,first,
-/// last,synced,staged,end,sm,kvh,piece,steps,kb" (backward_trace_record; times in ns from the first CTA's begin, -1:
-/// not reached).
+/// workspace, 3: hs1's, -1: the deterministic plan), every CTA's timeline appended to `out` as CSV lines
+/// "label,order,begin,selected,walk,first,last,synced,staged,end,sm,kvh,piece,steps,kb,dq_wait,piece_wait"
+/// (backward_trace_record; times in ns from the first CTA's begin, -1: not reached; waits in ns).
 void trace_sparse(const problem& p, int order, const std::string& label, std::FILE* out) {
   device_problem dp(p);
   const auto a = dp.args();
@@ -373,16 +373,20 @@ void trace_sparse(const problem& p, int order, const std::string& label, std::FI
   using record = gpu::detail::backward_trace_record;
   dev<std::uint64_t> tr(std::size_t(record::WORDS) << 20);  // up to 2^20 CTAs
   tr.fill_bytes(0);
-  dev<std::int32_t> ws(static_cast<std::size_t>(attn_test::workspace_ints(a)));
+  gpu::plan_options o;
+  o.deterministic = order < 0;
+  o.order = order < 0 ? 0 : order;
+  const auto plan = gpu::plan_backward(gpu::call_shape::of(a, buf.dq.p), attn_test::facts(), o);
+  dev<std::int32_t> ws(static_cast<std::size_t>(plan.workspace_ints));
   const gpu::backward_workspace w{ws.p, static_cast<std::int64_t>(ws.n)};
   auto run = [&](auto traced, std::uint64_t* t) {
     constexpr bool Trace = decltype(traced)::value;
     if (c.d == 128)
-      attn_test::launch_backward_sm90<gpu::backward_sm90_config<128>::type, Trace>(
-          a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, nullptr, 0, order, w, t);
+      gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<128>::type, Trace>(
+          plan, a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, nullptr, w, t);
     else
-      attn_test::launch_backward_sm90<gpu::backward_sm90_config<64>::type, Trace>(
-          a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, nullptr, 0, order, w, t);
+      gpu::detail::launch_backward_sm90<gpu::backward_sm90_config<64>::type, Trace>(
+          plan, a, buf.lse.p, buf.delta.p, dp.d_o.p, buf.dq.p, buf.dk.p, buf.dv.p, buf.grads, nullptr, w, t);
   };
   run(std::false_type{}, nullptr);  // warm
   run(std::true_type{}, tr.p);
@@ -395,9 +399,11 @@ void trace_sparse(const problem& p, int order, const std::string& label, std::FI
     if (h[i] == 0) continue;
     const auto f = record::fields(h[i + record::INFO]);
     auto rel = [&](int slot) { return h[i + slot] == 0 ? -1ll : static_cast<long long>(h[i + slot] - t0); };
-    std::fprintf(out, "%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%d,%d,%d,%d,%d\n", label.c_str(), order,
+    std::fprintf(out, "%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%d,%d,%d,%d,%d,%llu,%llu\n", label.c_str(), order,
                  rel(record::BEGIN), rel(record::SELECTED), rel(record::WALK), rel(record::FIRST), rel(record::LAST),
-                 rel(record::SYNCED), rel(record::STAGED), rel(record::END), f.sm, f.kvh, f.piece, f.steps, f.kb);
+                 rel(record::SYNCED), rel(record::STAGED), rel(record::END), f.sm, f.kvh, f.piece, f.steps, f.kb,
+                 static_cast<unsigned long long>(h[i + record::DQ_WAIT]),
+                 static_cast<unsigned long long>(h[i + record::PIECE_WAIT]));
   }
 }
 
@@ -603,7 +609,8 @@ int main(int argc, char** argv) {
               "hb2", "hb2 ctg", "vs port", "fwd ms", "bwd ms");
   std::FILE* jf = json != nullptr ? std::fopen(json, "w") : nullptr;
   std::FILE* tf = trace != nullptr ? std::fopen(trace, "w") : nullptr;
-  if (tf != nullptr) std::fprintf(tf, "label,order,begin,selected,walk,first,last,synced,staged,end,sm,kvh,piece,steps,kb\n");
+  if (tf != nullptr)
+    std::fprintf(tf, "label,order,begin,selected,walk,first,last,synced,staged,end,sm,kvh,piece,steps,kb,dq_wait,piece_wait\n");
   if (json != nullptr && jf == nullptr) {
     std::fprintf(stderr, "cannot write %s\n", json);
     return 1;
@@ -696,7 +703,7 @@ int main(int argc, char** argv) {
             const double fl_f = 4.0 * sq * double(keys) * s.d * s.hq + 2.0 * sq * double(sq) * s.d * s.hq;
             const sparse_timing st = time_sparse(p, r);
             if (tf != nullptr && gpu::detail::current_device_is_sm90())
-              for (int order : {0, 3})
+              for (int order : {0, 3, -1})
                 trace_sparse(p, order, std::string(s.name) + (pool > 0 ? " pool" : " random"), tf);
             const double tf_f = fl_f / st.fwd.median / 1e9, tf_b = 2.5 * fl_f / st.bwd.median / 1e9;
             auto tf = [&](double ms) { return ms > 0 ? 2.5 * fl_f / ms / 1e9 : 0.0; };

@@ -10,6 +10,7 @@
 #include <array>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <oomb/attention/fast_divmod.hpp>
@@ -247,8 +248,10 @@ TEST_CASE("attention plan: a deterministic backward takes no query split and a d
   CHECK(d64.config == K::backward_hopper_d64);
   CHECK(d64.step_rows == 126);
   CHECK(d64.workspace_ints == 2 * ((1000 * 7 + 125) / 126));
-  // page-sparse: every block in window order, whole walks, no order kernel; each tile of 128
-  // queries (896 rows) in steps of its own: 11 of 77 rows and one of 49
+  // page-sparse: every block in window order, no order kernel; the blocks the default cuts (the 32
+  // own ones, the window's first 8 and its past's last 8) in 4 pieces of 8 tiles, one after another;
+  // each tile of 128 queries (896 rows) in steps of its own: 11 of 77 rows and one of 49; after the
+  // dQ turns a piece turn per cut block
   auto sp = dense;
   sp.sparse = true;
   sp.tile = 128;
@@ -256,16 +259,29 @@ TEST_CASE("attention plan: a deterministic backward takes no query split and a d
   CHECK(sparse.deterministic);
   CHECK(sparse.query_split == 1);
   CHECK(sparse.sparse.window_order);
-  CHECK(sparse.ctas_per_head == sparse.key_blocks);
-  CHECK(sparse.sparse.pieces == 1);
+  CHECK(sparse.sparse.pieces == 4);
+  CHECK(sparse.sparse.piece_tiles == 8);
+  CHECK(sparse.sparse.own == 32);
+  CHECK(sparse.sparse.ends == 16);
+  CHECK(sparse.ctas_per_head == 48 * 4 + (544 - 48));
   CHECK(sparse.turn_steps() == 32 * 12);
-  CHECK(sparse.workspace_ints == 4 * 32 * 12);
-  for (int pos = 0; pos < sparse.ctas_per_head; pos += 97) {
+  CHECK(sparse.piece_turns() == 48);
+  CHECK(sparse.workspace_ints == 4 * (32 * 12 + 48));
+  std::vector<std::pair<int, int>> launched;  // (block, piece) in launch order
+  for (int pos = 0; pos < sparse.ctas_per_head; ++pos) {
     int piece = 7;
-    CHECK(sparse.sparse.block_at(pos, piece) == pos);
-    CHECK(piece == -1);
+    const int kb = sparse.sparse.block_at(pos, piece);
+    launched.emplace_back(kb, piece);
+    const bool cut = kb < 8 || kb >= 504;
+    CHECK(sparse.sparse.cut_index(kb) == (cut ? (kb < 8 ? kb : kb - 496) : -1));
+    CHECK((piece >= 0) == cut);
   }
+  CHECK(std::is_sorted(launched.begin(), launched.end()));
+  CHECK(launched.front() == std::pair<int, int>(0, 0));
+  CHECK(launched[32] == std::pair<int, int>(8, -1));
+  CHECK(launched.back() == std::pair<int, int>(543, 3));
   CHECK_FALSE(att::plan_backward(sp, f).sparse.window_order);
+  CHECK(att::plan_backward(sp, f).piece_turns() == 0);
   // what it cannot order is refused: the portable kernels (another GPU, short pages, or asked for),
   // an 8-byte aligned dq, a forced query split, the d64 wide-group kernel
   CHECK_THROWS_AS(att::plan_backward(dense, h200(false), o), oomb::invalid_argument);
@@ -417,7 +433,10 @@ TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block
     a.tile = 128;
     a.sq = 1 + static_cast<int>(rng() % (80 * 128));
     const int key_blocks = window_pages * ps / 128;
-    const auto plan = att::detail::make_sparse_backward_plan(a, key_blocks, 128, trial % 11 != 0);
+    // odd trials: the deterministic plan's window order, which cuts the same blocks and launches
+    // each block's pieces one after another, the blocks in window order
+    auto plan = att::detail::make_sparse_backward_plan(a, key_blocks, 128, trial % 11 != 0);
+    plan.window_order = trial % 2 == 1;
     const int tiles = (a.sq + a.tile - 1) / a.tile, npast = key_blocks - plan.own;
     INFO("trial ", trial, ": page ", ps, ", blocks ", key_blocks, ", own ", plan.own, ", tiles ", tiles, ", pieces ",
          plan.pieces, " of ", plan.piece_tiles, " tiles, ends ", plan.ends);
@@ -426,18 +445,23 @@ TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block
     REQUIRE((plan.pieces == 1 || plan.pieces * plan.piece_tiles >= tiles));
     REQUIRE((plan.pieces == 1 || (plan.pieces - 1) * plan.piece_tiles < tiles));  // a past block's pieces all hold tiles
     std::vector<std::vector<int>> pieces_of(static_cast<std::size_t>(key_blocks));
+    std::vector<std::pair<int, int>> launched;
     bool ok = true;
     for (int o = 0; o < plan.ctas_per_head(key_blocks) && ok; ++o) {
       int piece = 0;
       const int kb = plan.block_at(o, piece);
       ok = kb >= 0 && kb < key_blocks;
       if (ok) pieces_of[static_cast<std::size_t>(kb)].push_back(piece);
+      launched.emplace_back(kb, piece);
     }
     REQUIRE(ok);
+    if (plan.window_order) CHECK(std::is_sorted(launched.begin(), launched.end()));
     int bad = -1;  // the first block that fails
     for (int kb = 0; kb < key_blocks && ok; ++kb) {
       bad = kb;
       const bool cut = plan.pieces > 1 && (kb >= npast || kb < (plan.ends + 1) / 2 || kb >= npast - plan.ends / 2);
+      const int index = plan.cut_index(kb);  // the cut blocks numbered in window order
+      ok = cut ? index == (kb < (plan.ends + 1) / 2 ? kb : kb - npast + plan.ends) : index == -1;
       auto got = pieces_of[static_cast<std::size_t>(kb)];
       std::sort(got.begin(), got.end());
       std::vector<int> want(1, -1);
@@ -445,7 +469,7 @@ TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block
         want.resize(static_cast<std::size_t>(plan.pieces));
         std::iota(want.begin(), want.end(), 0);
       }
-      ok = got == want;
+      ok = ok && got == want;
       if (!cut || !ok) continue;
       // the pieces' walks of a random selection, steps of 77 rows (hb6's whole queries at group 7)
       ++cut_blocks;
@@ -479,16 +503,18 @@ TEST_CASE("attention: the Hopper backward's sparse launch plan takes every block
 TEST_CASE("attention: the deterministic sparse backward gives each step's blocks the turns 0, 1, 2, ... in key block order") {
   // The whole protocol on the host, as the kernel runs it: for random page-sparse calls (GQA groups,
   // whole-query steps that do not divide a tile, pages of one or two key blocks, windows that start
-  // past page 0, documents or none), every key block of the window walks the rows the kernel gives it
-  // (causal start, the reach of its documents, its page's tiles) in tile steps (query_walk), and
-  // takes at each step the turn sparse_dq_order gives it. Each step's counter must then see the
-  // turns 0 .. n-1 exactly once, rising with the block: no block waits for a turn nobody takes (a
-  // hang), none shares one (an unordered sum), and the order is the blocks'. Counters stay inside
-  // tiles x steps per tile, the count backward_plan::turn_steps() gives the workspace (the plan's
-  // own test checks turn_steps() against a hand count for the plan's step rows).
+  // past page 0, documents or none, cut blocks or none), every CTA of the window-order launch walks
+  // the rows the kernel gives it (causal start, the reach of its documents, its piece, its page's
+  // tiles) in tile steps (query_walk), and takes at each step the turn sparse_dq_order gives it.
+  // Each step's counter must then see the turns 0 .. n-1 exactly once, rising with the block: no
+  // block waits for a turn nobody takes (a hang), none shares one (an unordered sum), and the order
+  // is the blocks'. Likewise the pieces of a cut block that walk any step count the lower ones that
+  // do (their dK/dV piece turn) as 0 .. n-1 in piece order. Counters stay inside tiles x steps per
+  // tile, the count backward_plan::turn_steps() gives the workspace (the plan's own test checks
+  // turn_steps() against a hand count for the plan's step rows).
   std::mt19937 rng(77);
   constexpr int BN = 128;
-  int steps_checked = 0;
+  int steps_checked = 0, pieces_checked = 0;
   for (int trial = 0; trial < 400; ++trial) {
     const int group = std::array<int, 5>{1, 2, 4, 5, 7}[trial % 5];
     const int tile = 128 / std::gcd(128, group) * (1 + static_cast<int>(rng() % 2));
@@ -519,24 +545,51 @@ TEST_CASE("attention: the deterministic sparse backward gives each step's blocks
     const att::sparse_dq_order order{first_page, past_pages, bpp};
     const att::detail::fast_divmod tile_div(static_cast<std::uint32_t>(tile_rows));
     const int spt = (tile_rows + rs - 1) / rs;
+    // the launch: window order, the own blocks and `ends` past blocks at the window's two ends cut
+    // into pieces of piece_tiles tiles (none in a third of the trials)
+    att::sparse_backward_plan plan;
+    plan.window_order = true;
+    plan.own_kb = past_pages * bpp;
+    plan.own = own_pages * bpp;
+    if (trial % 3 != 1 && ntiles > 1) {
+      plan.pieces = 2 + static_cast<int>(rng() % 2);
+      plan.piece_tiles = (ntiles + plan.pieces - 1) / plan.pieces;
+      plan.ends = std::min(plan.own_kb, static_cast<int>(rng() % 5));
+    }
     std::vector<std::vector<std::pair<int, int>>> turns(static_cast<std::size_t>(ntiles * spt));  // (block, turn)
+    std::vector<std::vector<std::pair<int, int>>> piece_turns(static_cast<std::size_t>(pages * bpp));  // (piece, lower)
     bool inside = true;
-    for (int kb = 0; kb < pages * bpp; ++kb) {
+    for (int o = 0; o < plan.ctas_per_head(pages * bpp); ++o) {
+      int piece = -1;
+      const int kb = plan.block_at(o, piece);
       const std::int64_t kmin = pos0 + std::int64_t(kb) * BN, first_q = kmin - q_start;
       if (first_q >= sq) continue;
-      const int row_begin = static_cast<int>(std::max<std::int64_t>(first_q, 0)) * group;
+      const int first_row = static_cast<int>(std::max<std::int64_t>(first_q, 0)) * group, first_tile = first_row / tile_rows;
       int reach = 0;  // the first query whose document starts after the block's last key
       while (reach < sq && lower[static_cast<std::size_t>(reach)] <= kmin + BN - 1) ++reach;
-      const int row_end = std::min(rows, reach * group);
+      const int block_rows = std::min(rows, reach * group);
+      int row_begin, row_end;
+      plan.piece_rows(piece, tile_rows, first_tile, first_row, block_rows, row_begin, row_end);
       if (row_begin >= row_end) continue;
       const int page_j = kb / bpp;
       const bool past = page_j < past_pages;
-      const int ta = row_begin / tile_rows, tb = (row_end - 1) / tile_rows + 1;
+      // a piece's selection bits reach back to its block's first tile, as in the kernel
+      const int ta = (piece >= 0 ? first_row : row_begin) / tile_rows, tb = (row_end - 1) / tile_rows + 1;
       std::vector<std::uint32_t> sel(4, 0u);
       for (int t = ta; t < tb; ++t) {
         const auto& l = lists[static_cast<std::size_t>(t)];
         if (!past || std::binary_search(l.begin(), l.end(), first_page + page_j))
           sel[static_cast<std::size_t>(t >> 5)] |= 1u << (t & 31);
+      }
+      if (piece >= 0 && !att::detail::query_walk(sel.data(), ntiles, tile_rows, tile_div, row_end, rs, row_begin, 0, 1, true)
+                             .done()) {
+        int below = 0;  // the kernel's count of the lower pieces that walk
+        for (int z = 0; z < piece; ++z) {
+          int b, e;
+          plan.piece_rows(z, tile_rows, first_tile, first_row, block_rows, b, e);
+          below += b < e && !att::detail::query_walk(sel.data(), ntiles, tile_rows, tile_div, e, rs, b, 0, 1, true).done();
+        }
+        piece_turns[static_cast<std::size_t>(kb)].emplace_back(piece, below);
       }
       for (att::detail::query_walk wk(sel.data(), ntiles, tile_rows, tile_div, row_end, rs, row_begin, 0, 1, true);
            !wk.done(); wk.next()) {
@@ -556,8 +609,17 @@ TEST_CASE("attention: the deterministic sparse backward gives each step's blocks
     }
     INFO("trial " << trial << ": group " << group << ", tile " << tile << ", rs " << rs << ", blocks per page " << bpp
                   << ", first page " << first_page << ", past pages " << past_pages << ", sq " << sq
-                  << (trial % 3 == 0 ? ", documents" : ""));
+                  << (trial % 3 == 0 ? ", documents" : "") << ", pieces " << plan.pieces << ", ends " << plan.ends);
     CHECK(inside);
+    // the pieces of a block that walk take the piece turns 0, 1, 2, ... in piece order (launch order)
+    for (std::size_t kb = 0; kb < piece_turns.size(); ++kb) {
+      const auto& v = piece_turns[kb];
+      bool ok = true;
+      for (std::size_t i = 0; i < v.size(); ++i) ok = ok && v[i].second == static_cast<int>(i) && (i == 0 || v[i - 1].first < v[i].first);
+      INFO("block " << kb << ": " << v.size() << " pieces walk");
+      CHECK(ok);
+      pieces_checked += v.size() > 1;
+    }
     for (std::size_t s = 0; s < turns.size(); ++s) {
       auto& v = turns[s];
       std::sort(v.begin(), v.end());
@@ -569,4 +631,5 @@ TEST_CASE("attention: the deterministic sparse backward gives each step's blocks
     }
   }
   CHECK(steps_checked > 5000);
+  CHECK(pieces_checked > 300);
 }

@@ -8,7 +8,9 @@ For each traced launch (label, launch order) it splits the SMs' time (SMs x the 
   empty    CTAs that found no step (from their start to the next CTA's start on the same SM)
   gaps     between one CTA's end and the next one's start on the same SM
   tail     after an SM's last CTA, until the launch's last CTA ends
-and lists the CTAs that ended last.
+and lists the CTAs that ended last. Deterministic launches (order -1) also say how much of the SMs'
+time their CTAs spent waiting for turns (the dQ writer's steps; the pieces' dK/dV adds), which the
+parts above count as steps or fixed time.
 Usage: sparse_trace.py trace.csv[.gz] [--last N]
 SPDX-License-Identifier: Apache-2.0
 """
@@ -68,7 +70,9 @@ def split(rows):
             "dK/dV staged": median(lambda r: r["staged"] - r["synced"]),
             "reductions issued": median(lambda r: r["end"] - r["staged"]),
         }
+    waits = {k: sum(r.get(k, 0) for r in work) / total for k in ("dq_wait", "piece_wait")}
     return {
+        "waits": waits,
         "span_us": span / 1e3, "sms": len(sms), "ctas": len(rows), "working": len(work),
         "steps": sum(r["steps"] for r in work), "cta_fit_us": (a / 1e3, b / 1e3), "walk_fit_us": (wa / 1e3, wb / 1e3),
         "prologue_us": median(lambda r: r["walk"] - r["begin"]), "first_us": median(lambda r: r["first"] - r["walk"]),
@@ -84,8 +88,8 @@ def read(path):
     with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
         for r in csv.DictReader(f):
             for k in ("order", "begin", "selected", "walk", "first", "last", "synced", "staged", "end", "sm", "kvh",
-                      "piece", "steps", "kb"):
-                if k in r:  # selected, synced, staged: traces since hs3
+                      "piece", "steps", "kb", "dq_wait", "piece_wait"):
+                if k in r:  # selected, synced, staged: traces since hs3; the waits since issue 35
                     r[k] = int(r[k])
             launches.setdefault((r["label"], r["order"]), []).append(r)
     return launches
@@ -100,6 +104,9 @@ def report(rows, last):
     if t["parts_us"]:
         print("  medians of the parts (us): " + ", ".join(f"{k} {v:.2f}" for k, v in t["parts_us"].items()))
     print("  " + " | ".join(f"{k} {100 * v:.1f}%" for k, v in t["parts"].items()))
+    if any(t["waits"].values()):
+        print(f"  waiting for turns: dQ steps {100 * t['waits']['dq_wait']:.1f}%, "
+              f"pieces' dK/dV {100 * t['waits']['piece_wait']:.1f}% of the SMs' time")
     print(f"  the {last} CTAs that ended last (begin..end us, kvh, block, piece, steps):")
     for r in t["last"][:last]:
         print(f"    {r['begin'] / 1e3:8.1f} .. {r['end'] / 1e3:8.1f}  kvh {r['kvh']}  kb {r['kb']:5d}  "
@@ -112,7 +119,8 @@ def main():
     ap.add_argument("--last", type=int, default=6)
     args = ap.parse_args()
     for (label, order), rows in read(args.csv).items():
-        print(f"{label}, launch order {order} ({'hs1' if order == 3 else 'default'}):")
+        name = {3: "hs1", -1: "deterministic"}.get(order, "default")
+        print(f"{label}, launch order {order} ({name}):")
         report(rows, args.last)
 
 

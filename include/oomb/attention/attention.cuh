@@ -111,6 +111,7 @@ inline kernel_params make_params(const attention_args& a, int rows_per_tile_mult
   p.heads_interleaved = false;
   p.trace = nullptr;
   p.dq_turns = nullptr;
+  p.piece_turns = nullptr;
   p.tile_rows_div = fast_divmod(a.tile_indptr != nullptr ? static_cast<std::uint32_t>(a.tile * group) : 1u);
   return p;
 }
@@ -383,8 +384,8 @@ void launch_backward(const backward_plan& plan, const attention_args& a, const f
 /// that some tile selects, the most selected first (detail::sparse_backward_order_kernel; hs2), so
 /// the long walks start early and unselected blocks cost no CTA, and each CTA reads which tiles
 /// select its page instead of searching their lists (hs3); without it, in the window-ends-first
-/// order (hs1). Deterministic calls (plan_options::deterministic): the dQ turn counters, required.
-/// Stream-ordered: one workspace serves the calls of one stream in turn.
+/// order (hs1). Deterministic calls (plan_options::deterministic): the dQ turn counters (and the
+/// sparse pieces'), required. Stream-ordered: one workspace serves the calls of one stream in turn.
 struct backward_workspace {
   std::int32_t* data = nullptr;
   std::int64_t ints = 0;
@@ -439,8 +440,9 @@ void launch_backward_sm90(const backward_plan& plan, const attention_args& a, co
     OOMB_EXPECTS(Cfg::DQ_WRITER && !Cfg::DQ_OWN && plan.query_split == 1 && plan.sparse.window_order == (a.tile_indptr != nullptr),
                  "attention_backward (sm90, deterministic): the plan's configuration cannot order dQ");
     const cudaError_t e = cudaMemsetAsync(ws.data, 0, static_cast<std::size_t>(plan.workspace_ints) * sizeof(std::int32_t), stream);
-    if (e != cudaSuccess) OOMB_FAIL(cuda_error, "attention_backward (deterministic): zeroing the dQ turns: ", cudaGetErrorString(e));
+    if (e != cudaSuccess) OOMB_FAIL(cuda_error, "attention_backward (deterministic): zeroing the turns: ", cudaGetErrorString(e));
     p.dq_turns = ws.data;
+    if (plan.piece_turns() > 0) p.piece_turns = ws.data + std::int64_t(a.hkv) * plan.turn_steps();
   }
   if (a.tile_indptr != nullptr) {
     p.plan = plan.sparse;

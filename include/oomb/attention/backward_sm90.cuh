@@ -31,10 +31,11 @@
 // consumers never wait for each other (hb2: +6-12% at 64-row steps), at twice the dq additions. dK/dV
 // stay in registers for the walk and are added once at the end: whole 128-row blocks by TMA tensor
 // reductions from a staging tile, others by red.add (hs2; the pieces of a block and the CTAs of a
-// query split add into the same rows). Page-sparse calls: the launch order (sparse_backward_plan)
-// cuts long walks into pieces and, with a workspace, launches the selected blocks most-selected
-// first. Only the configurations variants.cuh names are compiled; the ones that lost (per-row bulk dQ
-// reductions, software-pipelined steps, ...) are gone, their numbers in docs/history/attention.md.
+// query split add into the same rows; deterministic plans: the pieces in piece order). Page-sparse
+// calls: the launch order (sparse_backward_plan) cuts long walks into pieces and, with a workspace,
+// launches the selected blocks most-selected first. Only the configurations variants.cuh names are
+// compiled; the ones that lost (per-row bulk dQ reductions, software-pipelined steps, ...) are gone,
+// their numbers in docs/history/attention.md.
 // Keys past the window's end read as zeros (the partial tile is loaded with zero-filling cp.async),
 // and masked entries are selected to 0, so stale page tails never reach dQ.
 #pragma once
@@ -72,10 +73,11 @@ enum class backward_dq {
 /// query tiles, when the K/V tile had landed, when the first step's Q/dO had (writer-warp
 /// configurations; else = walk), when the walk's last products were done, when both consumers were
 /// (epilogue), when dK/dV were staged for the tensor reductions (red.add epilogue: = synced), when
-/// the epilogue's reductions were issued; and what it took. A CTA that found no step writes `begin`
-/// and `info` only (end = 0).
+/// the epilogue's reductions were issued; and what it took. Deterministic plans: how long the dQ
+/// writer waited for its steps' turns in all (dq_wait) and the epilogue for its piece turn
+/// (piece_wait), in nanoseconds. A CTA that found no step writes `begin` and `info` only (end = 0).
 struct backward_trace_record {
-  enum slot { BEGIN, SELECTED, WALK, FIRST, LAST, SYNCED, STAGED, END, INFO, WORDS };
+  enum slot { BEGIN, SELECTED, WALK, FIRST, LAST, SYNCED, STAGED, END, INFO, DQ_WAIT, PIECE_WAIT, WORDS };
   /// info: SM (bits 0-7), KV head (8-15), piece + 1 (16-23), steps (24-39), key block (40-63)
   static __host__ __device__ std::uint64_t info(int sm, int kvh, int piece, int steps, int kb) {
     return std::uint64_t(sm & 255) | std::uint64_t(kvh & 255) << 8 | std::uint64_t((piece + 1) & 255) << 16 |
@@ -386,7 +388,8 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   // head the CTAs in launch order take the own blocks first, then the past blocks alternately from the
   // window's start and its end (longest first: the tail of each head is short walks; hs1). The own
   // blocks and the first plan.ends past blocks come in plan.pieces CTAs each, one per run of query
-  // tiles, so that no walk is long enough to end late (hs2; sparse_backward_plan).
+  // tiles, so that no walk is long enough to end late (hs2; sparse_backward_plan); deterministic
+  // plans launch the blocks in window order, the same blocks cut (sparse_backward_plan::block_at).
   // heads_interleaved (bench option) takes the KV heads in turn instead.
   const std::uint64_t t_begin = Trace && tid == 0 ? globaltimer() : 0;
   const window_extent win(p);  // its loads overlap the launch order's
@@ -436,14 +439,15 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   const int tile_rows = p.tile * p.group;
   const int first_row = static_cast<int>(q0 * p.group);
   const int first_tile = sparse ? static_cast<int>(p.tile_rows_div.div(static_cast<std::uint32_t>(first_row))) : 0;
-  int row_begin, row_end;
-  p.plan.piece_rows(piece, tile_rows, first_tile, first_row, rows, row_begin, row_end);
   // Per-document bounds: no row after the last query whose document starts at or before the block's
   // last key (BN <= page_size: only the window's last block can be partial, and it is the chunk's own).
+  int block_rows = rows;
   if (p.key_lower != nullptr) {
     const int reach = queries_reaching(p, kmin + BN - 1) * p.group;
-    if (reach < row_end) row_end = reach;
+    if (reach < block_rows) block_rows = reach;
   }
+  int row_begin, row_end;
+  p.plan.piece_rows(piece, tile_rows, first_tile, first_row, block_rows, row_begin, row_end);
   if (row_begin >= row_end) return;  // uniform: the causal start lies past this piece, or every bound past the block
   // Sparse: the query tiles of those rows (the walk reads no others). Of a past block that the order
   // kernel counted (plan.tiles_of), which of them select its page is read from the workspace, one word
@@ -451,6 +455,14 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   // any other past block they are searched for (tile_search), their lists' bounds loaded here.
   const int ta = sparse ? static_cast<int>(p.tile_rows_div.div(static_cast<std::uint32_t>(row_begin))) : 0;
   const int tb = sparse ? static_cast<int>(p.tile_rows_div.div(static_cast<std::uint32_t>(row_end - 1))) + 1 : 0;
+  // Deterministic cut blocks: this piece adds its dK/dV once the block's lower pieces that have rows
+  // to walk have added theirs (piece_turn), so its selection bits reach back to the block's first
+  // tile, where piece 0 starts: they say which lower pieces walk.
+  std::int32_t* const piece_turn =
+      piece >= 0 && p.piece_turns != nullptr
+          ? p.piece_turns + std::int64_t(kvh) * (p.plan.own + p.plan.ends) + p.plan.cut_index(kb)
+          : nullptr;
+  const int ta_sel = piece_turn != nullptr ? first_tile : ta;
   const int ntiles = sparse ? (p.sq + p.tile - 1) / p.tile : 0, words = (ntiles + 31) / 32;  // words < THREADS
   const std::int32_t page_j = s0 >> p.log_page;  // the block's one page (BN <= page_size)
   const bool listed = sparse && p.plan.tiles_of != nullptr && kb < p.plan.own_kb;
@@ -459,7 +471,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   const std::uint32_t listed_word = listed && wd >= 0 && wd < words
                                         ? p.plan.tiles_of[std::int64_t(page_j) * words + wd] & range_bits(wd, ta, tb)
                                         : 0u;
-  const tile_search<Cfg::THREADS> tiles(p, ta, listed ? ta : tb);
+  const tile_search<Cfg::THREADS> tiles(p, ta_sel, listed ? ta_sel : tb);
 
   const std::int64_t p_own = first_own_page(p, win);
   if (s0 >= win.len) return;
@@ -496,7 +508,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
       tma_load_4d(sV + c * PANEL_K, &tmap_v, kv_bar, c * 64, c1, c2, page_id);
     }
   };
-  if (wd >= 0 && wd < words) sSel[wd] = !past ? range_bits(wd, ta, tb) : listed ? listed_word : 0u;
+  if (wd >= 0 && wd < words) sSel[wd] = !past ? range_bits(wd, ta_sel, tb) : listed ? listed_word : 0u;
   if (tid == 0) {
     mbar_init(kv_bar, 1);
     fence_barrier_init();
@@ -557,6 +569,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
                                                          : p_own - p.first_page > win.pages ? win.pages
                                                                                             : p_own - p.first_page),
                                        (1 << p.log_page) / BN};
+        std::uint64_t waited = 0;  // Trace: ns spent waiting for turns
         int cached_tile = -1, cached_lo = -1, below_kb = 0, below_lo = 0;
         bool lo_attended = false;
         int i = 0;
@@ -588,7 +601,11 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
               cached_lo = lo;
               my_turn = dq_order.turn(kb, lo, below_kb, below_lo, lo_attended);
             }
-            if (lane == 0) wait_turn(turn, my_turn);
+            if (lane == 0) {
+              const std::uint64_t w0 = Trace ? globaltimer() : 0;
+              wait_turn(turn, my_turn);
+              if (Trace) waited += globaltimer() - w0;
+            }
             __syncwarp();
             fence_proxy_async_global();
           }
@@ -629,6 +646,7 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
           }
         }
         bulk_wait<0>();
+        if (Trace && lane == 0) p.trace[trace_at + backward_trace_record::DQ_WAIT] = waited;
         return;
       }
     }
@@ -1180,6 +1198,19 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
   // and query splits of a block add into the same rows.
   const bool own_rows = kmin >= p.q_start;
   const bool tensor_rows = outp.tensor_rows && valid_keys == BN && (own_rows || kmax < p.q_start);  // uniform
+  // piece_turn: wait until the block's lower pieces that walk any step (their walks as this CTA's
+  // would be: the same selection bits, their own rows) have added.
+  auto wait_piece_turn = [&] {
+    int lower = 0;
+    for (int z = 0; z < piece; ++z) {
+      int b, e;
+      p.plan.piece_rows(z, tile_rows, first_tile, first_row, block_rows, b, e);
+      lower += b < e && !query_walk(sSel, ntiles, tile_rows, p.tile_rows_div, e, RS, b, 0, 1, true).done();
+    }
+    const std::uint64_t w0 = Trace ? globaltimer() : 0;
+    wait_turn(piece_turn, lower);
+    if (Trace) p.trace[trace_at + backward_trace_record::PIECE_WAIT] = globaltimer() - w0;
+  };
   constexpr int PANEL_ROWS = BN * 128;  // one box: 32 fp32 columns x the block's rows, 128-byte swizzle
   static_assert(2 * D * BN * 4 <= 2 * KV_BYTES + 2 * S * Q_BYTES + Cfg::DS_BUFS * DS_BYTES, "dK/dV staging");
   const std::uint32_t sdK = sbase, sdV = sbase + D / 32 * PANEL_ROWS;
@@ -1209,6 +1240,10 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
     named_sync(2, 256);
     if (tracing) t_staged = globaltimer();
     if (ct == 0 && c == 0) {
+      if (piece_turn != nullptr) {
+        wait_piece_turn();
+        fence_proxy_async_global();
+      }
       const int tok = s0 & page_mask;
       const int c1 = outp.grad_token_dim1 ? tok : kvh, c2 = outp.grad_token_dim1 ? kvh : tok;
       const int row0 = static_cast<int>(kmin - p.q_start);
@@ -1226,6 +1261,10 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
       bulk_commit();
     }
   } else {
+    if (piece_turn != nullptr) {
+      if (ct == 0 && c == 0) wait_piece_turn();
+      named_sync(2, 256);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float *dk, *dv;
@@ -1251,7 +1290,22 @@ OOMB_KERNEL void __launch_bounds__(Cfg::THREADS, 1)
     p.trace[trace_at + rec::END] = globaltimer();
     p.trace[trace_at + rec::INFO] = rec::info(smid(), kvh, piece, steps, kb);
   }
-  if (tensor_rows && ct == 0 && c == 0) bulk_wait_read<0>();  // the staged rows stay until the reductions read them
+  if (piece_turn != nullptr) {  // the block's next piece adds once these sums are in dK/dV
+    if (!tensor_rows) {
+      __threadfence();
+      named_sync(2, 256);
+    }
+    if (ct == 0 && c == 0) {
+      if (tensor_rows) {
+        bulk_wait<0>();
+        fence_proxy_async_global();
+      }
+      __threadfence();
+      pass_turn(piece_turn);
+    }
+  } else if (tensor_rows && ct == 0 && c == 0) {
+    bulk_wait_read<0>();  // the staged rows stay until the reductions read them
+  }
 #else
   (void)p;
   (void)tmap_k;

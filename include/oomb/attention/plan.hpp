@@ -137,7 +137,8 @@ struct plan_options {
   /// Backward: the same bits on every run. The Hopper backward then adds each dQ step in key block
   /// order (a turn counter per KV head and step in the workspace: backward_plan::workspace_ints) and
   /// takes no query split, so no sum depends on which CTA finishes first. Page-sparse calls launch
-  /// their blocks in window order and walk each query tile in steps of its own (sparse_dq_order).
+  /// their blocks in window order, walk each query tile in steps of its own (sparse_dq_order) and
+  /// add the dK/dV of a cut block's pieces in piece order.
   /// The portable kernels and an 8-byte aligned dq are refused (their sums are still unordered).
   bool deterministic = false;
 };
@@ -153,8 +154,9 @@ struct plan_options {
 /// them; the first `ends` of that order are the ones cut into pieces. The order kernel also leaves, per
 /// past page, the bits of the tiles that select it (`tiles_of`), so that a CTA reads its walk's tiles
 /// instead of searching the tiles' lists.
-/// Deterministic calls (`window_order`): launch position o takes block o, whole walks, so that every
-/// block a dQ step waits for (a lower one: sparse_dq_order) launched before it.
+/// Deterministic calls (`window_order`): the blocks in window order, each cut block's pieces in turn
+/// (the same blocks are cut), so that every CTA a dQ step waits for (a lower block: sparse_dq_order)
+/// and every piece a block's dK/dV add waits for (a lower piece: piece_turn) launched before it.
 struct sparse_backward_plan {
   std::int32_t own_kb = 0;       // first key block of the chunk's own pages (from the host's q_start)
   std::int32_t own = 0;          // own key blocks
@@ -164,15 +166,29 @@ struct sparse_backward_plan {
   const std::int32_t* order = nullptr;     // device: past blocks, most selected first (nullptr: the alternation)
   const std::int32_t* selected = nullptr;  // device: how many blocks `order` lists
   const std::uint32_t* tiles_of = nullptr;  // device: per past page (window order), ceil(tiles / 32) words of tile bits
-  bool window_order = false;                 // deterministic calls: position o is block o
-  OOMB_HOST_DEVICE int ctas_per_head(int key_blocks) const {
-    return window_order ? key_blocks : (own + ends) * pieces + (key_blocks - own - ends);
+  bool window_order = false;                 // deterministic calls: the blocks in window order
+  OOMB_HOST_DEVICE int ctas_per_head(int key_blocks) const { return (own + ends) * pieces + (key_blocks - own - ends); }
+  /// The cut blocks, in window order: the first ceil(ends / 2) past blocks, then from the window's
+  /// last floor(ends / 2) past blocks on (with the own blocks) to its end.
+  OOMB_HOST_DEVICE int head_cut() const { return (ends + 1) / 2; }
+  OOMB_HOST_DEVICE int tail_cut() const { return own_kb - ends / 2; }
+  /// Cut block kb's index among the cut blocks in window order (what piece_turns counts by), or -1.
+  OOMB_HOST_DEVICE int cut_index(int kb) const {
+    if (pieces <= 1) return -1;
+    return kb < head_cut() ? kb : kb >= tail_cut() ? kb - tail_cut() + head_cut() : -1;
   }
   /// The key block that launch position o (within a KV head) takes, and which piece of it (-1: the
   /// whole walk); -1: none (an ordered launch's position past the selected blocks).
   OOMB_HOST_DEVICE int block_at(int o, int& piece) const {
     piece = -1;
-    if (window_order) return o;
+    if (window_order) {
+      const int head = head_cut() * pieces, middle = tail_cut() - head_cut();
+      if (pieces <= 1) return o;
+      if (o >= head && o < head + middle) return head_cut() + (o - head);
+      const int x = o < head ? o : o - head - middle;
+      piece = x % pieces;
+      return (o < head ? 0 : tail_cut()) + x / pieces;
+    }
     const int cut = (own + ends) * pieces;
     int k;  // own block b: -1 - b; past: the position in the alternation
     if (o < cut) {
@@ -261,12 +277,18 @@ struct backward_plan {
   bool deterministic = false;
   /// int32 words of device workspace the launch wants (sparse Hopper calls: the launch order by
   /// selection and each page's tile bits; deterministic calls: a turn counter per KV head and query
-  /// step); 0: none. A smaller workspace is refused; a sparse call with none at all launches in the
-  /// window-ends-first order, a deterministic one is refused.
+  /// step, then per KV head and cut block a piece turn: piece_turns()); 0: none. A smaller workspace
+  /// is refused; a sparse call with none at all launches in the window-ends-first order, a
+  /// deterministic one is refused.
   std::int64_t workspace_ints = 0;
   /// Steps of step_rows packed query rows per KV head.
   std::int64_t query_steps() const {
     return step_rows > 0 ? (std::int64_t(shape.sq) * shape.group() + step_rows - 1) / step_rows : 0;
+  }
+  /// Deterministic sparse calls with cut blocks: per KV head, a counter per cut block of how many of
+  /// its pieces have added their dK/dV (the pieces add in turn), after the dQ turns in the workspace.
+  std::int64_t piece_turns() const {
+    return deterministic && shape.sparse && sparse.pieces > 1 ? sparse.own + sparse.ends : 0;
   }
   /// Deterministic calls: the dQ turn counters per KV head, one per step: query_steps() dense; sparse,
   /// where each tile is walked in steps of its own (sparse_dq_order), tiles * ceil(tile rows / step_rows).
@@ -476,11 +498,11 @@ inline backward_plan plan_backward(const call_shape& s, const device_facts& f, c
     p.deterministic = true;
     p.query_split = 1;
     if (s.sparse) {
-      p.sparse = detail::make_sparse_backward_plan(s, p.key_blocks, t.bn, false);
+      p.sparse = detail::make_sparse_backward_plan(s, p.key_blocks, t.bn, true);
       p.sparse.window_order = true;
-      p.ctas_per_head = p.key_blocks;
+      p.ctas_per_head = p.sparse.ctas_per_head(p.key_blocks);
     }
-    p.workspace_ints = std::int64_t(s.hkv) * p.turn_steps();
+    p.workspace_ints = std::int64_t(s.hkv) * (p.turn_steps() + p.piece_turns());
     return p;
   }
   if (o.split > 0)

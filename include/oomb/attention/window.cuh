@@ -47,6 +47,10 @@ struct kernel_params {
   /// Hopper backward, deterministic plans: per (KV head, query step) how many key blocks have added
   /// their dQ for the step (zeroed before the launch); nullptr: dQ is added in arrival order.
   std::int32_t* dq_turns;
+  /// Hopper backward, deterministic sparse plans with cut blocks: per (KV head, cut block) how many of
+  /// the block's pieces have added their dK/dV (zeroed; backward_plan::piece_turns); nullptr: the
+  /// pieces add in arrival order.
+  std::int32_t* piece_turns;
 };
 
 __device__ __forceinline__ std::int32_t lower_bound(const std::int32_t* a, std::int32_t n, std::int64_t x) {
