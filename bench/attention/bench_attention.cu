@@ -357,11 +357,12 @@ struct sparse_timing {
   timing bwd_no_ws;  // the public entry without a workspace: past blocks in the window-ends-first order (hs1's), long walks in pieces
   timing bwd_packed;  // the wide-group configuration (steps of BM packed rows that straddle queries) with the workspace
   timing bwd_det;     // the public backward planned deterministic (window order, each tile in steps of its own)
-  timing bwd_det_heads;  // the same with the KV heads in turn (plan order 2)
+  timing bwd_det_one_head;  // the same with one KV head after another (plan order 1; the plan takes them in turn)
 };
 
 /// One launch of the sparse backward's public configuration in launch order `order` (0: the default with a
-/// workspace, 3: hs1's, -1: the deterministic plan, -2: the same, KV heads in turn), every CTA's timeline appended to `out` as CSV lines
+/// workspace, 3: hs1's, -1: the deterministic plan (KV heads in turn), -2: the same, one KV head after another),
+/// every CTA's timeline appended to `out` as CSV lines
 /// "label,order,begin,selected,walk,first,last,synced,staged,end,sm,kvh,piece,steps,kb,dq_wait,piece_wait"
 /// (backward_trace_record; times in ns from the first CTA's begin, -1: not reached; waits in ns).
 void trace_sparse(const problem& p, int order, const std::string& label, std::FILE* out) {
@@ -376,7 +377,7 @@ void trace_sparse(const problem& p, int order, const std::string& label, std::FI
   tr.fill_bytes(0);
   gpu::plan_options o;
   o.deterministic = order < 0;
-  o.order = order == -2 ? 2 : order < 0 ? 0 : order;
+  o.order = order == -2 ? 1 : order < 0 ? 0 : order;
   const auto plan = gpu::plan_backward(gpu::call_shape::of(a, buf.dq.p), attn_test::facts(), o);
   dev<std::int32_t> ws(static_cast<std::size_t>(plan.workspace_ints));
   const gpu::backward_workspace w{ws.p, static_cast<std::int64_t>(ws.n)};
@@ -432,11 +433,11 @@ sparse_timing time_sparse(const problem& p, int reps) {
   if (gpu::detail::current_device_is_sm90()) {
     gpu::plan_options det;
     det.deterministic = true;
-    for (const int order : {0, 2}) {
+    for (const int order : {0, 1}) {
       det.order = order;
       const auto det_plan = gpu::plan_backward(gpu::call_shape::of(a, dq.p), attn_test::facts(), det);
       dev<std::int32_t> det_ws(static_cast<std::size_t>(det_plan.workspace_ints));
-      (order == 0 ? t.bwd_det : t.bwd_det_heads) = time_ms(1, reps, [&] {
+      (order == 0 ? t.bwd_det : t.bwd_det_one_head) = time_ms(1, reps, [&] {
         gpu::backward_delta(c.sq, c.hq, c.d, o.p, dp.d_o.p, delta.p, nullptr);
         gpu::backward(det_plan, a, lse.p, delta.p, dp.d_o.p, dq.p, dk.p, dv.p, grads,
                       {det_ws.p, det_plan.workspace_ints}, nullptr);
@@ -719,23 +720,23 @@ int main(int argc, char** argv) {
             std::printf("  [sparse %s 256K past, %s (%lld past keys), TFLOP/s over attended keys: fwd %.1f (%.3fx dense %.1f) | "
                         "bwd %.1f (%.3fx dense %.1f) | no workspace (ends first) %.1f (%.3fx) | hs1's order, no walk in "
                         "pieces %.1f (%.3fx) | packed-row steps %.1f (%.3fx) | deterministic %.1f (%.3fx the default's time; "
-                        "KV heads in turn %.3fx)]\n",
+                        "one KV head after another %.3fx)]\n",
                         s.name, sel.c_str(), (long long)keys, tf_f, tf_f / dense_f, dense_f, tf_b, tf_b / dense_b, dense_b,
                         tf_bi, tf_bi / dense_b, tf_b0, tf_b0 / dense_b, tf_bp, tf_bp / dense_b, tf_bd,
-                        st.bwd_det.median / st.bwd.median, st.bwd_det_heads.median / st.bwd.median);
+                        st.bwd_det.median / st.bwd.median, st.bwd_det_one_head.median / st.bwd.median);
             if (jf != nullptr)
               std::fprintf(jf,
                            "{\"heads\": \"%s\", \"past\": %lld, \"sq\": %d, \"reps\": %d, \"sparse\": \"%s\", "
                            "\"pool\": %d, \"attended_past_keys\": %lld, \"tflops_median_min_max\": "
                            "{\"fwd_sparse\": [%f, %f, %f], \"bwd_sparse\": [%f, %f, %f], \"bwd_sparse_no_workspace\": [%f, %f, %f], "
                            "\"bwd_sparse_hs1_order\": [%f, %f, %f], \"bwd_sparse_packed_rows\": [%f, %f, %f], "
-                           "\"bwd_sparse_deterministic\": [%f, %f, %f], \"bwd_sparse_deterministic_heads_in_turn\": [%f, %f, %f]}, "
+                           "\"bwd_sparse_deterministic\": [%f, %f, %f], \"bwd_sparse_deterministic_one_head_at_a_time\": [%f, %f, %f]}, "
                            "\"fwd_dense_paged_median\": %f, \"bwd_dense_paged_median\": %f}\n",
                            s.name, (long long)past, sq, r, sel.c_str(), pool, (long long)keys, tf_f, fl_f / st.fwd.hi / 1e9,
                            fl_f / st.fwd.lo / 1e9, tf_b, tf(st.bwd.hi), tf(st.bwd.lo), tf_bi, tf(st.bwd_no_ws.hi),
                            tf(st.bwd_no_ws.lo), tf_b0, tf(st.bwd_hs1.hi), tf(st.bwd_hs1.lo), tf_bp, tf(st.bwd_packed.hi),
-                           tf(st.bwd_packed.lo), tf_bd, tf(st.bwd_det.hi), tf(st.bwd_det.lo), tf(st.bwd_det_heads.median),
-                           tf(st.bwd_det_heads.hi), tf(st.bwd_det_heads.lo), dense_f, dense_b);
+                           tf(st.bwd_packed.lo), tf_bd, tf(st.bwd_det.hi), tf(st.bwd_det.lo), tf(st.bwd_det_one_head.median),
+                           tf(st.bwd_det_one_head.hi), tf(st.bwd_det_one_head.lo), dense_f, dense_b);
             std::fflush(stdout);
             p.c.sparse = false;
             p.tile_indptr.clear();

@@ -81,7 +81,7 @@ const char* usage =
     "  --home-memory M      where the homes live with --offload: pinned, or pageable (through pinned staging:\n"
     "                       no GPU memory for the driver's mapping of pinned pages)             [pinned]\n"
     "  --keep-attention-outputs  keep stage 1's attention outputs for stage 2 (no attention recompute)\n"
-    "  --prefetch-last-selection sparse with offload: stage 1 prefetches the last chunk's selection of a layer\n"
+    "  --no-prefetch-last-selection  sparse with offload: stage 1 does not prefetch the last chunk's selection\n"
     "  --deterministic           the attention backward adds dQ in key block order (the same bits every run)\n"
     "  --sparse-budget B    page-sparse attention: each tile of --tile queries attends B scored past pages (a\n"
     "                       length where B + S + L covers every past page runs dense, and its row says why)\n"
@@ -141,7 +141,7 @@ struct bench_options {
   oomb_trainer::home_memory homes = oomb_trainer::home_memory::pinned;               ///< --home-memory
   oomb::attention::kernel_choice kernels = oomb::attention::kernel_choice::automatic;  ///< --attention-kernels
   bool keep = false;  ///< keep_attention_outputs
-  bool prefetch_last_selection = false;  ///< chunk_options::prefetch_last_selection
+  bool prefetch_last_selection = true;  ///< chunk_options::prefetch_last_selection
   bool deterministic = false;  ///< chunk_options::deterministic
   bool split = false;  ///< chunk_options::time_ops: the row's split_s
   bool sparse = false;  ///< --sparse-budget given
@@ -225,8 +225,8 @@ bench_options parse(int argc, char** argv) {
       }
     } else if (flag == "--keep-attention-outputs") {
       o.keep = true;
-    } else if (flag == "--prefetch-last-selection") {
-      o.prefetch_last_selection = true;
+    } else if (flag == "--no-prefetch-last-selection") {
+      o.prefetch_last_selection = false;
     } else if (flag == "--deterministic") {
       o.deterministic = true;
     } else if (flag == "--split") {
@@ -276,8 +276,8 @@ bench_options parse(int argc, char** argv) {
   if (o.near_pages > 0 && !o.offload) usage_error("--near-pages needs --offload");
   if (oomb_trainer::bf16_homes(o.grad_homes) && !o.offload) usage_error("--grad-homes bf16 needs --offload");
   if (o.homes == oomb_trainer::home_memory::pageable && !o.offload) usage_error("--home-memory pageable needs --offload");
-  if (o.prefetch_last_selection && !(o.sparse && o.offload))
-    usage_error("--prefetch-last-selection needs --sparse-budget and --offload");
+  if (!o.prefetch_last_selection && !(o.sparse && o.offload))
+    usage_error("--no-prefetch-last-selection needs --sparse-budget and --offload");
   if (o.warmup_tokens == 1) usage_error("--warmup-tokens: a sequence needs at least 2 tokens");
   try {
     oomb_trainer::check_sparse_shape_flags(o.sparse, o.shape_flag);

@@ -10,7 +10,8 @@
 #   GRAD_HOMES     with OFFLOAD=1: fp32 (default), bf16 or bf16-stochastic gradient homes (--grad-homes)
 #   HOME_MEMORY    with OFFLOAD=1: pinned (default) or pageable homes (--home-memory)
 #   KEEP=1         keep stage 1's attention outputs for stage 2 (--keep-attention-outputs)
-#   PREFETCH_LAST=1  sparse with offload: stage 1 prefetches the last chunk's selection (--prefetch-last-selection)
+#   PREFETCH_LAST=0  sparse with offload: stage 1 does not prefetch the last chunk's selection
+#                  (--no-prefetch-last-selection; on by default)
 #   DETERMINISTIC=1  the attention backward in a fixed order (--deterministic; dense and page-sparse)
 #   SPLIT=1        time the backend's ops by kind on the device (--split: each row's split_s)
 #   SPARSE_BUDGET  page-sparse attention, B scored past pages per query tile (--sparse-budget); SINK,
@@ -76,7 +77,7 @@ if [[ " $SYSTEMS " == *" oomb "* ]]; then
   [ -n "${GRAD_HOMES:-}" ] && args+=(--grad-homes "$GRAD_HOMES")
   [ -n "${HOME_MEMORY:-}" ] && args+=(--home-memory "$HOME_MEMORY")
   [ "${KEEP:-0}" = 1 ] && args+=(--keep-attention-outputs)
-  [ "${PREFETCH_LAST:-0}" = 1 ] && args+=(--prefetch-last-selection)
+  [ "${PREFETCH_LAST:-1}" = 0 ] && args+=(--no-prefetch-last-selection)
   [ "${DETERMINISTIC:-0}" = 1 ] && args+=(--deterministic)
   [ "${SPLIT:-0}" = 1 ] && args+=(--split)
   args+=("${sparse[@]}")

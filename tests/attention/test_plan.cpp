@@ -259,6 +259,11 @@ TEST_CASE("attention plan: a deterministic backward takes no query split and a d
   CHECK(sparse.deterministic);
   CHECK(sparse.query_split == 1);
   CHECK(sparse.sparse.window_order);
+  CHECK(sparse.order == 2);  // the KV heads in turn
+  CHECK(plan.order == 0);    // dense: one KV head after another
+  auto asked = o;
+  asked.order = 1;
+  CHECK(att::plan_backward(sp, f, asked).order == 1);
   CHECK(sparse.sparse.pieces == 4);
   CHECK(sparse.sparse.piece_tiles == 8);
   CHECK(sparse.sparse.own == 32);

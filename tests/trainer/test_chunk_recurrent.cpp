@@ -104,13 +104,15 @@ TEST_CASE("chunk-recurrent: one window per layer, token-major pages, and offload
   chunk_options spo = sp;
   spo.offload = true;
   spo.near_pages = 4;
+  spo.prefetch_last_selection = false;
   const chunked_run sparse_off = run_chunked(p, seq, spo);
   CHECK(trainer_test::same_bits(sparse_off.grads, sparse.grads));
-  CHECK(sparse_off.stats.sparse_pages_predicted == 0);  // prefetch_last_selection is off by default
-  // Streamed with prefetch_last_selection, stage 1 prefetches each chunk's likely pages on the last
-  // chunk's selection (at most a window's): the same bits, and the guess counted.
+  CHECK(sparse_off.stats.sparse_pages_predicted == 0);
+  // Streamed with prefetch_last_selection (the default), stage 1 prefetches each chunk's likely
+  // pages on the last chunk's selection (at most a window's): the same bits, and the guess counted.
   chunk_options guess = spo;
   guess.prefetch_last_selection = true;
+  CHECK(chunk_options{}.prefetch_last_selection);
   const chunked_run sparse_guess = run_chunked(p, seq, guess);
   CHECK(trainer_test::same_bits(sparse_guess.grads, sparse.grads));
   CHECK(sparse_guess.stats.sparse_pages_predicted > 0);

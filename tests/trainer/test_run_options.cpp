@@ -107,20 +107,25 @@ TEST_CASE("run options: --attention-kernels automatic|portable reaches the chunk
                        oomb::invalid_argument);
 }
 
-TEST_CASE("run options: --prefetch-last-selection reaches the chunk options and options.json; needs sparse and offload") {
-  CHECK_FALSE(parse_train_options(run_args("o")).prefetch_last_selection);
+TEST_CASE("run options: stage 1's prefetch of the last selection is on with sparse and offload; "
+          "--no-prefetch-last-selection turns it off and needs both") {
+  // dense: nothing to prefetch, and options.json says so
   CHECK(oomb_trainer::options_json(parse_train_options(run_args("o")))["prefetch_last_selection"] == false);
-  const auto o = parse_train_options(run_args("o", {"--sparse-budget", "0", "--offload", "--prefetch-last-selection"}));
-  CHECK(o.prefetch_last_selection);
-  CHECK(oomb_trainer::chunk_options_of(o).prefetch_last_selection);
-  CHECK(oomb_trainer::options_json(o)["prefetch_last_selection"] == true);
+  const auto on = parse_train_options(run_args("o", {"--sparse-budget", "0", "--offload"}));
+  CHECK(on.prefetch_last_selection);
+  CHECK(oomb_trainer::chunk_options_of(on).prefetch_last_selection);
+  CHECK(oomb_trainer::options_json(on)["prefetch_last_selection"] == true);
+  const auto off = parse_train_options(run_args("o", {"--sparse-budget", "0", "--offload", "--no-prefetch-last-selection"}));
+  CHECK_FALSE(off.prefetch_last_selection);
+  CHECK_FALSE(oomb_trainer::chunk_options_of(off).prefetch_last_selection);
+  CHECK(oomb_trainer::options_json(off)["prefetch_last_selection"] == false);
   for (const std::vector<std::string>& without : {std::vector<std::string>{"--offload"}, {"--sparse-budget", "0"}})
     CHECK_THROWS_WITH_AS(parse_train_options(run_args("o", [&] {
                            auto a = without;
-                           a.push_back("--prefetch-last-selection");
+                           a.push_back("--no-prefetch-last-selection");
                            return a;
                          }())),
-                         doctest::Contains("--prefetch-last-selection prefetches stage 1's page-sparse selections"),
+                         doctest::Contains("--no-prefetch-last-selection turns off stage 1's prefetch"),
                          oomb::invalid_argument);
 }
 

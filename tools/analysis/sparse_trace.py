@@ -8,7 +8,7 @@ For each traced launch (label, launch order) it splits the SMs' time (SMs x the 
   empty    CTAs that found no step (from their start to the next CTA's start on the same SM)
   gaps     between one CTA's end and the next one's start on the same SM
   tail     after an SM's last CTA, until the launch's last CTA ends
-and lists the CTAs that ended last. Deterministic launches (order -1; -2: KV heads in turn) also say how much of the SMs'
+and lists the CTAs that ended last. Deterministic launches (order -1; -2: one KV head after another) also say how much of the SMs'
 time their CTAs spent waiting for turns (the dQ writer's steps; the pieces' dK/dV adds), which the
 parts above count as steps or fixed time.
 Usage: sparse_trace.py trace.csv[.gz] [--last N]
@@ -119,7 +119,7 @@ def main():
     ap.add_argument("--last", type=int, default=6)
     args = ap.parse_args()
     for (label, order), rows in read(args.csv).items():
-        name = {3: "hs1", -1: "deterministic", -2: "deterministic, KV heads in turn"}.get(order, "default")
+        name = {3: "hs1", -1: "deterministic", -2: "deterministic, one KV head after another"}.get(order, "default")
         print(f"{label}, launch order {order} ({name}):")
         report(rows, args.last)
 

@@ -59,7 +59,7 @@ struct train_options {
   std::int64_t stop_after = 0;  ///< stop (and save) after this many steps of this run; 0: run to --steps
   std::int32_t kv_keys = 8, kv_values = 6, kv_queries = 8;  ///< --synthetic kv-recall's shape
   bool keep_attention_outputs = false;  ///< stage 2 reads stage 1's attention outputs instead of attending again
-  bool prefetch_last_selection = false;  ///< --prefetch-last-selection (sparse with offload)
+  bool prefetch_last_selection = true;  ///< sparse with offload (--no-prefetch-last-selection: off)
   bool full_backprop = false;
   std::string device = "cpu";  ///< where the training state lives and the step runs: "cpu" or "cuda"
   std::uint64_t host_memory = 0;  ///< bytes the run may take on the host; 0: host_memory_default()
@@ -86,7 +86,7 @@ page-sparse attention.
 
 usage: oomb-train --config model.json (--data tokens.bin [--packing P] | --synthetic NAME) --seq-len N
                   [--batch B] --chunk C --page P [--sparse-budget B --sink S --local L --tile Q --scoring K]
-                  [--offload --near-pages K] [--prefetch-last-selection]
+                  [--offload --near-pages K] [--no-prefetch-last-selection]
                   --steps S [--lr LR --warmup W --weight-decay WD --clip G] [--init CKPT]
                   [--rope-theta T] [--rope-scaling JSON]
                   [--resume DIR] --out DIR [--dump-grads FILE] [--full-backprop] [--device cpu|cuda]
@@ -146,10 +146,10 @@ sequence and memory
                         (default: max(4 x a chunk's pages, 256); sparse: 2 x (a chunk's pages
                         + 16 (B + S + L)); at least a chunk's pages)
   --window-pages W      pages per attention window (default: K/2 with --offload, all without)
-  --prefetch-last-selection
-                        with --sparse-budget and --offload: in stage 1, prefetch the pages the last
-                        chunk selected in a layer before the layer's own selection is known (an
-                        experiment, off by default: docs/sparse.md)
+  --no-prefetch-last-selection
+                        with --sparse-budget and --offload: do not prefetch, in stage 1, the pages
+                        the last chunk selected in a layer before the layer's own selection is
+                        known (on by default: docs/sparse.md)
   --grad-homes F        what the gradient pages' homes hold with --offload: fp32 (default), bf16 (half
                         the host bytes; the near slots still add in fp32, each write-back rounds to
                         nearest even) or bf16-stochastic (rounds up with the probability of the
@@ -400,7 +400,7 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
     else if (f == "--kv-queries") o.kv_queries = i32(1);
     else if (f == "--full-backprop") o.full_backprop = true;
     else if (f == "--keep-attention-outputs") o.keep_attention_outputs = true;
-    else if (f == "--prefetch-last-selection") o.prefetch_last_selection = true;
+    else if (f == "--no-prefetch-last-selection") o.prefetch_last_selection = false;
     else if (f == "--deterministic") o.deterministic = true;
     else if (f == "--plan") o.plan = true;
     else if (f == "--debug") o.debug = true;
@@ -448,8 +448,8 @@ inline train_options parse_train_options(const std::vector<std::string>& args) {
   OOMB_EXPECTS(o.device == "cpu" || !o.full_backprop, "--device cuda runs chunk-recurrent training only (--full-backprop ",
                "is the CPU's baseline)");
   check_sparse_shape_flags(o.sparse, sparse_only);
-  OOMB_EXPECTS(!o.prefetch_last_selection || (o.sparse && o.offload), "--prefetch-last-selection prefetches stage 1's ",
-               "page-sparse selections into the near tier: it needs --sparse-budget and --offload");
+  OOMB_EXPECTS(o.prefetch_last_selection || (o.sparse && o.offload), "--no-prefetch-last-selection turns off stage 1's ",
+               "prefetch of page-sparse selections into the near tier: it needs --sparse-budget and --offload");
   if (o.deterministic && o.device == "cuda")
     OOMB_EXPECTS(o.attention_kernels == oomb::attention::kernel_choice::automatic && o.page >= 128,
                  "--deterministic on --device cuda needs the Hopper attention kernels: --page >= 128 (got ", o.page,

@@ -203,7 +203,7 @@ nlohmann::json options_json(const train_options& o) {
           {"deterministic", o.deterministic},
           {"near_pages", o.near_pages}, {"window_pages", o.window_pages},
           {"keep_attention_outputs", o.keep_attention_outputs},
-          {"prefetch_last_selection", o.prefetch_last_selection},
+          {"prefetch_last_selection", o.prefetch_last_selection && o.sparse && o.offload},
           {"full_backprop", o.full_backprop},
           {"device", o.device},         {"steps", o.steps},
           {"lr", o.lr},                 {"min_lr", o.effective_min_lr()},
