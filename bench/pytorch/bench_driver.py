@@ -9,7 +9,7 @@ Prints one JSON object per length in strong_baseline.py's shape ("len", "s", "to
 end of the step, CUDA context and torch's cache included) and the pools' bytes; with --jsonl appends
 rows in the results format (system "oomb-torch", phase "fwd_bwd"). The pools come from torch's
 caching allocator, so max_memory_allocated counts everything oomb allocates on the device; with
---offload or --sparse-budget the pages are the session's (oomb.paged_cuda: device slots from
+--offload or --sparse-budget the pages are the session's (oomb.paged: device slots from
 cudaMalloc, homes in host memory), so device_used_bytes is the figure that tells flatness.
 
   python bench_driver.py --config configs/qwen2.5-7b.json --lengths 32768 131072 --chunk 4096 --jsonl out.jsonl

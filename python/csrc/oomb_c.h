@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define OOMB_C_ABI_VERSION 3
+#define OOMB_C_ABI_VERSION 4
 
 /* The library is built with hidden visibility: only what carries OOMB_C_API is exported. */
 #if defined(_WIN32)
@@ -190,6 +190,69 @@ OOMB_C_API int oomb_store_attention_forward(oomb_store* store, int32_t seq, int3
 OOMB_C_API int oomb_store_attention_backward(oomb_store* store, int32_t seq, int32_t layer,
                                              const oomb_attention_args* args, const void* o, const void* lse,
                                              const void* d_o, void* dq, void* dk, void* dv);
+
+/* ---- Paged attention of one sequence (v4): the chunk-recurrent trainer's algorithm
+ * (examples/trainer/algo/paged_attention.hpp) over its CPU backend (examples/trainer/cpu/cpu_ops.hpp),
+ * for the package's offload and page-sparse runs on the CPU; liboomb_cuda has the same session over
+ * the GPU (oomb_cuda_paged_*). The session owns its pages: K/V and gradient pages in host pools, with
+ * offload streamed through fixed sets of near slots by oomb's residency schedulers on host streams
+ * (the windows, prefetch and Belady eviction of the trainer); with sparse, page summaries and the tile
+ * selection. Layer l's calls for chunk c follow the trainer's order: stage 1 (c = 0, 1, ...): append
+ * the chunk's tokens once, then per layer write (its K/V), select (sparse), forward; stage 2 (c = last
+ * .. 0): expect_recompute(c), forward for every layer (the recomputation), backward from the last layer
+ * down, then release_chunk(c); end_step after chunk 0. Pointers are host memory of the config's dtype:
+ * q [n][hq][d], k and v [n][hkv][d], o, d_o, dq [n][hq][d], lse [hq][n]; scores are scaled by
+ * 1/sqrt(head_dim). */
+typedef struct oomb_paged oomb_paged;
+
+typedef struct {
+  int32_t struct_size; /* sizeof(oomb_paged_config) as the caller knows it */
+  int32_t dtype;       /* OOMB_DTYPE_F32 or OOMB_DTYPE_F64: pages, gradient pages and arithmetic */
+  int32_t layers, hq, hkv, head_dim;
+  int32_t chunk, page; /* page: a power of two >= 16 dividing chunk */
+  int64_t max_tokens;  /* the longest sequence a step may bring */
+  int32_t offload;     /* 0: every page read in place; 1: streamed through near slots */
+  int32_t near_pages;  /* offload: slots for K/V pages, and as many for gradient pages; 0: the trainer's default */
+  int32_t window_pages; /* needed pages per attention window; 0: near_pages / 2 (offload), else one window */
+  int32_t grad_homes;  /* offload: 0 the dtype, 1 bf16 (rounded to nearest even), 2 bf16 rounded stochastically */
+  int32_t sparse;      /* nonzero: page-sparse attention over the past */
+  int32_t budget, sink, local, tile;
+  int32_t scoring;     /* 0: Quest bound, 1: mean key */
+} oomb_paged_config;
+
+/* What a paged session holds and moved (both libraries' sessions report it). */
+typedef struct {
+  int32_t kv_in_use, grad_in_use;         /* K/V and gradient page pairs held now */
+  int32_t kv_high_water, grad_high_water; /* the most held at once since the session was made */
+  oomb_residency_stats kv, grad;          /* the near tiers since the session was made (zeros in place) */
+  double exposed_transfer_seconds;        /* this step: compute waiting for page copies (GPU only; 0 on the CPU) */
+  int64_t near_bytes;                     /* the near slots of both tiers (fixed) */
+  int64_t far_bytes;                      /* what the K/V and gradient pools (or homes) hold now */
+  int64_t sparse_pages_selected, sparse_pages_candidate; /* this step: sums over tiles */
+} oomb_paged_stats;
+
+OOMB_C_API int oomb_paged_create(const oomb_paged_config* config, oomb_paged** out);
+OOMB_C_API void oomb_paged_destroy(oomb_paged* session);
+/* A step of `chunks` chunks; doc_starts (ascending, first 0; NULL/0: one document) are the positions
+ * where packed documents start: each query attends its own document only. */
+OOMB_C_API int oomb_paged_begin_step(oomb_paged* s, int32_t chunks, const int32_t* doc_starts, int32_t docs);
+OOMB_C_API int oomb_paged_append(oomb_paged* s, int64_t tokens);
+OOMB_C_API int oomb_paged_write(oomb_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* k, const void* v);
+OOMB_C_API int oomb_paged_select(oomb_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* q);
+OOMB_C_API int oomb_paged_expect_recompute(oomb_paged* s, int32_t chunk);
+OOMB_C_API int oomb_paged_forward(oomb_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* q, void* o,
+                                  void* lse);
+/* ADDS into dq, dk, dv (the chunk's own keys, with what later chunks left in its gradient pages). */
+OOMB_C_API int oomb_paged_backward(oomb_paged* s, int32_t layer, int32_t chunk, int64_t n, const void* q,
+                                   const void* o, const void* lse, const void* d_o, void* dq, void* dk, void* dv);
+OOMB_C_API int oomb_paged_release_chunk(oomb_paged* s, int32_t chunk);
+/* Sparse: the selection stage 1 made for (layer, chunk) in the last step: per tile of `tile`
+ * queries, ascending logical past pages (indptr [tiles + 1], pages [entries]). *tiles and *entries
+ * get the sizes; the arrays are filled when their capacities hold them (NULL with 0: sizes only). */
+OOMB_C_API int oomb_paged_selection(oomb_paged* s, int32_t layer, int32_t chunk, int32_t* indptr,
+                                    int64_t indptr_capacity, int32_t* pages, int64_t pages_capacity, int64_t* tiles,
+                                    int64_t* entries);
+OOMB_C_API int oomb_paged_end_step(oomb_paged* s, oomb_paged_stats* stats);
 
 #ifdef __cplusplus
 }

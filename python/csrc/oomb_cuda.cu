@@ -6,7 +6,6 @@
 #include "oomb_cuda.h"
 
 #include "c_abi_errors.hpp"
-#include "c_abi_residency.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -19,9 +18,8 @@
 
 #include "oomb/attention/attention.cuh"
 #include "oomb/core/error.hpp"
-#include "oomb/offload/belady_eviction.hpp"
 #include "oomb/paging/page_shape.hpp"
-#include "trainer/algo/paged_attention.hpp"
+#include "paged_session.hpp"
 #include "trainer/cuda/cuda_attention_ops.cuh"
 #include "trainer/cuda/huge_page_host_resource.hpp"
 
@@ -158,66 +156,34 @@ class paged_session_of final : public paged_session {
 
  public:
   paged_session_of(const trainer::model_config& cfg, const trainer::chunk_options& opt, std::int64_t max_tokens)
-      : opt_(opt), cfg_layers_(cfg.num_hidden_layers), hkv_(cfg.num_key_value_heads), d_(cfg.head_dim),
-        attention_(be_, cfg, opt, max_tokens) {
-    be_.attention_plan(plan_of(opt));
+      : s_(cfg, opt, max_tokens) {
+    s_.backend().attention_plan(plan_of(opt));
   }
 
   void begin_step(std::int32_t chunks, const std::vector<std::int32_t>& doc_starts) override {
-    selected0_ = attention_.pages_selected();
-    candidate0_ = attention_.pages_candidate();
-    attention_.begin_step(chunks, doc_starts);
-    (void)be_.take_transfer_wait_seconds();  // drops what came before
+    s_.begin_step(chunks, doc_starts);
   }
-  void append(std::int64_t n) override { attention_.append(n); }
+  void append(std::int64_t n) override { s_.append(n); }
   void write(std::int32_t l, std::int32_t c, std::int64_t n, const bf16* k, const bf16* v, cudaStream_t s) override {
-    bridged(s, [&] { attention_.write(l, c, n, k, v); });
+    bridged(s, [&] { s_.write(l, c, n, k, v); });
   }
   void select(std::int32_t l, std::int32_t c, std::int64_t n, const bf16* q, cudaStream_t s) override {
-    OOMB_CUDA_EXPECTS(opt_.sparse, "select on a dense session");
-    bridged(s, [&] { attention_.select(l, c, n, q); });
+    bridged(s, [&] { s_.select(l, c, n, q); });
   }
-  void expect_recompute(std::int32_t c) override { attention_.expect_recompute(c); }
+  void expect_recompute(std::int32_t c) override { s_.expect_recompute(c); }
   void forward(std::int32_t l, std::int32_t c, std::int64_t n, const bf16* q, bf16* o, float* lse,
                cudaStream_t s) override {
-    bridged(s, [&] { attention_.forward(l, c, std::int64_t(c) * opt_.chunk, n, q, o, lse); });
+    bridged(s, [&] { s_.forward(l, c, n, q, o, lse); });
   }
   void backward(std::int32_t l, std::int32_t c, std::int64_t n, const bf16* q, const bf16* o, const float* lse,
                 const bf16* d_o, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s) override {
-    bridged(s, [&] { attention_.backward(l, c, std::int64_t(c) * opt_.chunk, n, q, o, lse, d_o, dq, dk, dv); });
+    bridged(s, [&] { s_.backward(l, c, n, q, o, lse, d_o, dq, dk, dv); });
   }
   void release_chunk(std::int32_t c, cudaStream_t s) override {
-    bridged(s, [&] { attention_.release_chunk(c); });
+    bridged(s, [&] { s_.release_chunk(c); });
   }
-  const oomb::sparse_page_table& selection(std::int32_t l, std::int32_t c) const override {
-    OOMB_CUDA_EXPECTS(opt_.sparse, "a dense session has no selections");
-    const auto& all = attention_.selections();
-    const std::int64_t at = std::int64_t(c) * cfg_layers_ + l;
-    OOMB_CUDA_EXPECTS(l >= 0 && l < cfg_layers_ && c >= 0 && at < static_cast<std::int64_t>(all.size()), "no selection for layer ",
-                      l, ", chunk ", c, " in the last step (", all.size() / std::size_t(cfg_layers_), " chunks)");
-    return all[static_cast<std::size_t>(at)];
-  }
-  oomb_cuda_paged_stats end_step() override {
-    attention_.drain();
-    be_.take_page_report();
-    oomb_cuda_paged_stats r{};
-    r.exposed_transfer_seconds = be_.take_transfer_wait_seconds();
-    const auto& kv = attention_.cache().pool();
-    const auto& grads = attention_.mirror().pool();
-    r.kv_in_use = kv.in_use();
-    r.grad_in_use = grads.in_use();
-    r.kv_high_water = kv.stats().high_water;
-    r.grad_high_water = grads.stats().high_water;
-    const std::int64_t pair_elements = 2 * std::int64_t(opt_.page) * hkv_ * d_;
-    r.kv = residency_of(attention_.kv(), pair_elements * std::int64_t(sizeof(bf16)));
-    r.grad = residency_of(attention_.grads(), pair_elements * std::int64_t(sizeof(float)));
-    r.near_bytes = static_cast<std::int64_t>(attention_.kv().near_bytes() + attention_.grads().near_bytes());
-    r.far_bytes = static_cast<std::int64_t>(attention_.cache().stats().reserved_bytes +
-                                            attention_.mirror().stats().reserved_bytes);
-    r.sparse_pages_selected = attention_.pages_selected() - selected0_;
-    r.sparse_pages_candidate = attention_.pages_candidate() - candidate0_;
-    return r;
-  }
+  const oomb::sparse_page_table& selection(std::int32_t l, std::int32_t c) const override { return s_.selection(l, c); }
+  oomb_cuda_paged_stats end_step() override { return s_.end_step(); }
 
  private:
   static att::plan_options plan_of(const trainer::chunk_options& o) {
@@ -226,24 +192,16 @@ class paged_session_of final : public paged_session {
     p.deterministic = o.deterministic;
     return p;
   }
-  /// A tier's counters as a store reports its near tiers (oomb_residency_stats).
-  template <class Tier>
-  static oomb_residency_stats residency_of(const Tier& tier, std::int64_t slot_bytes) {
-    return oomb_c_abi::residency_stats_of(tier.stats(), tier.near_slots(), slot_bytes);
-  }
   template <class F>
   void bridged(cudaStream_t caller, F&& f) {
-    bridge_.enter(caller, be_.compute().get());
+    const cudaStream_t compute = s_.backend().compute().get();
+    bridge_.enter(caller, compute);
     f();
-    bridge_.leave(be_.compute().get(), caller);
+    bridge_.leave(compute, caller);
   }
 
-  trainer::chunk_options opt_;
-  std::int32_t cfg_layers_, hkv_, d_;
-  backend be_;
-  trainer::paged_attention<backend, oomb::belady_eviction> attention_;
+  oomb_c_abi::paged_session<backend> s_;
   stream_bridge bridge_;
-  std::int64_t selected0_ = 0, candidate0_ = 0;
 };
 
 std::unique_ptr<paged_session> make_session(const oomb_cuda_paged_config& c) {
@@ -252,36 +210,12 @@ std::unique_ptr<paged_session> make_session(const oomb_cuda_paged_config& c) {
                     sizeof(oomb_cuda_paged_config));
   const cudaError_t e = cudaSetDevice(c.device);
   if (e != cudaSuccess) OOMB_FAIL(oomb::cuda_error, "oomb_cuda: cannot use device ", c.device, ": ", cudaGetErrorString(e));
-  OOMB_CUDA_EXPECTS(c.layers > 0 && c.hq > 0 && c.hkv > 0 && c.hq % c.hkv == 0, "bad heads: ", c.layers, " layers, ",
-                    c.hq, " query heads, ", c.hkv, " KV heads");
   OOMB_CUDA_EXPECTS(c.head_dim == 64 || c.head_dim == 128, "head_dim ", c.head_dim, ": the kernels take 64 or 128");
-  OOMB_CUDA_EXPECTS(c.max_tokens > 0, "max_tokens must be positive, got ", c.max_tokens);
   OOMB_CUDA_EXPECTS(c.home_memory == 0 || c.home_memory == 1, "home_memory ", c.home_memory, " is not 0 (pinned) or 1 (pageable)");
-  OOMB_CUDA_EXPECTS(c.grad_homes >= 0 && c.grad_homes <= 2, "grad_homes ", c.grad_homes, " is not 0, 1 or 2");
-  OOMB_CUDA_EXPECTS(c.scoring == 0 || c.scoring == 1, "scoring ", c.scoring, " is not 0 (Quest) or 1 (mean)");
-  trainer::model_config cfg;
-  cfg.num_hidden_layers = c.layers;
-  cfg.num_attention_heads = c.hq;
-  cfg.num_key_value_heads = c.hkv;
-  cfg.head_dim = c.head_dim;
-  trainer::chunk_options o;
-  o.chunk = c.chunk;
-  o.page = c.page;
-  o.offload = c.offload != 0;
-  o.window_pages = c.window_pages;
+  auto [cfg, o] = oomb_c_abi::session_setup(c);
   o.homes = c.home_memory == 1 ? trainer::home_memory::pageable : trainer::home_memory::pinned;
-  o.grad_homes = c.grad_homes == 1   ? trainer::page_home_format::bf16
-                 : c.grad_homes == 2 ? trainer::page_home_format::bf16_stochastic
-                                     : trainer::page_home_format::same;
-  o.sparse = c.sparse != 0;
-  o.budget = c.budget;
-  o.sink = c.sink;
-  o.local = c.local;
-  o.tile = c.tile;
-  o.score = c.scoring == 1 ? oomb::score_kind::mean : oomb::score_kind::quest;
   o.deterministic = c.deterministic != 0;
   o.attention_kernels = c.portable ? att::kernel_choice::portable : att::kernel_choice::automatic;
-  o.near_pages = o.offload ? (c.near_pages > 0 ? c.near_pages : trainer::default_near_pages(o)) : 0;
   o.validate();
   if (o.sparse) trainer::check_gpu_sparse_tile(o.tile, c.hq, c.hkv);
   if (!o.offload) return std::make_unique<paged_session_of<oomb::device_resource>>(cfg, o, c.max_tokens);
@@ -446,15 +380,8 @@ int oomb_cuda_paged_selection(oomb_cuda_paged* s, int32_t layer, int32_t chunk, 
                               int64_t* entries) {
   return guarded([&] {
     OOMB_CUDA_EXPECTS(tiles != nullptr && entries != nullptr, "null size outputs");
-    const oomb::sparse_page_table& sel = session_of(s).selection(layer, chunk);
-    const auto ip = sel.indptr();
-    const auto pg = sel.indices();
-    *tiles = static_cast<std::int64_t>(ip.size()) - 1;
-    *entries = static_cast<std::int64_t>(pg.size());
-    if (indptr != nullptr && indptr_capacity >= static_cast<std::int64_t>(ip.size()))
-      std::copy(ip.begin(), ip.end(), indptr);
-    if (pages != nullptr && pages_capacity >= static_cast<std::int64_t>(pg.size()))
-      std::copy(pg.begin(), pg.end(), pages);
+    oomb_c_abi::copy_selection(session_of(s).selection(layer, chunk), indptr, indptr_capacity, pages, pages_capacity,
+                               tiles, entries);
   });
 }
 

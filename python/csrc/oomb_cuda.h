@@ -110,17 +110,8 @@ typedef struct {
   int32_t portable;      /* the portable kernels even on Hopper */
 } oomb_cuda_paged_config;
 
-/* What a paged session holds and moved, in the shape a store reports it (oomb_store_stats_get,
- * oomb_store_residency_stats_get), so the package's memory() reads the same either way. */
-typedef struct {
-  int32_t kv_in_use, grad_in_use;         /* K/V and gradient page pairs held now */
-  int32_t kv_high_water, grad_high_water; /* the most held at once since the session was made */
-  oomb_residency_stats kv, grad;          /* the near tiers since the session was made (zeros in place) */
-  double exposed_transfer_seconds;        /* this step: the session's compute stream waiting for page copies */
-  int64_t near_bytes;                     /* the device slots of both tiers (fixed) */
-  int64_t far_bytes;                      /* what the K/V and gradient pools (or homes) hold now */
-  int64_t sparse_pages_selected, sparse_pages_candidate; /* this step: sums over tiles */
-} oomb_cuda_paged_stats;
+/* What a paged session holds and moved: oomb_c.h's struct, the CPU session's too. */
+typedef oomb_paged_stats oomb_cuda_paged_stats;
 
 OOMB_C_API int oomb_cuda_paged_create(const oomb_cuda_paged_config* config, oomb_cuda_paged** out);
 OOMB_C_API void oomb_cuda_paged_destroy(oomb_cuda_paged* session);

@@ -20,8 +20,10 @@ STRUCTS = [  # (the ctypes class, the C type of the same layout)
     (_lib.StoreStats, "oomb_store_stats"),
     (_lib.AttentionArgs, "oomb_attention_args"),
     (_lib.CudaAttentionArgs, "oomb_cuda_attention_args"),
+    (_lib.PagedConfig, "oomb_paged_config"),
+    (_lib.PagedStats, "oomb_paged_stats"),
     (_lib.CudaPagedConfig, "oomb_cuda_paged_config"),
-    (_lib.CudaPagedStats, "oomb_cuda_paged_stats"),
+    (_lib.PagedStats, "oomb_cuda_paged_stats"),
 ]
 
 

@@ -98,19 +98,41 @@ def test_a_single_chunk_and_a_model_trained_with_an_optimizer(ids_of):
 
 
 def test_offload_keeps_the_near_tier_fixed_as_the_sequence_grows(ids_of):
-    moved = []
+    moved, near_bytes = [], set()
     for n in (64, 192):
         model = make_model("qwen2")
         ids = ids_of(n)
         _, ref = reference_grads(model, ids, shift(ids))
-        cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=192, offload=Offload(kv_slots=4, grad_slots=2))
+        cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=192, offload=Offload(kv_slots=4))
         cr.forward_backward(ids)
         worst, where = worst_error(model, ref)
         assert worst <= TOL64, f"{n} tokens: {where} off by {worst:.3e}"
         near = cr.memory()["near"]
-        assert (near["kv"]["slots"], near["grad"]["slots"]) == (4, 2)
+        assert (near["kv"]["slots"], near["grad"]["slots"]) == (4, 4)
         moved.append(near["kv"]["bytes_to_near"])
+        near_bytes.add(cr.memory()["near_bytes"])
     assert moved[1] > moved[0]
+    assert len(near_bytes) == 1  # the slots are the same bytes whatever the length
+
+
+def test_offload_default_slots_and_bf16_gradient_homes(ids_of):
+    # Offload() without kv_slots: the C++ trainer's default tiers (the same rule on both devices).
+    # grad_homes="bf16": the gradient homes round each write-back to bf16, the slots add in float64,
+    # so the gradients are close to full backprop's but no longer exact.
+    model = make_model("qwen2")
+    ids = ids_of(150)
+    _, ref = reference_grads(model, ids, shift(ids))
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=160, offload=Offload())
+    cr.forward_backward(ids)
+    worst, where = worst_error(model, ref)
+    assert worst <= TOL64, f"default slots: {where} off by {worst:.3e}"
+    assert cr.memory()["near"]["kv"]["slots"] == 256  # two windows of max(2 * 2 pages, 128)
+    model.zero_grad(set_to_none=True)
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=160, offload=Offload(kv_slots=4, grad_homes="bf16"))
+    cr.forward_backward(ids)
+    worst, where = worst_error(model, ref)
+    print(f"bf16 gradient homes: worst per-tensor gradient error {worst:.2e} ({where})")
+    assert 1e-6 < worst <= 2e-2, f"bf16 gradient homes: {where} off by {worst:.3e}"
 
 
 def test_lm_head_in_pieces(ids_of, monkeypatch):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import make_model
-from oomb.torch import ChunkRecurrent, Offload, RefusedError, _oomb_attention, _Run
+from oomb.torch import ChunkRecurrent, Offload, RefusedError, SparseConfig, _oomb_attention, _Run
 
 
 class Counter:
@@ -123,18 +123,20 @@ def test_gradient_checkpointing(ids_of):
 def test_offload_config():
     with pytest.raises(RefusedError, match="offload must be an oomb.torch.Offload"):
         ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=True)
-    with pytest.raises(RefusedError, match=r"the window \(5 pages\) fit both near tiers \(4 K/V, 4 gradient"):
-        ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=Offload(kv_slots=4, window=5))
-    with pytest.raises(RefusedError, match="on the CPU give kv_slots"):
-        ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=Offload(homes="pinned"))
+    with pytest.raises(RefusedError, match=r"a window takes 1 to kv_slots // 2 pages"):
+        ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=Offload(kv_slots=4, window=3))
+    with pytest.raises(RefusedError, match="the near tiers need at least 2 slots"):
+        ChunkRecurrent(make_model("qwen2"), chunk=16, page=16, max_tokens=64, offload=Offload(kv_slots=1))
+    with pytest.raises(RefusedError, match="must hold a chunk's 4 pages of one layer"):
+        ChunkRecurrent(make_model("qwen2"), chunk=64, page=16, max_tokens=64, offload=Offload(kv_slots=3))
     with pytest.raises(RefusedError, match="homes is 'pinned' or 'pageable'"):
         ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, offload=Offload(kv_slots=4, homes="disk"))
-    with pytest.raises(RefusedError, match="homes and grad_homes are the GPU path's"):
+    with pytest.raises(RefusedError, match="homes is the GPU path's"):
         ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64,
                        offload=Offload(kv_slots=4, homes="pageable"))
-    with pytest.raises(RefusedError, match="homes and grad_homes are the GPU path's"):
-        ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64,
-                       offload=Offload(kv_slots=4, grad_homes="bf16"))
+    with pytest.raises(RefusedError, match="keep_attention_outputs with sparse is not supported"):
+        ChunkRecurrent(make_model("qwen2"), chunk=32, page=16, max_tokens=64, sparse=SparseConfig(budget=1),
+                       keep_attention_outputs=True)
 
 
 def test_attention_outside_the_driver(ids_of):
@@ -191,3 +193,35 @@ def test_a_layer_whose_attention_bypasses_the_registry(ids_of):
         cr.forward_backward(ids_of(64))
     assert all(p.grad is None for p in model.parameters())
     assert cr.memory()["kv_in_use"] == 0
+
+
+def test_paged_session_refuses_calls_out_of_order_or_range():
+    # The paged session (oomb.paged) is a C ABI over the trainer's paged attention: a call outside
+    # the plan or the step is an error with a message, never a crash.
+    from oomb._lib import OombError
+    from oomb.paged import PagedSession
+    s = PagedSession(torch.device("cpu"), dtype=torch.float64, layers=2, hq=4, hkv=2, head_dim=8, chunk=32, page=16,
+                     max_tokens=64, offload=False)
+    with pytest.raises(OombError, match="a step of 3 chunks; the plan holds 1 to 2"):
+        s.begin_step(3)
+    s.begin_step(2)
+    s.append(32)
+    k = torch.randn(32, 2, 8, dtype=torch.float64)
+    with pytest.raises(OombError, match=r"layer 2 out of range \[0, 2\)"):
+        s.write(2, 0, k, k)
+    with pytest.raises(OombError, match=r"chunk 2 out of range \[0, 2\)"):
+        s.write(0, 2, k, k)
+    with pytest.raises(OombError, match="select on a dense session"):
+        s.select(0, 0, torch.randn(32, 4, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="the session needs torch.float64"):
+        s.write(0, 0, k.float(), k.float())
+    with pytest.raises(OombError, match="a chunk of 33 tokens"):
+        s.append(33)
+    s.write(0, 0, k, k)
+    o, lse = s.forward(0, 0, torch.randn(32, 4, 8, dtype=torch.float64))
+    assert o.shape == (32, 4, 8) and lse.shape == (4, 32) and bool(torch.isfinite(o).all())
+    s.release_chunk(0)
+    assert s.end_step()["kv_in_use"] == 0
+    s.close()
+    with pytest.raises(RuntimeError, match="used after close"):
+        s.append(1)

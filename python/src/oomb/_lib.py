@@ -10,7 +10,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 CUDA_ABI_VERSION = 4
 DTYPE_F32 = 0
 DTYPE_F64 = 1
@@ -157,6 +157,31 @@ def _load():
     )
 
 
+class PagedConfig(ctypes.Structure):
+    """oomb_paged_config (oomb_c.h, v4): the CPU's paged session."""
+    _fields_ = [
+        ("struct_size", c_i32), ("dtype", c_i32),
+        ("layers", c_i32), ("hq", c_i32), ("hkv", c_i32), ("head_dim", c_i32),
+        ("chunk", c_i32), ("page", c_i32),
+        ("max_tokens", c_i64),
+        ("offload", c_i32), ("near_pages", c_i32), ("window_pages", c_i32), ("grad_homes", c_i32),
+        ("sparse", c_i32), ("budget", c_i32), ("sink", c_i32), ("local", c_i32), ("tile", c_i32),
+        ("scoring", c_i32),
+    ]
+
+
+class PagedStats(ctypes.Structure):
+    """oomb_paged_stats (oomb_c.h, v4): what a paged session (either library's) holds and moved."""
+    _fields_ = [
+        ("kv_in_use", c_i32), ("grad_in_use", c_i32),
+        ("kv_high_water", c_i32), ("grad_high_water", c_i32),
+        ("kv", ResidencyStats), ("grad", ResidencyStats),
+        ("exposed_transfer_seconds", ctypes.c_double),
+        ("near_bytes", c_i64), ("far_bytes", c_i64),
+        ("sparse_pages_selected", c_i64), ("sparse_pages_candidate", c_i64),
+    ]
+
+
 lib = _load()
 
 _signatures = {
@@ -188,6 +213,18 @@ _signatures = {
         [c_p, c_i32, c_i32, ctypes.POINTER(AttentionArgs), c_p, c_p, c_p, c_p, c_p, c_p],
         ctypes.c_int,
     ),
+    "oomb_paged_create": ([ctypes.POINTER(PagedConfig), ctypes.POINTER(c_p)], ctypes.c_int),
+    "oomb_paged_destroy": ([c_p], None),
+    "oomb_paged_begin_step": ([c_p, c_i32, c_p, c_i32], ctypes.c_int),
+    "oomb_paged_append": ([c_p, c_i64], ctypes.c_int),
+    "oomb_paged_write": ([c_p, c_i32, c_i32, c_i64, c_p, c_p], ctypes.c_int),
+    "oomb_paged_select": ([c_p, c_i32, c_i32, c_i64, c_p], ctypes.c_int),
+    "oomb_paged_expect_recompute": ([c_p, c_i32], ctypes.c_int),
+    "oomb_paged_forward": ([c_p, c_i32, c_i32, c_i64, c_p, c_p, c_p], ctypes.c_int),
+    "oomb_paged_backward": ([c_p, c_i32, c_i32, c_i64, c_p, c_p, c_p, c_p, c_p, c_p, c_p], ctypes.c_int),
+    "oomb_paged_release_chunk": ([c_p, c_i32], ctypes.c_int),
+    "oomb_paged_selection": ([c_p, c_i32, c_i32, c_p, c_i64, c_p, c_i64, p_i64, p_i64], ctypes.c_int),
+    "oomb_paged_end_step": ([c_p, ctypes.POINTER(PagedStats)], ctypes.c_int),
     "oomb_attention_forward": ([ctypes.POINTER(AttentionArgs), c_p, c_p], ctypes.c_int),
     "oomb_attention_backward": (
         [ctypes.POINTER(AttentionArgs), c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_i64, c_p, c_i64],
@@ -236,18 +273,6 @@ class CudaPagedConfig(ctypes.Structure):
     ]
 
 
-class CudaPagedStats(ctypes.Structure):
-    """oomb_cuda_paged_stats (oomb_cuda.h, v4)."""
-    _fields_ = [
-        ("kv_in_use", c_i32), ("grad_in_use", c_i32),
-        ("kv_high_water", c_i32), ("grad_high_water", c_i32),
-        ("kv", ResidencyStats), ("grad", ResidencyStats),
-        ("exposed_transfer_seconds", ctypes.c_double),
-        ("near_bytes", c_i64), ("far_bytes", c_i64),
-        ("sparse_pages_selected", c_i64), ("sparse_pages_candidate", c_i64),
-    ]
-
-
 # ---- the GPU path (liboomb_cuda): loaded on first use, so a CPU-only install never needs it ------
 
 _cuda = None
@@ -286,7 +311,7 @@ def cuda_lib():
         "oomb_cuda_paged_backward": ([c_p, c_i32, c_i32, c_i64, c_p, c_p, c_p, c_p, c_p, c_p, c_p, c_p], ctypes.c_int),
         "oomb_cuda_paged_release_chunk": ([c_p, c_i32, c_p], ctypes.c_int),
         "oomb_cuda_paged_selection": ([c_p, c_i32, c_i32, c_p, c_i64, c_p, c_i64, p_i64, p_i64], ctypes.c_int),
-        "oomb_cuda_paged_end_step": ([c_p, ctypes.POINTER(CudaPagedStats)], ctypes.c_int),
+        "oomb_cuda_paged_end_step": ([c_p, ctypes.POINTER(PagedStats)], ctypes.c_int),
     }
     _declare(cl, signatures)
     if cl.oomb_cuda_abi_version() != CUDA_ABI_VERSION:

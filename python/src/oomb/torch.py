@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from . import ops
+from .paged import PagedSession
 from .pages import PagedStore
 
 __all__ = ["ChunkRecurrent", "SparseConfig", "Offload", "ATTENTION_NAME", "RefusedError"]
@@ -54,25 +55,25 @@ class SparseConfig:
 
 @dataclass(frozen=True)
 class Offload:
-    """Stream the past through near tiers of fixed size: ``kv_slots`` K/V page slots and
-    ``grad_slots`` gradient page slots (default: as many), the attention reading the past ``window``
-    pages at a time, forward windows merged by log-sum-exp. What is near is fixed whatever the
-    sequence's length.
+    """Stream the past through near tiers of fixed size: ``kv_slots`` K/V page slots and as many
+    gradient page slots, the attention reading the past ``window`` needed pages at a time (default
+    ``kv_slots // 2``, at most that: one window computing while the next streams in), forward
+    windows merged by log-sum-exp. What is near is fixed whatever the sequence's length. The tiers
+    must hold a chunk's pages of one layer; ``kv_slots`` left out is the C++ trainer's default (two
+    windows of twice a chunk's pages, at least 128 pages each; sparse: a chunk's pages and 16
+    (budget + sink + local) each). It is the C++ trainer's paged attention on both devices (its
+    windows, prefetch and Belady eviction).
 
     On CUDA the homes are host memory and the slots device memory, moved by oomb's CUDA residency
-    scheduler on copy streams behind the compute (the C++ trainer's paged attention): ``homes``
-    ``"pinned"`` (the copy engines reach them directly; the driver keeps 8 bytes of device memory
-    per pinned 4 KiB) or ``"pageable"`` (through a pinned staging ring: nothing on the GPU grows
-    with the context); ``grad_homes`` ``"fp32"``, ``"bf16"`` or ``"bf16-stochastic"`` (half the
-    gradient homes' host bytes, each write-back rounded once). There gradient slots are as many as
-    K/V slots, and a window (default ``kv_slots // 2``) at most half of them: one computing while
-    the next streams in; ``kv_slots`` may be left out for the C++ trainer's default (two windows of
-    twice a chunk's pages, at least 128 pages each; sparse: a chunk's pages and 16 (budget + sink +
-    local) each). On the CPU the library's residency schedulers run on its host streams, the homes
-    are the store's pools, ``kv_slots`` is required and the window defaults to all the slots."""
+    scheduler on copy streams behind the compute: ``homes`` ``"pinned"`` (the copy engines reach them
+    directly; the driver keeps 8 bytes of device memory per pinned 4 KiB) or ``"pageable"`` (through
+    a pinned staging ring: nothing on the GPU grows with the context). On the CPU homes and slots are
+    host memory, moved by the library's residency schedulers on its host streams (``homes`` stays
+    ``"pinned"``, which there means nothing more). ``grad_homes`` ``"fp32"`` keeps the gradient homes
+    in the gradient pages' type (fp32 on CUDA, the model's dtype on the CPU); ``"bf16"`` or
+    ``"bf16-stochastic"`` halve their bytes, each write-back rounded once."""
 
     kv_slots: Optional[int] = None
-    grad_slots: Optional[int] = None
     window: Optional[int] = None
     homes: str = "pinned"
     grad_homes: str = "fp32"
@@ -116,9 +117,12 @@ class ChunkRecurrent:
     chunk       tokens per chunk (activation memory is O(chunk)); a multiple of ``page``
     page        tokens per page: a power of two >= 16 dividing ``chunk`` (default: 128, or ``chunk``
                 if smaller)
-    max_tokens  the plan: the longest sequence a call may bring. K/V and gradient pages for it are
-                allocated here, up front (on the CPU from oomb's host resource; on a CUDA device from
-                torch's caching allocator: bf16 pages, fp32 gradient pages); nothing grows later
+    max_tokens  the plan: the longest sequence a call may bring. Dense in place, K/V and gradient
+                pages for it are allocated here, up front (on the CPU from oomb's host resource; on a
+                CUDA device from torch's caching allocator: bf16 pages, fp32 gradient pages); nothing
+                grows later. With offload or sparse the C++ trainer's paged attention owns the pages
+                (oomb.paged): in place its pools are sized for it up front, with offload the homes
+                grow by slabs as the sequence does and only the near slots are fixed
     sparse      a SparseConfig for page-sparse attention, or None (dense: exact)
     offload     an Offload (near tiers of fixed size the past streams through), or None: every page
                 is read where it lives
@@ -126,7 +130,7 @@ class ChunkRecurrent:
                 keep stage 1's attention outputs (o, lse) for stage 2, which then skips the attention
                 forward of its recomputation: faster (the past's attention is the longest op at long
                 contexts), at O(sequence) memory (o and lse of every layer, chunk by chunk, freed as
-                stage 2 passes them). Not with offload
+                stage 2 passes them). Not with offload or sparse
     deterministic
                 the same gradient bits on every run: on CUDA the attention backward adds dQ in a fixed
                 order (pages of >= 128 tokens: oomb's Hopper kernels; docs/attention.md says what it
@@ -144,16 +148,18 @@ class ChunkRecurrent:
                                                                                         "bf16-stochastic"):
                 raise RefusedError(f"oomb: {offload}: homes is 'pinned' or 'pageable', grad_homes 'fp32', 'bf16' or "
                                    "'bf16-stochastic'")
-            grad_slots = offload.grad_slots or offload.kv_slots
-            if offload.kv_slots is not None:  # else the GPU's default (checked where the device is known)
-                window = offload.window or min(offload.kv_slots, grad_slots)
-                if min(offload.kv_slots, grad_slots, window) <= 0 or window > min(offload.kv_slots, grad_slots):
-                    raise RefusedError(f"oomb: {offload}: slots must be positive and the window ({window} pages) fit "
-                                       f"both near tiers ({offload.kv_slots} K/V, {grad_slots} gradient slots)")
-            offload = Offload(offload.kv_slots, grad_slots, offload.window, offload.homes, offload.grad_homes)
+            o = offload
+            if o.kv_slots is not None and o.kv_slots < 2:
+                raise RefusedError(f"oomb: {o}: the near tiers need at least 2 slots")
+            if o.window is not None and (o.window <= 0 or (o.kv_slots is not None and 2 * o.window > o.kv_slots)):
+                raise RefusedError(f"oomb: {o}: a window takes 1 to kv_slots // 2 pages (one window computing while "
+                                   "the next streams in)")
         if keep_attention_outputs and offload is not None:
             raise RefusedError("oomb: keep_attention_outputs with offload is not supported (the kept outputs would "
                                "hold O(sequence) memory where offload keeps it flat)")
+        if keep_attention_outputs and sparse is not None:
+            raise RefusedError("oomb: keep_attention_outputs with sparse is not supported (the paged session "
+                               "recomputes stage 2's attention)")
         self.keep_attention_outputs = bool(keep_attention_outputs)
         self.deterministic = bool(deterministic)
         if page is None:
@@ -182,32 +188,29 @@ class ChunkRecurrent:
         self.device = self._device()
         #: What attention computes in and the pages hold: the model's dtype on the CPU, bf16 on CUDA.
         self.dtype = self._param_dtype() if self.device.type == "cpu" else torch.bfloat16
+        if offload is not None and offload.kv_slots is not None and offload.kv_slots < chunk // page:
+            raise RefusedError(f"oomb: {offload}: the near tiers must hold a chunk's {chunk // page} pages of one "
+                               "layer")
         if self.device.type == "cuda":
             self._check_cuda(d)
         else:
             self._check_cpu()
-        #: CUDA with offload or sparse: the C++ trainer's paged attention owns the pages (paged_cuda);
-        #: otherwise the store below does.
-        self.session = None
-        #: The session's figures after the last step (what moved, what is held); None before one.
-        self.last_step: Optional[dict] = None
-        if self.device.type == "cuda" and (sparse is not None or offload is not None):
-            self.session = self._make_session()
-            self.store, self.seq = None, None
-            self.selections: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
-            return
-        pages = layers * -(-max_tokens // page)
-        self.store = PagedStore(layers=layers, page_size=page, kv_heads=hkv, head_dim=d, chunk_size=chunk,
-                                max_pages=pages, max_grad_pages=pages, dtype=self.dtype, device=self.device,
-                                summaries=sparse is not None,
-                                near_kv_slots=offload.kv_slots if offload else 0,
-                                near_grad_slots=offload.grad_slots if offload else 0,
-                                window_pages=(offload.window or min(offload.kv_slots, offload.grad_slots))
-                                if offload else 0)
-        self.seq = self.store.add_sequence()
         #: After a call: per (layer, chunk) the sparse selection stage 1 made, (indptr, pages) with
         #: logical past-page indices per tile; empty when dense.
         self.selections: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
+        #: With offload or sparse: the C++ trainer's paged attention owns the pages (oomb.paged, on
+        #: either device); dense in place, the store below and the attention op (oomb.ops).
+        self.session: Optional[PagedSession] = None
+        #: The session's figures after the last step (what moved, what is held); None before one.
+        self.last_step: Optional[dict] = None
+        self.store, self.seq = None, None
+        if sparse is not None or offload is not None:
+            self.session = self._make_session()
+            return
+        pages = layers * -(-max_tokens // page)
+        self.store = PagedStore(layers=layers, page_size=page, kv_heads=hkv, head_dim=d, chunk_size=chunk,
+                                max_pages=pages, max_grad_pages=pages, dtype=self.dtype, device=self.device)
+        self.seq = self.store.add_sequence()
 
     # -- checks that need no allocation --------------------------------------------------------
     def _device(self) -> torch.device:
@@ -228,22 +231,9 @@ class ChunkRecurrent:
                                "(docs/pytorch.md)")
         if head_dim not in (64, 128):
             raise RefusedError(f"oomb: head_dim {head_dim}: oomb's CUDA kernels take 64 or 128")
-        o = self.offload
-        if self.sparse is not None or o is not None:
-            if self.keep_attention_outputs:
-                raise RefusedError("oomb: keep_attention_outputs with sparse or offload is not supported on CUDA")
-            if o is not None and o.grad_slots != o.kv_slots:
-                raise RefusedError(f"oomb: {o}: on CUDA the gradient tier has as many slots as the K/V tier "
-                                   "(leave grad_slots out)")
-            if o is not None and o.kv_slots is not None and o.window is not None and 2 * o.window > o.kv_slots:
-                raise RefusedError(f"oomb: {o}: on CUDA a window takes at most half the slots ({o.kv_slots // 2}), "
-                                   "one window computing while the next streams in")
-            if o is not None and o.kv_slots is not None and o.kv_slots < self.chunk // self.page:
-                raise RefusedError(f"oomb: {o}: the near tier must hold a chunk's {self.chunk // self.page} pages of "
-                                   "one layer")
-            if self.sparse is not None and (self.sparse.tile * (self.hq // self.hkv)) % 128:
-                raise RefusedError(f"oomb: sparse tile {self.sparse.tile} x {self.hq // self.hkv} queries per KV "
-                                   "head must be a multiple of 128 on CUDA (the kernels' row blocks)")
+        if self.sparse is not None and (self.sparse.tile * (self.hq // self.hkv)) % 128:
+            raise RefusedError(f"oomb: sparse tile {self.sparse.tile} x {self.hq // self.hkv} queries per KV "
+                               "head must be a multiple of 128 on CUDA (the kernels' row blocks)")
         if self.deterministic and self.page < 128:
             raise RefusedError(f"oomb: deterministic on CUDA needs pages of >= 128 tokens (oomb's Hopper kernels order "
                                f"their dQ sums; the portable ones do not), got page {self.page}")
@@ -254,21 +244,17 @@ class ChunkRecurrent:
 
     def _check_cpu(self):
         o = self.offload
-        if o is not None and o.kv_slots is None:
-            raise RefusedError(f"oomb: {o}: on the CPU give kv_slots (the default slot count is the GPU path's)")
-        if o is not None and (o.homes != "pinned" or o.grad_homes != "fp32"):
-            raise RefusedError(f"oomb: {o}: homes and grad_homes are the GPU path's (on the CPU the homes are the "
-                               "store's pools)")
+        if o is not None and o.homes != "pinned":
+            raise RefusedError(f"oomb: {o}: homes is the GPU path's (on the CPU the homes are host memory either way)")
 
-    def _make_session(self):
-        from .paged_cuda import CudaPagedSession
+    def _make_session(self) -> PagedSession:
         o = self.offload
-        return CudaPagedSession(self.device, layers=self.layers, hq=self.hq, hkv=self.hkv, head_dim=self.head_dim,
-                                chunk=self.chunk, page=self.page, max_tokens=self.max_tokens,
-                                offload=o is not None, near_pages=(o.kv_slots or 0) if o else 0,
-                                window_pages=(o.window or 0) if o else 0, homes=o.homes if o else "pinned",
-                                grad_homes=o.grad_homes if o else "fp32", sparse=self.sparse,
-                                deterministic=self.deterministic)
+        return PagedSession(self.device, dtype=self.dtype, layers=self.layers, hq=self.hq, hkv=self.hkv,
+                            head_dim=self.head_dim, chunk=self.chunk, page=self.page, max_tokens=self.max_tokens,
+                            offload=o is not None, near_pages=(o.kv_slots or 0) if o else 0,
+                            window_pages=(o.window or 0) if o else 0, homes=o.homes if o else "pinned",
+                            grad_homes=o.grad_homes if o else "fp32", sparse=self.sparse,
+                            deterministic=self.deterministic and self.device.type == "cuda")
 
     def _param_dtype(self) -> torch.dtype:
         dtypes = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
@@ -442,16 +428,15 @@ class ChunkRecurrent:
         return out
 
     def memory(self) -> dict:
-        """oomb's pools (host memory from the library's host resource, or on CUDA blocks of torch's
-        caching allocator): pages in use and their peaks, bytes reserved. Everything is reserved at
-        construction for ``max_tokens``. With offload, also ``near``: per near tier its slots and
-        what moved through it (cumulative)."""
+        """Where the pages are and what moved. Dense in place: the store's pools (host memory from the
+        library's host resource, or on CUDA blocks of torch's caching allocator, reserved at
+        construction for ``max_tokens``): pages in use and their peaks, bytes reserved. With offload
+        or sparse: the session's figures after the last step (empty before one): pages in use and
+        their peaks, ``far_bytes`` the pools hold, and with offload ``near``, per near tier its slots
+        and what moved through it (cumulative)."""
         if self.session is not None:
             return dict(self.last_step or {})
-        out = self.store.stats()
-        if self.offload is not None:
-            out["near"] = self.store.residency_stats()
-        return out
+        return self.store.stats()
 
     def close(self) -> None:
         if self.session is not None:
@@ -477,7 +462,7 @@ class _Generators:
 
 
 class _SessionAttention(torch.autograd.Function):
-    """Stage 2's attention of one layer through the CUDA session: forward over the pages (the chunk's
+    """Stage 2's attention of one layer through the paged session: forward over the pages (the chunk's
     own among them, written in stage 1), backward adding the past's dK/dV into their gradient pages."""
 
     @staticmethod
@@ -562,60 +547,42 @@ class _Run:
         v = value[0].transpose(0, 1)
         if d.session is not None:
             return self._attend_session(layer, q, k, v, scale).unsqueeze(0), None
+        # Dense in place: the store holds the pages, the attention op reads them.
         store, page, seq = d.store, d.page, d.seq
         first = self.q_start // page
         past_ids = store.page_ids(seq, layer, 0, first)
-        sp = d.sparse
         key_ = (layer, self.chunk_index)
-        tile = sp.tile if sp else 128
         own_ids = store.page_ids(seq, layer, first, first + -(-sq // page))
         on_cuda = d.device.type == "cuda"
+        own = own_ids if on_cuda else None  # CUDA's kernels read the chunk itself through its pages
         kl = None if self.key_lower is None else self.key_lower[self.q_start:self.q_start + sq]  # documents
-        if self.stage == 1 or on_cuda:  # CUDA's kernels read the chunk itself through its pages: stage 2 too
+        if self.stage == 1 or on_cuda:
             ops.write_pages(store.kv_pool, k.detach(), v.detach(), own_ids)
-        if self.stage == 1:
-            if d.offload is not None:
-                store.kv_written(seq, layer, first, first + own_ids.numel())
-            if sp is not None:
-                if first > 0:
-                    # Packed documents: each tile selects among its document's pages, from the page
-                    # holding its first query's document start (the bounds mask the rest).
-                    tile_first = (None if kl is None else
-                                  (self.key_lower_host[self.q_start:self.q_start + sq:sp.tile] // page).to(torch.int32))
-                    d.selections[key_] = store.select(seq, layer, q, self.q_start, tile=sp.tile, budget=sp.budget,
-                                                      sink=sp.sink, local=sp.local, scoring=sp.scoring,
-                                                      tile_first=tile_first)
-                store.summarize(seq, layer, first, first + own_ids.numel())
-        else:
+        if self.stage == 2:
             self.captured[layer] = (key, value)
-        indptr, pages = d.selections.get(key_, (None, None))
-        if d.offload is not None:  # the past streams through the store's near tiers
-            o, _lse = ops.store_attention(q, k, v, store.kv_pool, store.grad_pool, store.address, seq, layer,
-                                          self.q_start, scale, indptr, pages, tile, kl)
-        elif self.stage == 1:
-            o, lse = ops.attention(q, k, v, store.kv_pool, past_ids, None, None, self.q_start, scale, indptr, pages,
-                                   tile, own_ids if on_cuda else None, kl, d.deterministic)
+        if self.stage == 1:
+            o, lse = ops.attention(q, k, v, store.kv_pool, past_ids, None, None, self.q_start, scale, None, None,
+                                   128, own, kl, d.deterministic)
             if d.keep_attention_outputs:
                 self.kept[key_] = (o, lse)
         elif key_ in self.kept:  # stage 2 with stage 1's outputs: only the backward runs
             o_kept, lse_kept = self.kept.pop(key_)
             o = ops.attention_kept(q, k, v, o_kept, lse_kept, store.kv_pool, past_ids, store.grad_pool,
-                                   store.grad_ids, self.q_start, scale, indptr, pages, tile,
-                                   own_ids if on_cuda else None, kl, d.deterministic)
+                                   store.grad_ids, self.q_start, scale, None, None, 128, own, kl, d.deterministic)
         else:
             o, _lse = ops.attention(q, k, v, store.kv_pool, past_ids, store.grad_pool, store.grad_ids, self.q_start,
-                                    scale, indptr, pages, tile, own_ids if on_cuda else None, kl, d.deterministic)
+                                    scale, None, None, 128, own, kl, d.deterministic)
         return o.unsqueeze(0), None
 
     def _attend_session(self, layer: int, q, k, v, scale: float):
-        """CUDA with offload or sparse: the session holds the pages. Stage 1 writes the chunk's K/V
-        into them, selects (sparse) and attends; stage 2's recomputation attends through
-        _SessionAttention, whose backward adds the past pages' dK/dV into their gradient pages and
-        returns the chunk's own dk, dv with what later chunks left for them."""
+        """Offload or sparse: the session holds the pages. Stage 1 writes the chunk's K/V into them,
+        selects (sparse) and attends; stage 2's recomputation attends through _SessionAttention,
+        whose backward adds the past pages' dK/dV into their gradient pages and returns the chunk's
+        own dk, dv with what later chunks left for them."""
         d = self.d
         if abs(scale * math.sqrt(d.head_dim) - 1.0) > 1e-6:
             raise RefusedError(f"oomb: layer {layer} scales attention scores by {scale}, not 1/sqrt(head_dim); "
-                               "oomb's paged attention on CUDA (offload, sparse) takes 1/sqrt(head_dim) only")
+                               "oomb's paged attention (offload, sparse) takes 1/sqrt(head_dim) only")
         q = q.contiguous()
         c = self.chunk_index
         if self.stage == 1:
@@ -711,16 +678,10 @@ class _Run:
                     self.live_chunks -= 1
                     continue
                 first = s0 // page
-                # Packed documents: no page wholly before this chunk's first document is read (nor
-                # selected: each tile selects from its own document's start on).
+                # Packed documents: no page wholly before this chunk's first document is read.
                 visible = 0 if self.key_lower_host is None else min(first, int(self.key_lower_host[s0]) // page)
                 for layer in range(d.layers):  # gradient pages for the past this chunk attends
-                    past = store.page_ids(seq, layer, 0, first)
-                    sel = d.selections.get((layer, c))
-                    if sel is not None:
-                        past = past[torch.unique(sel[1].long())] if sel[1].numel() else past[:0]
-                    else:
-                        past = past[visible:]
+                    past = store.page_ids(seq, layer, visible, first)
                     if past.numel():
                         store.touch_grads(past)
                 self.captured = {}
@@ -728,7 +689,6 @@ class _Run:
                               use_cache=False).last_hidden_state
                 loss, d_hidden = self._head_backward(hidden, targets[s0:s1], count, scale, loss_dtype)
                 roots, grads = [hidden], [d_hidden]  # linear: later chunks' gk/gv carry the rest
-                store.flush_grads()  # offload: what later chunks added in near slots, home now
                 for layer, (key, value) in self.captured.items():
                     own = store.page_ids(seq, layer, first, first + -(-(s1 - s0) // page))
                     gids = store.grad_ids[own.long()]
