@@ -14,6 +14,15 @@ else ``mean / gradient_accumulation_steps``), and returns the detached loss Trai
 Everything after ``training_step`` is Trainer's own: gradient accumulation, clipping
 (``max_grad_norm``), the optimizer and LR scheduler steps, ``zero_grad``, logging, checkpoints.
 Evaluation and prediction run the model as usual (its own attention; the driver restores it).
+
+Several processes (``torchrun``, ``accelerate launch``): Trainer wraps the model in
+``DistributedDataParallel``, whose reducer only arms from its own ``forward``, which the driver
+never calls (it runs the modules directly, a backward per chunk), so DDP would average nothing and
+the ranks would drift apart silently. So at the accumulation window's last step (Trainer's
+``sync_gradients``) ``training_step`` all-reduces ``.grad`` itself (``oomb.distributed``), as Trainer
+with DDP would have it: summed over the ranks when Trainer counts the window's targets across
+devices (``average_tokens_across_devices``, its default; each rank's gradient is then its share of
+the global mean), averaged otherwise. The logged loss is scaled as Trainer scales its own.
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ from typing import Any, Dict, Optional
 import torch
 import transformers
 
+from .distributed import all_reduce_gradients
 from .torch import ChunkRecurrent, Offload, RefusedError, SparseConfig
 
 __all__ = ["ChunkRecurrentTrainer"]
@@ -38,9 +48,11 @@ class ChunkRecurrentTrainer(transformers.Trainer):
     ``position_ids`` (packed documents, as ``DataCollatorWithFlattening`` makes them: each document
     attends only itself, at its own positions).
     Rows of a batch run one after another (one row's pages at a time).
-    Not supported: several GPUs through ``n_gpu > 1`` (``DataParallel``), DeepSpeed, FSDP,
-    Trainer's context parallelism; a custom ``compute_loss_func`` (the driver's loss is HF's
-    causal-LM loss). For data parallelism see docs/pytorch.md (all-reduce after the step).
+    Several processes (DDP through ``torchrun`` or ``accelerate launch``) are data parallel: each
+    rank trains its own batches and ``.grad`` is all-reduced at each optimizer step (see the module
+    docstring). Not supported: several GPUs through ``n_gpu > 1`` (``DataParallel``), DeepSpeed,
+    FSDP, Trainer's context parallelism; a custom ``compute_loss_func`` (the driver's loss is HF's
+    causal-LM loss).
     """
 
     def __init__(self, *args, chunk: int, max_tokens: int, page: Optional[int] = None,
@@ -51,6 +63,10 @@ class ChunkRecurrentTrainer(transformers.Trainer):
                                "compute_loss_func cannot be applied")
         if self.args.n_gpu > 1:
             raise RefusedError("oomb: n_gpu > 1 (DataParallel) is not supported; run one process per device")
+        kind = str(getattr(self.accelerator, "distributed_type", "NO")).rsplit(".", 1)[-1]
+        if kind not in ("NO", "MULTI_CPU", "MULTI_GPU"):
+            raise RefusedError(f"oomb: Trainer's distributed type {kind} is not supported: the driver trains one "
+                               "process per device, data parallel (DDP through torchrun or accelerate launch)")
         self.chunk_recurrent = ChunkRecurrent(self.model, chunk=chunk, max_tokens=max_tokens, page=page,
                                               sparse=sparse, offload=offload)
 
@@ -80,4 +96,13 @@ class ChunkRecurrentTrainer(transformers.Trainer):
         loss = self.chunk_recurrent.forward_backward(ids, labels=labels, loss_mask=loss_mask,
                                                      attention_mask=inputs.get("attention_mask"), scale=scale,
                                                      position_ids=inputs.get("position_ids"))
-        return (loss * scale).detach().to(self.args.device)
+        # Several processes: num_items_in_batch is then the targets of every rank's window
+        # (average_tokens_across_devices), so Trainer multiplies its loss by the ranks and DDP
+        # averages: the gradient is the sum over ranks of each one's share, and the logged loss
+        # (averaged over ranks when logged) carries the same factor.
+        ranks = self.accelerator.num_processes
+        across = (ranks > 1 and self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs
+                  and num_items_in_batch is not None)
+        if ranks > 1 and self.accelerator.sync_gradients:
+            all_reduce_gradients(self.model, average=not across)
+        return (loss * scale * (ranks if across else 1)).detach().to(self.args.device)
