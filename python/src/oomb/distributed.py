@@ -6,11 +6,12 @@ then the gradients are averaged across ranks before the optimizer step.
     oomb.distributed.all_reduce_gradients(model)   # every rank: the mean over ranks
     optimizer.step(); optimizer.zero_grad()
 
-Why not ``DistributedDataParallel``: DDP all-reduces from autograd hooks that only its own
-``forward`` arms (``prepare_for_backward``), and expects each parameter's gradient once per step;
-the driver runs the model's modules directly (DDP's forward never runs, so a DDP wrapper averages
-nothing) and calls ``backward`` once per chunk. One all-reduce of ``.grad`` after
-``forward_backward`` is the simple correct path, and the same code runs over NCCL on GPUs.
+``DistributedDataParallel`` alone would average nothing: it all-reduces from autograd hooks that
+only its own ``forward`` arms, and the driver runs the model's modules directly and calls
+``backward`` once per chunk. So ``ChunkRecurrent`` given a DDP wrapper calls
+``all_reduce_gradients`` itself after each step (not inside the wrapper's ``no_sync()``), and
+``oomb.hf.ChunkRecurrentTrainer`` at each optimizer step; this function is for loops that keep the
+model unwrapped. The same code runs over NCCL on GPUs.
 """
 from __future__ import annotations
 

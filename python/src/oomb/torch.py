@@ -175,6 +175,12 @@ class ChunkRecurrent:
                 raise RefusedError(f"oomb: sparse scoring {sparse.scoring!r} is not 'quest' or 'mean'")
             if min(sparse.budget, sparse.sink, sparse.local) < 0 or sparse.tile <= 0:
                 raise RefusedError(f"oomb: bad sparse config {sparse}")
+        #: A DistributedDataParallel wrapper the model came in (None: not wrapped): the step then
+        #: all-reduces the gradients itself, as DDP would (its reducer arms only from its own
+        #: forward, which the driver never calls: it runs the modules, a backward per chunk).
+        self.ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
+        if self.ddp is not None:
+            model = model.module
         if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
             # A PEFT model (LoRA): the transformers model under it, whose layers PEFT has replaced in
             # place (the adapters are its parameters too). Stage 1 then runs its base model alone,
@@ -312,6 +318,10 @@ class ChunkRecurrent:
         ``scale`` multiplies the gradient (not the returned loss), as ``(scale * loss).backward()``
         would: what gradient accumulation's ``loss / steps`` or ``sum / num_items_in_batch`` needs.
 
+        A model given wrapped in ``DistributedDataParallel`` is trained as DDP trains it: after
+        stage 2 the call averages ``.grad`` over the wrapper's process group (oomb.distributed),
+        except inside the wrapper's ``no_sync()``, where it accumulates locally as DDP does.
+
         The loss is HF's causal-LM loss: next-token cross-entropy summed over the targets and divided
         by their number; ``labels`` (default ``input_ids``) use -100 for tokens that are no target,
         ``loss_mask`` (same shape, bool) keeps only the labels where it is true. A batch of several
@@ -399,6 +409,9 @@ class ChunkRecurrent:
                             self.store.pop_chunk(self.seq)
         finally:
             model.set_attn_implementation(previous)
+        if self.ddp is not None and self.ddp.require_backward_grad_sync:  # False inside no_sync()
+            from .distributed import all_reduce_gradients
+            all_reduce_gradients(self.ddp.module, group=self.ddp.process_group)
         return total.to(torch.float64 if self.dtype == torch.float64 else torch.float32)
 
     def _document_bounds(self, position_ids: Optional[torch.Tensor], shape):
