@@ -181,3 +181,33 @@ def test_deterministic_is_accepted_on_the_cpu_and_changes_no_bit(ids_of):
         grads.append([p.grad.clone() for p in model.parameters()])
         cr.close()
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+@pytest.mark.parametrize("offload", [None, Offload(kv_slots=4)], ids=["in-place", "offload"])
+def test_progress_reports_every_chunk_of_both_stages(offload, ids_of):
+    # 70 tokens in chunks of 32 (3 chunks), a batch of 2 rows: stage 1 forwards, stage 2 backwards,
+    # row after row, seconds never going back.
+    import io
+    from oomb.torch import Progress, print_progress
+    seen = []
+    model = make_model("qwen2")
+    cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=80, offload=offload, progress=seen.append)
+    cr.forward_backward(ids_of(70, batch=2))
+    want = [(row, stage, c) for row in range(2) for stage, cs in ((1, [0, 1, 2]), (2, [2, 1, 0])) for c in cs]
+    assert [(p.row, p.stage, p.chunk) for p in seen] == want
+    assert all(isinstance(p, Progress) and (p.chunks, p.rows, p.tokens) == (3, 2, 70) for p in seen)
+    assert all(a.seconds <= b.seconds for a, b in zip(seen, seen[1:]))
+    out = io.StringIO()
+    every = print_progress(every=0.0, file=out)
+    for p in seen:
+        every(p)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 12 and lines[0].startswith("  row 1/2, forward chunk 1/3 |")
+    assert lines[-1].startswith("  row 2/2, backward chunk 3/3 | 100% |") and "ETA 0.0 s" in lines[-1]
+    out = io.StringIO()
+    quiet = print_progress(every=1e9, file=out)
+    for p in seen:
+        quiet(p)
+    assert len(out.getvalue().splitlines()) == 3  # the first report, and each row's end
+    with pytest.raises(ValueError, match="progress must be a callable"):
+        ChunkRecurrent(model, chunk=32, page=16, max_tokens=80, progress=True)

@@ -26,13 +26,13 @@ the global mean), averaged otherwise. The logged loss is scaled as Trainer scale
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import transformers
 
 from .distributed import all_reduce_gradients
-from .torch import ChunkRecurrent, Offload, RefusedError, SparseConfig
+from .torch import ChunkRecurrent, Offload, Progress, RefusedError, SparseConfig
 
 __all__ = ["ChunkRecurrentTrainer"]
 
@@ -40,8 +40,10 @@ __all__ = ["ChunkRecurrentTrainer"]
 class ChunkRecurrentTrainer(transformers.Trainer):
     """A ``transformers.Trainer`` that trains chunk-recurrently through ``oomb.torch.ChunkRecurrent``.
 
-    chunk, max_tokens, page, sparse, offload   as ``ChunkRecurrent`` takes them; the driver (and
-    its pages, sized for ``max_tokens``) is made once, here, and kept as ``self.chunk_recurrent``.
+    chunk, max_tokens, page, sparse, offload, progress   as ``ChunkRecurrent`` takes them; the
+    driver (and its pages, sized for ``max_tokens``) is made once, here, and kept as
+    ``self.chunk_recurrent``. ``progress=oomb.torch.print_progress()`` reports within a long step,
+    where Trainer's own bar moves once per step.
 
     Batches are dicts with ``input_ids`` and optionally ``labels`` (HF's convention: unshifted,
     -100 for no target), ``attention_mask`` (all ones: padding is refused), ``loss_mask`` and
@@ -56,7 +58,8 @@ class ChunkRecurrentTrainer(transformers.Trainer):
     """
 
     def __init__(self, *args, chunk: int, max_tokens: int, page: Optional[int] = None,
-                 sparse: Optional[SparseConfig] = None, offload: Optional[Offload] = None, **kwargs):
+                 sparse: Optional[SparseConfig] = None, offload: Optional[Offload] = None,
+                 progress: Optional[Callable[[Progress], None]] = None, **kwargs):
         super().__init__(*args, **kwargs)
         if self.compute_loss_func is not None:
             raise RefusedError("oomb: ChunkRecurrentTrainer computes HF's causal-LM loss chunk by chunk; a custom "
@@ -68,7 +71,7 @@ class ChunkRecurrentTrainer(transformers.Trainer):
             raise RefusedError(f"oomb: Trainer's distributed type {kind} is not supported: the driver trains one "
                                "process per device, data parallel (DDP through torchrun or accelerate launch)")
         self.chunk_recurrent = ChunkRecurrent(self.model, chunk=chunk, max_tokens=max_tokens, page=page,
-                                              sparse=sparse, offload=offload)
+                                              sparse=sparse, offload=offload, progress=progress)
 
     def training_step(self, model: torch.nn.Module, inputs: Dict[str, Any],
                       num_items_in_batch: Optional[torch.Tensor | int] = None) -> torch.Tensor:

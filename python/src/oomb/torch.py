@@ -15,8 +15,10 @@ pages, and feeds each chunk's own K/V the gradient that later chunks left there.
 from __future__ import annotations
 
 import math
+import sys
+import time
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, TextIO, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +28,7 @@ from . import ops
 from .paged import PagedSession
 from .pages import PagedStore
 
-__all__ = ["ChunkRecurrent", "SparseConfig", "Offload", "ATTENTION_NAME", "RefusedError"]
+__all__ = ["ChunkRecurrent", "SparseConfig", "Offload", "Progress", "print_progress", "ATTENTION_NAME", "RefusedError"]
 
 #: The name oomb's attention is registered under in transformers' AttentionInterface.
 ATTENTION_NAME = "oomb"
@@ -77,6 +79,49 @@ class Offload:
     window: Optional[int] = None
     homes: str = "pinned"
     grad_homes: str = "fp32"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a ``forward_backward`` call is, after each chunk of each stage (``progress=``).
+    Stage 1 runs chunks 0 .. chunks-1 forwards, stage 2 chunks-1 .. 0 (recomputation and
+    backward); a batch runs its rows one after another. On a GPU it is the host's view: the host
+    enqueues ahead of the device, by at most what the launch queue holds."""
+
+    stage: int       #: 1 (forwards) or 2 (recompute and backward)
+    chunk: int       #: the chunk just finished
+    chunks: int      #: chunks of the row
+    row: int         #: the batch row at hand (0-based)
+    rows: int        #: rows of the batch
+    tokens: int      #: tokens of a row
+    seconds: float   #: since the call began
+
+
+def print_progress(every: float = 2.0, file: Optional[TextIO] = None) -> Callable[[Progress], None]:
+    """A ``progress=`` callback that prints a line at most every ``every`` seconds, and at the end
+    of each row, to ``file`` (default stderr), as ``oomb-train`` does within long steps: the stage
+    and chunk, the share of the call done, tokens per second and the time left. The share counts a
+    stage-2 chunk as 3 stage-1 chunks (it recomputes the forward, then runs the backward, about
+    twice the forward), so early estimates are rough."""
+    last = [-math.inf]
+
+    def report(p: Progress) -> None:
+        row_done = p.stage == 2 and p.chunk == 0
+        if not row_done and p.seconds - last[0] < every:
+            return
+        last[0] = p.seconds
+        units = p.chunk + 1 if p.stage == 1 else p.chunks + 3 * (p.chunks - p.chunk)
+        rows_done = p.row + units / (4 * p.chunks)
+        share = rows_done / p.rows
+        rate = p.tokens * rows_done / p.seconds if p.seconds > 0 else 0.0
+        eta = p.seconds * (1 - share) / share
+        where = "forward" if p.stage == 1 else "backward"
+        chunk = p.chunk + 1 if p.stage == 1 else p.chunks - p.chunk
+        row = f"row {p.row + 1}/{p.rows}, " if p.rows > 1 else ""
+        print(f"  {row}{where} chunk {chunk}/{p.chunks} | {100 * share:.0f}% | {rate:.0f} tok/s | ETA {eta:.1f} s",
+              file=file if file is not None else sys.stderr, flush=True)
+
+    return report
 
 
 # ---- the registered attention function --------------------------------------------------------
@@ -131,6 +176,8 @@ class ChunkRecurrent:
                 forward of its recomputation: faster (the past's attention is the longest op at long
                 contexts), at O(sequence) memory (o and lse of every layer, chunk by chunk, freed as
                 stage 2 passes them). Not with offload or sparse
+    progress    a callable given an oomb.torch.Progress after each chunk of each stage (a long step's
+                whereabouts), or None; ``oomb.torch.print_progress()`` prints them as oomb-train does
     deterministic
                 the same gradient bits on every run: on CUDA the attention backward adds dQ in a fixed
                 order (pages of >= 128 tokens: oomb's Hopper kernels; docs/attention.md says what it
@@ -140,7 +187,8 @@ class ChunkRecurrent:
 
     def __init__(self, model, *, chunk: int, max_tokens: int, page: Optional[int] = None,
                  sparse: Optional[SparseConfig] = None, offload: Optional[Offload] = None,
-                 keep_attention_outputs: bool = False, deterministic: bool = False):
+                 keep_attention_outputs: bool = False, deterministic: bool = False,
+                 progress: Optional[Callable[[Progress], None]] = None):
         if offload is not None and not isinstance(offload, Offload):
             raise RefusedError(f"oomb: offload must be an oomb.torch.Offload or None, got {offload!r}")
         if offload is not None:
@@ -162,6 +210,10 @@ class ChunkRecurrent:
                                "recomputes stage 2's attention)")
         self.keep_attention_outputs = bool(keep_attention_outputs)
         self.deterministic = bool(deterministic)
+        if progress is not None and not callable(progress):
+            raise RefusedError(f"oomb: progress must be a callable taking an oomb.torch.Progress, got {progress!r}")
+        #: Called with a Progress after each chunk of each stage (None: silent); print_progress() prints.
+        self.progress = progress
         if page is None:
             page = min(128, chunk)
         if page < 16 or page & (page - 1):
@@ -384,6 +436,7 @@ class ChunkRecurrent:
 
         model = self.model
         previous = model.config._attn_implementation
+        started = time.perf_counter()
         self.selections = {}
         ids, targets = ids.to(self.device), targets.to(self.device)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -396,6 +449,7 @@ class ChunkRecurrent:
                     "transformers' AttentionInterface")
             for b in range(batch):
                 run = _Run(self, n, *(bounds[b] if bounds is not None else (None, None)))
+                run.row, run.rows, run.started = b, batch, started
                 _active = run
                 try:
                     total += run.step(ids[b], targets[b], count, float(scale))
@@ -505,6 +559,7 @@ class _Run:
         self.key_lower_host = key_lower
         self.key_lower = None if key_lower is None else ops.to_device(key_lower, driver.device)
         self.stage = 0
+        self.row, self.rows, self.started = 0, 1, time.perf_counter()  # for Progress
         self.live_chunks = 0  # session: chunks appended and not yet released
         self.chunk_index = 0
         self.q_start = 0
@@ -606,6 +661,11 @@ class _Run:
         # Stage 2 reads K/V from the pages stage 1 wrote: k and v are inputs only for their gradients.
         return _SessionAttention.apply(q, k, v, d.session, layer, c)
 
+    def _report(self, chunk: int, chunks: int) -> None:
+        if self.d.progress is not None:
+            self.d.progress(Progress(self.stage, chunk, chunks, self.row, self.rows, self.n,
+                                     time.perf_counter() - self.started))
+
     def _positions(self, s0: int, s1: int, device: torch.device) -> torch.Tensor:
         """The RoPE positions of tokens [s0, s1) as [1, s1 - s0]: the packed row's, or s0, s0 + 1, ..."""
         if self.positions is not None:
@@ -669,6 +729,7 @@ class _Run:
                     missing = sorted(set(range(d.layers)) - self.called)
                     raise RefusedError(f"oomb: layers {missing} did not call attention through transformers' "
                                        "AttentionInterface, so they would not see the past chunks")
+                self._report(c, len(bounds))
 
         # Stage 2: backwards over the chunks, recomputing each under autograd.
         self.stage = 2
@@ -689,6 +750,7 @@ class _Run:
                     total += loss.to(torch.float64)
                     session.release_chunk(c)
                     self.live_chunks -= 1
+                    self._report(c, len(bounds))
                     continue
                 first = s0 // page
                 # Packed documents: no page wholly before this chunk's first document is read.
@@ -717,6 +779,7 @@ class _Run:
                 total += loss.to(torch.float64)
                 self.captured = {}
                 store.pop_chunk(seq)
+                self._report(c, len(bounds))
         if rng is not None:
             rng.set(after_stage1)
         if session is not None:
