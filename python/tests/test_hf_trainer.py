@@ -153,7 +153,7 @@ def pair_rows(count):
     return rows
 
 
-def trainer_rank(rank, port, out_dir):
+def trainer_rank(rank, port, out_dir, across):
     import datetime  # noqa: F401 -- the process group's timeout below
     import faulthandler
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD), RANK=str(rank),
@@ -161,7 +161,8 @@ def trainer_rank(rank, port, out_dir):
     faulthandler.dump_traceback_later(150, exit=True)  # a hung rank fails with its stack, not CI's clock
     torch.set_num_threads(1)
     model = make_model("qwen2")  # the same seed on every rank; DDP broadcasts rank 0's anyway
-    trainer = ChunkRecurrentTrainer(model=model, args=args(out_dir, ddp_backend="gloo", max_grad_norm=0.0),
+    trainer = ChunkRecurrentTrainer(model=model, args=args(out_dir, ddp_backend="gloo", max_grad_norm=0.0,
+                                                           average_tokens_across_devices=across),
                                     train_dataset=Rows(pair_rows(STEPS * ACCUM * WORLD)),
                                     optimizers=sgd(model), chunk=32, page=16, max_tokens=80)
     trainer.train()
@@ -181,30 +182,39 @@ def sgd(model):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
 
 
-def test_two_gloo_ranks_of_the_trainer_equal_one_process(tmp_path):
+@pytest.mark.parametrize("across", [True, False], ids=["tokens-across-devices", "per-rank-means"])
+def test_two_gloo_ranks_of_the_trainer_equal_one_process(tmp_path, across):
     # torchrun-style: 2 CPU processes over gloo, Trainer's DDP wrapper around the model, one row per
     # rank per micro-step, accumulation 2. The ranks' gradients are all-reduced at each optimizer step
     # (DDP's own reducer never arms: the driver runs the modules), so every rank holds the weights of
-    # one process stepping on all the window's rows, each scaled by its targets over the window's.
+    # one process stepping on all the window's rows, each scaled by its targets over the window's
+    # (Trainer's default, average_tokens_across_devices), or on the mean of the ranks' own windows,
+    # each normalised by its own targets (without it). Rank r gets rows 2i + r (Trainer's sharding).
     import socket
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(trainer_rank, args=(port, str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(trainer_rank, args=(port, str(tmp_path), across), nprocs=WORLD, join=True)
     rows = pair_rows(STEPS * ACCUM * WORLD)
     ref = make_model("qwen2").train()
     opt, sched = sgd(ref)
     cr = ChunkRecurrent(ref, chunk=32, page=16, max_tokens=80)
     per = ACCUM * WORLD
     want_losses = []
+    targets = [int(r["labels"][1:].ne(-100).sum()) for r in rows]
     for s in range(STEPS):
-        window = rows[s * per:(s + 1) * per]
-        total = sum(int(r["labels"][1:].ne(-100).sum()) for r in window)
+        window = list(range(s * per, (s + 1) * per))
+        # The rows each share is normalised over, and the weight of that group: the whole window
+        # (the global mean), or each rank's rows (r, r + WORLD, ...) averaged over the ranks.
+        groups = [window] if across else [window[r::WORLD] for r in range(WORLD)]
         loss = 0.0
-        for r in window:
-            share = int(r["labels"][1:].ne(-100).sum()) / total
-            loss += share * float(cr.forward_backward(r["input_ids"][None], labels=r["labels"][None], scale=share))
+        for group in groups:
+            total = sum(targets[i] for i in group)
+            for i in group:
+                share = targets[i] / total / len(groups)
+                loss += share * float(cr.forward_backward(rows[i]["input_ids"][None], labels=rows[i]["labels"][None],
+                                                          scale=share))
         want_losses.append(loss)
         opt.step()
         sched.step()
