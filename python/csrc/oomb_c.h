@@ -11,7 +11,9 @@
  *
  * Growth is additive: a new entry point or a new trailing field of oomb_attention_args (whose
  * struct_size says how much of it the caller filled in) bumps OOMB_C_ABI_VERSION; nothing existing
- * changes meaning. The CUDA entry points live in a library of their own (oomb_cuda.h), so this one
+ * changes meaning. Version 4 is the one exception: it added the paged session and took out the
+ * store's near tiers, page summaries and attention over a store (oomb_store_config lost four fields),
+ * whose work is the session's (the trainer's algorithm) now. The CUDA entry points live in a library of their own (oomb_cuda.h), so this one
  * needs no CUDA to build or load.
  */
 #ifndef OOMB_C_H
@@ -38,8 +40,8 @@ enum { OOMB_DTYPE_F32 = 0, OOMB_DTYPE_F64 = 1, OOMB_DTYPE_BF16 = 2 };
 /* Where a store's pools live. HOST: oomb's host resource (the CPU path, float32/float64). CALLER:
  * blocks from the caller's allocator, the two callbacks of the config (the GPU path passes torch's
  * CUDA caching allocator); the store then never reads or writes the pools' bytes, so fresh gradient
- * pages are zero-filled by the caller (oomb_store_touch_grads_fresh), and page summaries, near
- * tiers and the CPU attention over the store are refused. */
+ * pages are zero-filled by the caller (oomb_store_touch_grads_fresh), and oomb_store_touch_grads
+ * (which writes zeros) is refused. */
 enum { OOMB_MEMORY_HOST = 0, OOMB_MEMORY_CALLER = 1 };
 /* NULL (or a throw) for "no memory"; the block must be `alignment`-aligned. */
 typedef void* (*oomb_allocate_fn)(void* ctx, int64_t bytes, int64_t alignment);
@@ -51,10 +53,11 @@ OOMB_C_API const char* oomb_version(void);
 /* The message of the calling thread's last failure ("" when none). */
 OOMB_C_API const char* oomb_last_error(void);
 
-/* ---- Paged store: the library's paged_kv_cache (K/V pages of every layer, one pool), its
- * grad_mirror (a gradient page pair per KV page that received a gradient) and, optionally, page
- * summaries for page-sparse selection; all in host memory from oomb's host_resource, counted by a
- * statistics_adaptor. Pages are token-major: the pool is [capacity][2 (K, V)][page][kv_heads][head_dim]. */
+/* ---- Paged store: the library's paged_kv_cache (K/V pages of every layer, one pool) and its
+ * grad_mirror (a gradient page pair per KV page that received a gradient), in host memory from
+ * oomb's host_resource or in the caller's, counted by a statistics_adaptor; the pages of dense
+ * attention read in place. Pages are token-major: the pool is [capacity][2 (K, V)][page][kv_heads]
+ * [head_dim]. Offload and page-sparse attention are the paged session's (below). */
 typedef struct oomb_store oomb_store;
 
 typedef struct {
@@ -66,13 +69,6 @@ typedef struct {
   int32_t chunk_size; /* a multiple of page_size */
   int32_t max_pages;  /* K/V page pairs, all layers together */
   int32_t max_grad_pages;
-  int32_t summaries; /* nonzero: keep page summaries (sparse selection) */
-  /* Offload: both 0, every page is read and written in place (its home). Both positive: the
-   * store's attention streams the past through near tiers of that many K/V and gradient slots
-   * (the library's residency schedulers on its host streams), window_pages pages at a time. */
-  int32_t near_kv_slots;
-  int32_t near_grad_slots;
-  int32_t window_pages;
   /* OOMB_MEMORY_HOST, or OOMB_MEMORY_CALLER with both callbacks (called with ctx). */
   int32_t memory;
   oomb_allocate_fn allocate;
@@ -81,17 +77,10 @@ typedef struct {
 } oomb_store_config;
 
 typedef struct {
-  int64_t bytes_to_near, bytes_to_far;
-  int64_t hits, misses, evictions, write_backs, zero_fills;
-  int32_t slots;
-  int64_t slot_bytes;
-} oomb_residency_stats;
-
-typedef struct {
   int32_t kv_in_use, kv_high_water, kv_capacity;
   int32_t grad_in_use, grad_high_water, grad_capacity;
   int64_t pair_bytes;     /* one K/V (or dK/dV) page pair */
-  int64_t bytes_reserved; /* taken from the host resource now (pools and page summaries excluded) */
+  int64_t bytes_reserved; /* taken from the host resource now */
   int64_t bytes_peak;
 } oomb_store_stats;
 
@@ -100,7 +89,7 @@ OOMB_C_API void oomb_store_destroy(oomb_store* store);
 OOMB_C_API int oomb_store_add_sequence(oomb_store* store, int32_t* seq);
 /* Appends 1..chunk_size tokens to `seq` in every layer (all pages at once or none). */
 OOMB_C_API int oomb_store_append(oomb_store* store, int32_t seq, int64_t tokens, int64_t* first_pos);
-/* Pops the last chunk of `seq` in every layer: its K/V pages, their gradient pages and summaries. */
+/* Pops the last chunk of `seq` in every layer: its K/V pages and their gradient pages. */
 OOMB_C_API int oomb_store_pop_chunk(oomb_store* store, int32_t seq, int64_t* tokens);
 OOMB_C_API int oomb_store_seq_len(const oomb_store* store, int32_t seq, int64_t* len);
 /* Pool ids of logical pages [first, last) of (seq, layer). */
@@ -120,28 +109,6 @@ OOMB_C_API int oomb_store_touch_grads(oomb_store* store, const int32_t* kv_ids, 
 OOMB_C_API int oomb_store_touch_grads_fresh(oomb_store* store, const int32_t* kv_ids, int64_t n, int32_t* fresh_ids,
                                             int64_t* fresh);
 OOMB_C_API int oomb_store_stats_get(const oomb_store* store, oomb_store_stats* out);
-
-/* Page-sparse selection (stores made with summaries): summarise the keys of logical pages
- * [first, last) of (seq, layer) as they are in the pool (whole pages, written once), and select,
- * for every tile of `tile` queries of q ([sq][hq][head_dim], positions q_start.., q_start a page
- * boundary), sink + local + the `budget` best-scoring past pages (scoring 0: Quest bound, 1: mean
- * key). tile_first (v3; NULL: 0 for every tile): per tile the first logical page it may select
- * (packed documents: the page holding its first query's document start), its sink counted from
- * there. Out: indptr [ceil(sq / tile) + 1] and pages (at most tiles * min(past, budget + sink +
- * local) entries: logical page indices, ascending per tile). */
-OOMB_C_API int oomb_store_summarize(oomb_store* store, int32_t seq, int32_t layer, int32_t first, int32_t last);
-OOMB_C_API int oomb_store_select(oomb_store* store, int32_t seq, int32_t layer, const void* q, int64_t sq, int32_t hq,
-                      int64_t q_start, int32_t tile, int32_t budget, int32_t sink, int32_t local,
-                      int32_t scoring, const int32_t* tile_first, int32_t* indptr, int32_t* pages,
-                      int64_t pages_capacity);
-
-/* Offload bookkeeping (no-ops for a store without near tiers): K/V of logical pages [first, last)
- * of (seq, layer) were written into their homes by the caller; write every gradient page that a
- * near slot changed back home and wait, before the caller reads gradient homes. */
-OOMB_C_API int oomb_store_kv_written(oomb_store* store, int32_t seq, int32_t layer, int32_t first, int32_t last);
-OOMB_C_API int oomb_store_flush_grads(oomb_store* store);
-/* which: 0 the K/V near tier, 1 the gradient one (zeros without offload). */
-OOMB_C_API int oomb_store_residency_stats_get(const oomb_store* store, int32_t which, oomb_residency_stats* out);
 
 /* ---- Attention of one chunk's queries over the past pages of a pool plus the chunk's own K/V,
  * causal, GQA, optionally page-sparse over the past; the CPU reference
@@ -180,17 +147,6 @@ OOMB_C_API int oomb_attention_backward(const oomb_attention_args* args, const vo
                             void* dq, void* dk, void* dv, void* grad_pool, int64_t grad_pool_pages,
                             const int32_t* grad_ids, int64_t num_kv_ids);
 
-/* The same two calls over the past pages of (seq, layer) of a store (args->pool, pool_pages and
- * past_ids are ignored): read in place, or through the near tiers window by window (forward
- * merged by log-sum-exp; backward given the global o and lse, adding into gradient slots that are
- * written home by oomb_store_flush_grads or eviction). A sparse call brings near only the pages
- * some tile selects. Every past page it attends must have a gradient page (touch_grads). */
-OOMB_C_API int oomb_store_attention_forward(oomb_store* store, int32_t seq, int32_t layer,
-                                            const oomb_attention_args* args, void* o, void* lse);
-OOMB_C_API int oomb_store_attention_backward(oomb_store* store, int32_t seq, int32_t layer,
-                                             const oomb_attention_args* args, const void* o, const void* lse,
-                                             const void* d_o, void* dq, void* dk, void* dv);
-
 /* ---- Paged attention of one sequence (v4): the chunk-recurrent trainer's algorithm
  * (examples/trainer/algo/paged_attention.hpp) over its CPU backend (examples/trainer/cpu/cpu_ops.hpp),
  * for the package's offload and page-sparse runs on the CPU; liboomb_cuda has the same session over
@@ -204,6 +160,15 @@ OOMB_C_API int oomb_store_attention_backward(oomb_store* store, int32_t seq, int
  * q [n][hq][d], k and v [n][hkv][d], o, d_o, dq [n][hq][d], lse [hq][n]; scores are scaled by
  * 1/sqrt(head_dim). */
 typedef struct oomb_paged oomb_paged;
+
+/* A near tier's counters: bytes moved each way, hits, misses, evictions, write-backs, zero-fills;
+ * its slots and their bytes (0 in place). */
+typedef struct {
+  int64_t bytes_to_near, bytes_to_far;
+  int64_t hits, misses, evictions, write_backs, zero_fills;
+  int32_t slots;
+  int64_t slot_bytes;
+} oomb_residency_stats;
 
 typedef struct {
   int32_t struct_size; /* sizeof(oomb_paged_config) as the caller knows it */

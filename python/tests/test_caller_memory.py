@@ -15,8 +15,8 @@ from oomb.pages import _TorchBlocks
 LAYERS, PAGE, HKV, D, CHUNK, PAGES = 2, 16, 2, 8, 32, 12
 
 
-def caller_store(blocks, dtype=_lib.DTYPE_BF16, summaries=0, near=0):
-    cfg = _lib.StoreConfig(dtype, LAYERS, PAGE, HKV, D, CHUNK, PAGES, PAGES, summaries, near, near, near,
+def caller_store(blocks, dtype=_lib.DTYPE_BF16):
+    cfg = _lib.StoreConfig(dtype, LAYERS, PAGE, HKV, D, CHUNK, PAGES, PAGES,
                            _lib.MEMORY_CALLER, blocks.allocate, blocks.deallocate, None)
     handle = ctypes.c_void_p()
     check(lib.oomb_store_create(ctypes.byref(cfg), ctypes.byref(handle)))
@@ -62,10 +62,6 @@ def test_pools_are_the_callers_blocks_and_go_back():
         # What reads or writes the pages on the host is refused by name.
         with pytest.raises(OombError, match="the caller's memory"):
             check(lib.oomb_store_touch_grads(h, want.data_ptr(), 1))
-        args, out = _lib.AttentionArgs(), torch.empty(1)
-        args.struct_size = ctypes.sizeof(args)
-        with pytest.raises(OombError, match="the caller's memory"):  # the CPU attention over its pages
-            check(lib.oomb_store_attention_forward(h, seq.value, 0, ctypes.byref(args), out.data_ptr(), out.data_ptr()))
         popped = ctypes.c_int64()
         check(lib.oomb_store_pop_chunk(h, seq.value, ctypes.byref(popped)))
         assert popped.value == CHUNK
@@ -76,10 +72,8 @@ def test_pools_are_the_callers_blocks_and_go_back():
 
 def test_a_caller_store_refuses_what_it_cannot_do():
     blocks = _TorchBlocks(torch.device("cpu"))
-    for kwargs, message in ((dict(dtype=_lib.DTYPE_F32), "holds bf16 pages"), (dict(summaries=1), "no page summaries"),
-                            (dict(near=2), "no near tiers")):
-        with pytest.raises(OombError, match=message):
-            caller_store(blocks, **kwargs)
+    with pytest.raises(OombError, match="holds bf16 pages"):
+        caller_store(blocks, dtype=_lib.DTYPE_F32)
     assert blocks.blocks == {}
 
 

@@ -207,56 +207,14 @@ def test_torch_compile_fullgraph_keeps_the_gradient_pages(problem):
         assert (a - b).abs().max() <= tol * max(1.0, float(b.abs().max()))
 
 
-@pytest.mark.parametrize("offload", [False, True], ids=["in-place", "offload"])
-def test_store_attention_equals_attention_and_passes_opcheck(offload):
-    # The same problem through a store with near tiers of 1 slot (one page a window) or none.
-    g = torch.Generator().manual_seed(5)
-    dt = torch.float64
-    slots = 1 if offload else 0
-    st = PagedStore(layers=2, page_size=P, kv_heads=HKV, head_dim=D, chunk_size=32, max_pages=8, max_grad_pages=8,
-                    dtype=dt, near_kv_slots=slots, near_grad_slots=slots, window_pages=slots)
-    seq = st.add_sequence()
-    k = torch.randn(52, HKV, D, generator=g, dtype=dt)
-    v = torch.randn(52, HKV, D, generator=g, dtype=dt)
-    for s0, s1 in ((0, 32), (32, 52)):
-        st.append(seq, s1 - s0)
-        ops.write_pages(st.kv_pool, k[s0:s1], v[s0:s1], st.page_ids(seq, 1, s0 // P, -(-s1 // P)))
-        st.kv_written(seq, 1, s0 // P, -(-s1 // P))
-    past = st.page_ids(seq, 1, 0, 2)
-    st.touch_grads(past)
-    q = torch.randn(20, HQ, D, generator=g, dtype=dt)
-    o_ref, _ = naive(q, k, v, 32)
-    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k[32:], v[32:]))
-    o, lse = ops.store_attention(qq, kk, vv, st.kv_pool, st.grad_pool, st.address, seq, 1, 32, 1 / math.sqrt(D), None,
-                                 None, 128)
-    assert (o - o_ref).abs().max() <= 1e-12
-    w = torch.randn_like(o)
-    (o * w).sum().backward()
-    st.flush_grads()
-    kf, vf = k.clone().requires_grad_(), v.clone().requires_grad_()
-    (naive(q, kf, vf, 32)[0] * w).sum().backward()
-    gk, gv = ops.gather_pages(st.grad_pool, st.grad_ids[past.long()], 32)
-    assert (gk - kf.grad[:32]).abs().max() <= 1e-12 and (gv - vf.grad[:32]).abs().max() <= 1e-12
-    assert (kk.grad - kf.grad[32:]).abs().max() <= 1e-12
-    if offload:
-        assert st.residency_stats()["kv"]["evictions"] > 0
-    torch.library.opcheck(ops.store_attention, (qq, kk, vv, st.kv_pool, st.grad_pool, st.address, seq, 1, 32, 0.3,
-                                                None, None, 128))
-    with pytest.raises(ValueError, match="no live PagedStore"):
-        ops.store_attention(q, k[32:], v[32:], st.kv_pool, st.grad_pool, 12345, seq, 1, 32, 0.3, None, None, 128)
-    st.close()
-
-
 def test_a_dropped_store_frees_its_pools():
     import gc
     import weakref
     st = PagedStore(layers=1, page_size=P, kv_heads=HKV, head_dim=D, chunk_size=32, max_pages=4, max_grad_pages=4)
-    address, ref = st.address, weakref.ref(st)
+    ref = weakref.ref(st)
     del st
     gc.collect()
-    assert ref() is None
-    with pytest.raises(ValueError, match="no live PagedStore"):
-        oomb.pages.store_at(address)
+    assert ref() is None  # nothing (a registry, an op) keeps a store, and its pools, alive
 
 
 def test_attention_with_document_bounds_equals_masked_pytorch_and_passes_opcheck(problem):

@@ -45,10 +45,9 @@ from torch import Tensor
 
 from . import _lib
 from ._lib import check, lib
-from .pages import dtype_code, store_at
+from .pages import dtype_code
 
-__all__ = ["attention", "attention_backward", "attention_kept", "write_pages", "gather_pages", "accumulate_pages", "store_attention",
-           "store_attention_backward"]
+__all__ = ["attention", "attention_backward", "attention_kept", "write_pages", "gather_pages", "accumulate_pages"]
 
 
 def to_device(t: Tensor, device: torch.device, dtype: Optional[torch.dtype] = None) -> Tensor:
@@ -457,111 +456,3 @@ def accumulate_pages(pool: Tensor, page_ids: Tensor, dk: Tensor, dv: Tensor) -> 
 @accumulate_pages.register_fake
 def _(pool, page_ids, dk, dv):
     return None
-
-
-# ---- attention over a store's own pages (offload: streamed through its near tiers) -------------
-
-def _store_args(store, q: Tensor, kv_own: Tensor, q_start: int, scale: float, tile_indptr: Optional[Tensor],
-                tile_pages: Optional[Tensor], tile: int, key_lower: Optional[Tensor]) -> _lib.AttentionArgs:
-    a = _args(q, kv_own, store.kv_pool, torch.empty(0, dtype=torch.int32), q_start, scale, tile_indptr, tile_pages,
-              tile, key_lower)
-    a.pool, a.past_ids = None, None  # the store's own pages
-    return a
-
-
-def _check_store_pools(op: str, store, kv_pool: Tensor, grad_pool: Tensor):
-    # The op reads and writes the store's own memory; the tensors stand for it in a graph (opcheck
-    # and tracing may hand over copies, so their shapes are checked, not their addresses).
-    for name, got, want in (("kv_pool", kv_pool, store.kv_pool), ("grad_pool", grad_pool, store.grad_pool)):
-        if got.shape != want.shape or got.dtype != want.dtype:
-            raise ValueError(f"oomb.{op}: {name} {got.dtype} {tuple(got.shape)} is not the store's "
-                             f"{want.dtype} {tuple(want.shape)}")
-
-
-def _check_store_call(op: str, store, q: Tensor, k: Tensor, v: Tensor, layer: int, q_start: int,
-                      tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor], key_lower: Optional[Tensor]):
-    _check_common(q, k, v, store.kv_pool, torch.empty(q_start // store.page_size, dtype=torch.int32), q_start,
-                  tile_indptr, tile_pages, key_lower=key_lower)
-    if not 0 <= layer < store.layers:
-        raise ValueError(f"oomb.{op}: layer {layer} out of range [0, {store.layers})")
-
-
-@torch.library.custom_op("oomb::store_attention", mutates_args=(), device_types="cpu")
-def store_attention(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, grad_pool: Tensor, store: int, seq: int,
-                    layer: int, q_start: int, scale: float, tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor],
-                    tile: int, key_lower: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """oomb::attention over the past pages of (seq, layer) of the PagedStore at address `store`
-    (``kv_pool``/``grad_pool`` are that store's pools, named so a graph sees what the op reads and
-    its backward writes). With offload the past streams through the store's near tiers, window by
-    window, and the backward adds into gradient slots that reach ``grad_pool`` at flush_grads()."""
-    st = store_at(store)
-    _check_store_pools("store_attention", st, kv_pool, grad_pool)
-    _check_store_call("store_attention", st, q, k, v, layer, q_start, tile_indptr, tile_pages, key_lower)
-    q = q.contiguous()
-    kv_own = torch.stack([k, v]).contiguous()
-    ti = None if tile_indptr is None else tile_indptr.contiguous()
-    tp = None if tile_pages is None else tile_pages.contiguous()
-    kl = None if key_lower is None else key_lower.contiguous()
-    sq, hq, _d = q.shape
-    o = torch.empty_like(q)
-    lse = q.new_empty((hq, sq))
-    a = _store_args(st, q, kv_own, q_start, scale, ti, tp, tile, kl)
-    check(lib.oomb_store_attention_forward(st.address, seq, layer, ctypes.byref(a), o.data_ptr(), lse.data_ptr()))
-    return o, lse
-
-
-@store_attention.register_fake
-def _(q, k, v, kv_pool, grad_pool, store, seq, layer, q_start, scale, tile_indptr, tile_pages, tile, key_lower=None):
-    sq, hq, _d = q.shape
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((hq, sq))
-
-
-@torch.library.custom_op("oomb::store_attention_backward", mutates_args=("grad_pool",), device_types="cpu")
-def store_attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, kv_pool: Tensor,
-                             grad_pool: Tensor, store: int, seq: int, layer: int, q_start: int, scale: float,
-                             tile_indptr: Optional[Tensor], tile_pages: Optional[Tensor],
-                             tile: int, key_lower: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    st = store_at(store)
-    _check_store_pools("store_attention_backward", st, kv_pool, grad_pool)
-    _check_store_call("store_attention_backward", st, q, k, v, layer, q_start, tile_indptr, tile_pages, key_lower)
-    q, o, lse, d_o = q.contiguous(), o.contiguous(), lse.contiguous(), d_o.contiguous()
-    kv_own = torch.stack([k, v]).contiguous()
-    ti = None if tile_indptr is None else tile_indptr.contiguous()
-    tp = None if tile_pages is None else tile_pages.contiguous()
-    kl = None if key_lower is None else key_lower.contiguous()
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(kv_own[0])
-    dv = torch.empty_like(kv_own[1])
-    a = _store_args(st, q, kv_own, q_start, scale, ti, tp, tile, kl)
-    check(lib.oomb_store_attention_backward(st.address, seq, layer, ctypes.byref(a), o.data_ptr(), lse.data_ptr(),
-                                            d_o.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()))
-    return dq, dk, dv
-
-
-@store_attention_backward.register_fake
-def _(d_o, q, k, v, o, lse, kv_pool, grad_pool, store, seq, layer, q_start, scale, tile_indptr, tile_pages, tile,
-      key_lower=None):
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format))
-
-
-def _store_setup_context(ctx, inputs, output):
-    q, k, v, kv_pool, grad_pool, store, seq, layer, q_start, scale, tile_indptr, tile_pages, tile, key_lower = inputs
-    o, lse = output
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.state = (kv_pool, grad_pool, tile_indptr, tile_pages, key_lower)
-    ctx.call = (store, seq, layer, q_start, scale, tile)
-
-
-def _store_backward(ctx, d_o, _d_lse):
-    q, k, v, o, lse = ctx.saved_tensors
-    kv_pool, grad_pool, tile_indptr, tile_pages, key_lower = ctx.state
-    store, seq, layer, q_start, scale, tile = ctx.call
-    dq, dk, dv = store_attention_backward(d_o, q, k, v, o, lse, kv_pool, grad_pool, store, seq, layer, q_start,
-                                          scale, tile_indptr, tile_pages, tile, key_lower)
-    return (dq, dk, dv) + (None,) * 11
-
-
-store_attention.register_autograd(_store_backward, setup_context=_store_setup_context)

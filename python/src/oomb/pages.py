@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""oomb's paged memory for PyTorch: the library's paged KV cache, gradient mirror and page
-summaries (C++), with their pools seen as torch tensors without a copy. On the CPU the pools are
+"""oomb's paged memory for PyTorch: the library's paged KV cache and gradient mirror (C++), with
+their pools seen as torch tensors without a copy: the pages dense attention reads in place (the
+driver's offload and page-sparse attention are the paged session's, oomb.paged). On the CPU the pools are
 host memory from oomb's own host resource; on a CUDA device they are blocks of torch's caching
 allocator, which the library's page tables hand out (bf16 K/V pages, fp32 gradient pages).
 
@@ -11,8 +12,6 @@ Pools are token-major page pairs: ``kv_pool[id, 0]`` is the K page of id ``id``,
 from __future__ import annotations
 
 import ctypes
-import weakref
-from typing import Optional
 
 import torch
 
@@ -77,56 +76,36 @@ def _tensor_at(address: int, shape, dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=dtype, count=count).view(*shape)
 
 
-# address -> PagedStore, so an op given an address can check it names a live store (weak: the
-# registry must not keep a store, and its pools, alive).
-_live_stores: "weakref.WeakValueDictionary[int, PagedStore]" = weakref.WeakValueDictionary()
-
-
-def store_at(address: int) -> "PagedStore":
-    """The live store whose handle is `address` (what the store ops take), or a clear error."""
-    store = _live_stores.get(int(address))
-    if store is None:
-        raise ValueError(f"oomb: no live PagedStore at address {address:#x} (closed, or not a store)")
-    return store
-
-
 class PagedStore:
-    """K/V pages of every layer in one pool, their gradient pages, optional page summaries.
+    """K/V pages of every layer in one pool and their gradient pages.
 
     Everything is allocated here, up front, for the capacities given (the plan): ``max_pages`` K/V
     page pairs and ``max_grad_pages`` gradient pairs; nothing grows later. Sequences grow a chunk at
     a time (``append``), and stage 2 releases them a chunk at a time (``pop_chunk``, which also
-    releases the chunk's gradient pages and summaries).
+    releases the chunk's gradient pages).
 
     On a CUDA ``device`` the pages are bf16 and the gradient pages fp32 (what oomb's kernels read and
-    add into), in blocks from torch's caching allocator; ``dtype`` must then be torch.bfloat16, and
-    page summaries and near tiers are the CPU path's only (for now).
+    add into), in blocks from torch's caching allocator; ``dtype`` must then be torch.bfloat16.
     """
 
     def __init__(self, *, layers: int, page_size: int, kv_heads: int, head_dim: int, chunk_size: int,
-                 max_pages: int, max_grad_pages: int, dtype: torch.dtype = torch.float64,
-                 summaries: bool = False, near_kv_slots: int = 0, near_grad_slots: int = 0,
-                 window_pages: int = 0, device="cpu"):
+                 max_pages: int, max_grad_pages: int, dtype: torch.dtype = torch.float64, device="cpu"):
         device = torch.device(device)
         self.device = device
         self._blocks = None
         if device.type == "cuda":
             if dtype != torch.bfloat16:
                 raise TypeError(f"oomb: a store on {device} holds bf16 pages (the kernels'), not {dtype}")
-            if summaries or near_kv_slots:
-                raise NotImplementedError("oomb: page summaries and near tiers are the CPU path's only so far; a "
-                                          "store on a CUDA device reads every page in place (docs/pytorch.md)")
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
                 self.device = device
             self._blocks = _TorchBlocks(device)
             cfg = _lib.StoreConfig(_lib.DTYPE_BF16, layers, page_size, kv_heads, head_dim, chunk_size, max_pages,
-                                   max_grad_pages, 0, 0, 0, 0, _lib.MEMORY_CALLER, self._blocks.allocate,
+                                   max_grad_pages, _lib.MEMORY_CALLER, self._blocks.allocate,
                                    self._blocks.deallocate, None)
         elif device.type == "cpu":
             cfg = _lib.StoreConfig(dtype_code(dtype), layers, page_size, kv_heads, head_dim, chunk_size,
-                                   max_pages, max_grad_pages, 1 if summaries else 0, near_kv_slots, near_grad_slots,
-                                   window_pages, _lib.MEMORY_HOST)
+                                   max_pages, max_grad_pages, _lib.MEMORY_HOST)
         else:
             raise NotImplementedError(f"oomb: pages on {device} (the CPU and CUDA devices are supported)")
         handle = ctypes.c_void_p()
@@ -136,8 +115,7 @@ class PagedStore:
         check(rc)
         self._h = handle
         self.layers, self.page_size, self.kv_heads, self.head_dim = layers, page_size, kv_heads, head_dim
-        self.chunk_size, self.dtype, self.has_summaries = chunk_size, dtype, summaries
-        self.offload = near_kv_slots > 0
+        self.chunk_size, self.dtype = chunk_size, dtype
         pair = (2, page_size, kv_heads, head_dim)
         grad_dtype = torch.float32 if self._blocks is not None else dtype
         base, cap = ctypes.c_void_p(), ctypes.c_int64()
@@ -148,7 +126,6 @@ class PagedStore:
                                        ctypes.byref(nids)))
         self.grad_pool = self._pool_at(gbase.value, (gcap.value, *pair), grad_dtype)
         self.grad_ids = _tensor_at(ctypes.cast(ids, ctypes.c_void_p).value, (nids.value,), torch.int32)
-        _live_stores[self._h.value] = self
 
     def _pool_at(self, address: int, shape, dtype: torch.dtype) -> torch.Tensor:
         if self._blocks is not None:
@@ -160,7 +137,6 @@ class PagedStore:
         """Frees the pools now (the tensors above must not be used after)."""
         if getattr(self, "_h", None):
             self.kv_pool = self.grad_pool = self.grad_ids = None
-            _live_stores.pop(self._h.value, None)
             lib.oomb_store_destroy(self._h)
             self._h = None
 
@@ -215,57 +191,6 @@ class PagedStore:
         if count.value:
             fresh = fresh[: count.value].to(torch.int64).pin_memory().to(self.device, non_blocking=True)
             self.grad_pool.index_fill_(0, fresh, 0.0)
-
-    # -- page-sparse selection --------------------------------------------------------------
-    def summarize(self, seq: int, layer: int, first: int, last: int) -> None:
-        check(lib.oomb_store_summarize(self._handle(), seq, layer, first, last))
-
-    def select(self, seq: int, layer: int, q: torch.Tensor, q_start: int, *, tile: int, budget: int,
-               sink: int, local: int, scoring: str = "quest", tile_first: Optional[torch.Tensor] = None):
-        """Per tile of `tile` queries of q ([sq, hq, head_dim]), the past pages it attends: (indptr,
-        pages), int32, logical page indices ascending per tile. ``tile_first`` (int32, one per tile;
-        packed documents): tile t selects among logical pages from tile_first[t] on, its sink first."""
-        q = q.detach().contiguous()
-        if q.dtype != self.dtype:
-            raise TypeError(f"oomb: select: queries are {q.dtype}, the store holds {self.dtype}")
-        sq, hq = q.shape[0], q.shape[1]
-        tiles = (sq + tile - 1) // tile
-        past = q_start // self.page_size
-        cap = max(1, tiles * min(past, budget + sink + local))
-        indptr = torch.empty(tiles + 1, dtype=torch.int32)
-        pages = torch.empty(cap, dtype=torch.int32)
-        code = {"quest": 0, "mean": 1}[scoring]
-        if tile_first is not None:
-            tile_first = tile_first.to("cpu", torch.int32).contiguous()
-            if tile_first.numel() != tiles:
-                raise ValueError(f"oomb: select: tile_first has {tile_first.numel()} entries for {tiles} tiles")
-        check(lib.oomb_store_select(self._handle(), seq, layer, q.data_ptr(), sq, hq, q_start, tile, budget,
-                                    sink, local, code, None if tile_first is None else tile_first.data_ptr(),
-                                    indptr.data_ptr(), pages.data_ptr(), cap))
-        return indptr, pages[: int(indptr[-1])].clone()
-
-    # -- offload ------------------------------------------------------------------------------
-    def kv_written(self, seq: int, layer: int, first: int, last: int) -> None:
-        """The homes of logical pages [first, last) of (seq, layer) were written (by write_pages)."""
-        check(lib.oomb_store_kv_written(self._handle(), seq, layer, first, last))
-
-    def flush_grads(self) -> None:
-        """Writes the gradient pages near slots changed back home and waits (before reading homes)."""
-        check(lib.oomb_store_flush_grads(self._handle()))
-
-    def residency_stats(self) -> dict:
-        """Per near tier ('kv', 'grad'): bytes moved each way, hits, misses, evictions, write-backs."""
-        out = {}
-        for which, name in ((0, "kv"), (1, "grad")):
-            r = _lib.ResidencyStats()
-            check(lib.oomb_store_residency_stats_get(self._handle(), which, ctypes.byref(r)))
-            out[name] = {f: getattr(r, f) for f, _ in _lib.ResidencyStats._fields_}
-        return out
-
-    @property
-    def address(self) -> int:
-        """The store's handle as an integer (what oomb::store_attention takes)."""
-        return self._handle().value
 
     # -- accounting -------------------------------------------------------------------------
     def stats(self) -> dict:
