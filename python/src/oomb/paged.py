@@ -22,11 +22,11 @@ from typing import Optional, Sequence
 import torch
 
 from . import _lib
+from .pages import dtype_code
 
 _HOMES = {"pinned": 0, "pageable": 1}
 _GRAD_HOMES = {"fp32": 0, "bf16": 1, "bf16-stochastic": 2}
 _SCORING = {"quest": 0, "mean": 1}
-_CPU_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float64: _lib.DTYPE_F64}
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -68,8 +68,7 @@ class PagedSession:
             c.home_memory = _HOMES[homes]
             c.deterministic, c.portable = int(deterministic), int(portable)
         elif self.device.type == "cpu":
-            if dtype not in _CPU_DTYPES:
-                raise TypeError(f"oomb: the CPU path computes in float32 or float64, not {dtype}")
+            code = dtype_code(dtype)  # float32 or float64, else a TypeError that says so
             if homes != "pinned" or deterministic or portable:
                 raise ValueError("oomb: homes, deterministic and portable are the GPU session's (the CPU's homes are "
                                  "host memory, its sums always in one order)")
@@ -77,7 +76,7 @@ class PagedSession:
             self._lib, self._prefix, self._check = _lib.lib, "oomb_paged_", _lib.check
             c = _lib.PagedConfig()
             c.struct_size = ctypes.sizeof(_lib.PagedConfig)
-            c.dtype = _CPU_DTYPES[dtype]
+            c.dtype = code
         else:
             raise NotImplementedError(f"oomb: a paged session on {self.device} (the CPU and CUDA devices are supported)")
         c.layers, c.hq, c.hkv, c.head_dim = layers, hq, hkv, head_dim
