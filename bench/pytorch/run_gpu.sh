@@ -11,7 +11,9 @@
 # tests first, python/tests/test_cuda.py and test_ops.py, into $OUT/pytest.log), KEEP=1 (both
 # oomb systems keep stage 1's attention outputs for stage 2), OFFLOAD=pinned|pageable (both oomb systems
 # stream their pages from homes in that host memory; NEAR_PAGES slots, 0: the trainer's default),
-# SPARSE_BUDGET=B (both page-sparse, sink 1, local 1, 128-query tiles).
+# SPARSE_BUDGET=B (both page-sparse, sink 1, local 1, 128-query tiles), PROFILE=1 (after the
+# systems, profile_split.py splits one step of the package and of the competitor at the first length
+# into GEMM, attention, other kernels and the GPU's idle time, into $OUT/split-*.jsonl).
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,7 +37,7 @@ export OOMB_C_LIBRARY=$here/liboomb_c.so OOMB_CUDA_LIBRARY=$here/liboomb_cuda.so
 export PYTHONPATH=$PWD/python/src${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1
 cublas_dir=/usr/local/cuda/lib64
 [ -e "$cublas_dir/libcublasLt.so.13" ] || cublas_dir=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib 2>/dev/null | head -1)
-export LD_LIBRARY_PATH=$cublas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$cublas_dir:$here${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$OUT"
 start=$SECONDS
 tag=$model-$(date -u +%Y%m%dT%H%M%S)
@@ -77,6 +79,14 @@ if [[ " $SYSTEMS " == *" pytorch "* ]] && [ -n "$competitor" ]; then
   timeout "$left" "$PY" "$here/strong_baseline.py" --model "$competitor" --lengths "${lengths[@]}" \
     --deadline-s $((left > 90 ? left - 60 : 30)) --jsonl "$OUT/pytorch-$tag.jsonl" 2>&1 | tee "$OUT/pytorch-$tag.log"
   echo "strong_baseline rc=$?" | tee -a "$OUT/pytorch-$tag.log"
+fi
+if [ "${PROFILE:-0}" = 1 ]; then
+  for system in torch pytorch; do
+    [ "$system" = pytorch ] && [ -z "$competitor" ] && continue
+    [ "$system" = torch ] && [ "${KEEP:-0}" = 1 ] && keep=(--keep) || keep=()
+    timeout 300 "$PY" "$here/profile_split.py" --system "$system" --config "$config" --length "${lengths[0]}" \
+      --chunk "$chunk" --commit "$commit" --jsonl "$OUT/split-$tag.jsonl" "${keep[@]}" 2>&1 | tail -3
+  done
 fi
 "$PY" "$here/table.py" "$OUT/torch-$tag.log" "$OUT/oomb-$tag.log" "$OUT/pytorch-$tag.log" 2>&1 | tee "$OUT/table-$tag.txt"
 echo "wall $((SECONDS - start)) s"

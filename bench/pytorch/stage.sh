@@ -17,9 +17,12 @@ c_lib=$("$venv/bin/python" -c "import oomb._lib as l; print(l._find('oomb_c', 'O
 [ -f "$cuda_build/liboomb_cuda.so" ] || { echo "stage.sh: no $cuda_build/liboomb_cuda.so (ninja -C $cuda_build oomb_python_cuda)" >&2; exit 1; }
 mkdir -p "$dir"
 cp -f "$c_lib" "$cuda_build/liboomb_cuda.so" bench/pytorch/run_gpu.sh bench/pytorch/bench_driver.py \
-      bench/pytorch/table.py "$competitor" "$dir/"
+      bench/pytorch/profile_split.py bench/pytorch/table.py "$competitor" "$dir/"
 if [ -x "$trainer_build/bench/trainer/bench_trainer" ]; then
   cp -f "$trainer_build/bench/trainer/bench_trainer" "$dir/"
+  # Debian's fmt, which the GPU machine's image may lack; run_gpu.sh puts $dir on LD_LIBRARY_PATH
+  fmt=$(ldd "$trainer_build/bench/trainer/bench_trainer" | awk '/libfmt/ {print $3}')
+  [ -z "$fmt" ] || cp -fL "$fmt" "$dir/"
 else
   echo "stage.sh: no bench_trainer in $trainer_build: the C++ trainer's column stays empty" >&2
 fi
