@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The PyTorch package's step on the GPU: oomb.torch.ChunkRecurrent over an HF model built from one
 of configs/*.json (random init, bf16, on the GPU), one forward + backward per length (no optimizer
-update, as strong_baseline.py measures), after one warm-up step at the smallest length.
+update, as strong_baseline.py measures), after one warm-up step (at the smallest length unless
+--warmup-tokens says).
 
 Prints one JSON object per length in strong_baseline.py's shape ("len", "s", "tok_per_s",
 "peak_bytes") plus the device's own view ("device_used_bytes": cudaMemGetInfo's total - free at the
@@ -58,6 +59,8 @@ def main():
                     help="offload: K/V slots (as many gradient slots); 0: the C++ trainer's default")
     ap.add_argument("--sparse-budget", type=int, default=None,
                     help="page-sparse attention: scored past pages per 128-query tile (sink 1, local 1)")
+    ap.add_argument("--warmup-tokens", type=int, default=0,
+                    help="the warm-up step's length (default: the smallest of --lengths)")
     ap.add_argument("--jsonl", default="")
     ap.add_argument("--deadline-s", type=float, default=500, help="skip lengths once this much time has passed")
     ap.add_argument("--commit", default="")
@@ -82,7 +85,7 @@ def main():
         torch.cuda.synchronize()
         return time.time() - t0, float(loss)
 
-    step(min(a.lengths))  # warm-up: kernels' first launches, the allocator's cache
+    step(a.warmup_tokens or min(a.lengths))  # warm-up: kernels' first launches, the allocator's cache
     model.zero_grad(set_to_none=True)
     rows = []
     for n in a.lengths:

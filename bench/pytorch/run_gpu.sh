@@ -7,7 +7,8 @@
 # CONFIG: a configs/*.json name (qwen2.5-0.5b, qwen2.5-7b: all three systems; others, e.g.
 # llama-3.1-8b: the package and the C++ trainer, the competitor knowing only Qwen2.5).
 # Environment (optional): CHUNK (qwen2.5-0.5b: 16384, else 4096), SYSTEMS ("torch oomb pytorch"),
-# DEADLINE_S (the call's budget, 540; shared in proportion 45/25/30), TESTS=1 (the package's GPU
+# DEADLINE_S (the call's budget, 540; shared in proportion 45/25/30), WARMUP_TOKENS (both oomb
+# systems' warm-up step, default the first length; the competitor warms up at its smallest), TESTS=1 (the package's GPU
 # tests first, python/tests/test_cuda.py and test_ops.py, into $OUT/pytest.log), KEEP=1 (both
 # oomb systems keep stage 1's attention outputs for stage 2), OFFLOAD=pinned|pageable (both oomb systems
 # stream their pages from homes in that host memory; NEAR_PAGES slots, 0: the trainer's default),
@@ -64,13 +65,13 @@ share() { local left=$((DEADLINE_S - (SECONDS - start))); echo $((left * $1 / 10
 if [[ " $SYSTEMS " == *" torch "* ]]; then
   s=$(share 45)
   timeout $((s + 60)) "$PY" "$here/bench_driver.py" --config "$config" --lengths "${lengths[@]}" --chunk "$chunk" \
-    --deadline-s "$s" --commit "$commit" --jsonl "$OUT/torch-$tag.jsonl" "${keep_torch[@]}" 2>&1 | tee "$OUT/torch-$tag.log"
+    --warmup-tokens "${WARMUP_TOKENS:-${lengths[0]}}" --deadline-s "$s" --commit "$commit" --jsonl "$OUT/torch-$tag.jsonl" "${keep_torch[@]}" 2>&1 | tee "$OUT/torch-$tag.log"
   echo "bench_driver rc=$?" | tee -a "$OUT/torch-$tag.log"
 fi
 if [[ " $SYSTEMS " == *" oomb "* ]] && [ -x "$here/bench_trainer" ]; then
   s=$(share 45)
   timeout $((s + 45)) "$here/bench_trainer" --config "$config" --lengths "$(IFS=,; echo "${lengths[*]}")" \
-    --phase fwd_bwd --chunk "$chunk" --page 128 --window-pages 0 --reps 1 --warmup-tokens "${lengths[0]}" \
+    --phase fwd_bwd --chunk "$chunk" --page 128 --window-pages 0 --reps 1 --warmup-tokens "${WARMUP_TOKENS:-${lengths[0]}}" \
     --deadline-s "$s" --commit "$commit" --jsonl "$OUT/oomb-$tag.jsonl" "${keep_trainer[@]}" 2>&1 | tee "$OUT/oomb-$tag.log"
   echo "bench_trainer rc=$?" | tee -a "$OUT/oomb-$tag.log"
 fi
