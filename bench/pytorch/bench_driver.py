@@ -59,6 +59,9 @@ def main():
                     help="offload: K/V slots (as many gradient slots); 0: the C++ trainer's default")
     ap.add_argument("--sparse-budget", type=int, default=None,
                     help="page-sparse attention: scored past pages per 128-query tile (sink 1, local 1)")
+    ap.add_argument("--autograd-weight-grads", action="store_true",
+                    help="stage 2's weight gradients through autograd's accumulation "
+                    "(ChunkRecurrent(weight_grads_in_gemm=False)), for an A/B")
     ap.add_argument("--warmup-tokens", type=int, default=0,
                     help="the warm-up step's length (default: the smallest of --lengths)")
     ap.add_argument("--jsonl", default="")
@@ -72,7 +75,7 @@ def main():
     # --near-pages 0: the C++ trainer's default slots (Offload's kv_slots left out)
     offload = Offload(kv_slots=a.near_pages or None, homes=a.offload) if a.offload else None
     cr = ChunkRecurrent(model, chunk=a.chunk, page=a.page, max_tokens=max(a.lengths), keep_attention_outputs=a.keep,
-                        sparse=sparse, offload=offload)
+                        sparse=sparse, offload=offload, weight_grads_in_gemm=not a.autograd_weight_grads)
     pools = cr.store.kv_pool.numel() * 2 + cr.store.grad_pool.numel() * 4 if cr.store is not None else 0
     print(json.dumps({"model": name, "built_s": round(time.time() - t_start, 1), "pool_bytes": pools,
                       "keep_attention_outputs": a.keep, "offload": str(offload), "sparse": str(sparse)}), flush=True)
@@ -105,7 +108,8 @@ def main():
             except torch.OutOfMemoryError:
                 row = {"len": n, "oom": True}
             model.zero_grad(set_to_none=True)
-        print(json.dumps({"model": name, "keep": a.keep, **row}), flush=True)
+        print(json.dumps({"model": name, "keep": a.keep, "weight_grads_in_gemm": not a.autograd_weight_grads, **row}),
+              flush=True)
         rows.append(row)
         if row.get("oom"):
             break
@@ -120,7 +124,8 @@ def main():
                                     "home_memory": a.offload,
                                     "near_pages": (r.get("session") or {}).get("near_kv_slots", 0),
                                     "session": r.get("session"),
-                                    "keep_attention_outputs": a.keep, "phase": "fwd_bwd",
+                                    "keep_attention_outputs": a.keep, "weight_grads_in_gemm": not a.autograd_weight_grads,
+                                    "phase": "fwd_bwd",
                                     "step_s": r["s"], "tok_per_s": r["tok_per_s"], "loss": r["loss"],
                                     "peak_gpu_bytes": r["peak_bytes"], "device_used_bytes": r["device_used_bytes"],
                                     "pool_bytes": r["pool_bytes"], "device": torch.cuda.get_device_name(),

@@ -9,7 +9,9 @@
 # Environment (optional): CHUNK (qwen2.5-0.5b: 16384, else 4096), SYSTEMS ("torch oomb pytorch"),
 # DEADLINE_S (the call's budget, 540; shared in proportion 45/25/30), WARMUP_TOKENS (both oomb
 # systems' warm-up step, default the first length; the competitor warms up at its smallest), TESTS=1 (the package's GPU
-# tests first, python/tests/test_cuda.py and test_ops.py, into $OUT/pytest.log), KEEP=1 (both
+# tests first, python/tests/test_cuda.py and test_ops.py, into $OUT/pytest.log; TESTS_K: pytest's -k
+# to run some of them), WEIGHT_GRADS=autograd (the package's weight gradients through autograd's
+# accumulation, ChunkRecurrent(weight_grads_in_gemm=False)), KEEP=1 (both
 # oomb systems keep stage 1's attention outputs for stage 2), OFFLOAD=pinned|pageable (both oomb systems
 # stream their pages from homes in that host memory; NEAR_PAGES slots, 0: the trainer's default),
 # SPARSE_BUDGET=B (both page-sparse, sink 1, local 1, 128-query tiles), PROFILE=1 (after the
@@ -47,12 +49,13 @@ echo "commit $commit  $model  lengths ${lengths[*]}  chunk $chunk  systems $SYST
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/env-$tag.txt"
 
 if [ "${TESTS:-0}" = 1 ]; then
-  (cd python && OOMB_TEST_OUT=$OUT timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_ops.py) \
+  (cd python && OOMB_TEST_OUT=$OUT timeout 300 "$PY" -m pytest -q -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} tests/test_cuda.py tests/test_ops.py) \
     2>&1 | tee "$OUT/pytest.log" | tail -25
 fi
 
 keep_torch=() keep_trainer=()
 [ "${KEEP:-0}" = 1 ] && keep_torch=(--keep) keep_trainer=(--keep-attention-outputs)
+[ "${WEIGHT_GRADS:-gemm}" = autograd ] && keep_torch+=(--autograd-weight-grads)
 if [ -n "${OFFLOAD:-}" ]; then
   keep_torch+=(--offload "$OFFLOAD" --near-pages "${NEAR_PAGES:-0}")
   keep_trainer+=(--offload --home-memory "$OFFLOAD" --near-pages "${NEAR_PAGES:-0}")

@@ -184,6 +184,45 @@ def test_deterministic_is_accepted_on_the_cpu_and_changes_no_bit(ids_of):
 
 
 @pytest.mark.parametrize("offload", [None, Offload(kv_slots=4)], ids=["in-place", "offload"])
+def test_weight_grads_in_gemm_take_over_autograds_accumulation(offload, ids_of, monkeypatch):
+    # Stage 2's nn.Linear weights get their gradient added by addmm_ inside _LinearIntoGrad (the
+    # default) instead of by autograd's accumulation; the gradients are full backprop's either way.
+    # A weight with a hook keeps autograd's way, so its hook still fires once per chunk; afterwards
+    # no module keeps the forward the driver set on it.
+    import oomb.torch as ot
+    calls = {"fused": 0}
+    plain_backward = ot._LinearIntoGrad.backward
+
+    def counting_backward(ctx, dy):
+        calls["fused"] += 1
+        return plain_backward(ctx, dy)
+    monkeypatch.setattr(ot._LinearIntoGrad, "backward", staticmethod(counting_backward))
+    model = make_model("qwen2")
+    ids = ids_of(100)  # 4 chunks of 32
+    _, ref = reference_grads(model, ids, shift(ids))
+    hooked = model.model.layers[0].mlp.down_proj.weight
+    fired = []
+    hooked.register_post_accumulate_grad_hook(lambda p: fired.append(1))
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    grads = []
+    for in_gemm in (True, False):
+        model.zero_grad(set_to_none=True)
+        calls["fused"], fired[:] = 0, []
+        cr = ChunkRecurrent(model, chunk=32, page=16, max_tokens=128, offload=offload, weight_grads_in_gemm=in_gemm)
+        cr.forward_backward(ids)
+        worst, where = worst_error(model, ref)
+        assert worst <= TOL64, f"weight_grads_in_gemm={in_gemm}: {where} off by {worst:.3e}"
+        # The LM head runs in one piece per chunk here (HEAD_PIECE > 32 tokens).
+        assert calls["fused"] == (4 * (linears - 1) if in_gemm else 0)
+        assert len(fired) == 4  # the hooked weight: autograd's accumulation, once per chunk
+        assert not any("forward" in m.__dict__ for m in model.modules())
+        grads.append([p.grad.clone() for p in model.parameters()])
+        cr.close()
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("offload", [None, Offload(kv_slots=4)], ids=["in-place", "offload"])
 def test_progress_reports_every_chunk_of_both_stages(offload, ids_of):
     # 70 tokens in chunks of 32 (3 chunks), a batch of 2 rows: stage 1 forwards, stage 2 backwards,
     # row after row, seconds never going back.

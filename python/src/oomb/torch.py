@@ -14,6 +14,7 @@ pages, and feeds each chunk's own K/V the gradient that later chunks left there.
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
@@ -183,12 +184,17 @@ class ChunkRecurrent:
                 order (pages of >= 128 tokens: oomb's Hopper kernels; docs/attention.md says what it
                 costs); the CPU path always is. The model's own ops must be deterministic too
                 (``torch.use_deterministic_algorithms``)
+    weight_grads_in_gemm
+                stage 2's nn.Linear layers add their weight gradients into ``.grad`` inside the GEMM
+                (``addmm_``) instead of through autograd's accumulation, which reads and writes every
+                weight gradient once more per chunk. A weight with gradient hooks, a non-contiguous
+                weight, autocast or an nn.Linear subclass with its own forward keep autograd's way
     """
 
     def __init__(self, model, *, chunk: int, max_tokens: int, page: Optional[int] = None,
                  sparse: Optional[SparseConfig] = None, offload: Optional[Offload] = None,
                  keep_attention_outputs: bool = False, deterministic: bool = False,
-                 progress: Optional[Callable[[Progress], None]] = None):
+                 progress: Optional[Callable[[Progress], None]] = None, weight_grads_in_gemm: bool = True):
         if offload is not None and not isinstance(offload, Offload):
             raise RefusedError(f"oomb: offload must be an oomb.torch.Offload or None, got {offload!r}")
         if offload is not None:
@@ -210,6 +216,7 @@ class ChunkRecurrent:
                                "recomputes stage 2's attention)")
         self.keep_attention_outputs = bool(keep_attention_outputs)
         self.deterministic = bool(deterministic)
+        self.weight_grads_in_gemm = bool(weight_grads_in_gemm)
         if progress is not None and not callable(progress):
             raise RefusedError(f"oomb: progress must be a callable taking an oomb.torch.Progress, got {progress!r}")
         #: Called with a Progress after each chunk of each stage (None: silent); print_progress() prints.
@@ -546,6 +553,63 @@ class _SessionAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+class _LinearIntoGrad(torch.autograd.Function):
+    """F.linear whose backward adds the weight's gradient into ``weight.grad`` with the GEMM itself
+    (``addmm_``: beta = 1) and gives autograd none for it. Through autograd, each chunk of stage 2
+    would compute the weight gradient into a fresh tensor and then add it into ``.grad``: one more
+    read and write of every weight gradient per chunk (docs/pytorch.md, "Where the time goes"). The
+    input's and the bias's gradients are autograd's as usual."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dx = dy @ weight if ctx.needs_input_grad[0] else None
+        dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+        if weight.grad is None:
+            weight.grad = dy2.t() @ x2
+        else:
+            weight.grad.addmm_(dy2.t(), x2)
+        db = dy2.sum(0) if ctx.needs_input_grad[2] else None
+        return dx, None, db
+
+
+def _linear_into_grad(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    w = module.weight
+    if (not torch.is_grad_enabled() or x.dtype != w.dtype or torch.is_autocast_enabled(x.device.type)
+            or getattr(w, "_backward_hooks", None) or getattr(w, "_post_accumulate_grad_hooks", None)):
+        return F.linear(x, w, module.bias)
+    return _LinearIntoGrad.apply(x, w, module.bias)
+
+
+class _WeightGradsInGemm:
+    """For stage 2 (``ChunkRecurrent(weight_grads_in_gemm=True)``): the model's nn.Linear modules
+    whose weights train run _LinearIntoGrad, through a forward set on the instance and removed on
+    exit. Left to autograd: frozen or non-contiguous weights, subclasses with a forward of their own
+    and modules that already carry an instance forward; per call, weights with gradient hooks and
+    calls under autocast."""
+
+    def __init__(self, model: Optional[torch.nn.Module]):
+        self.modules = [] if model is None else [
+            m for m in model.modules()
+            if isinstance(m, torch.nn.Linear) and type(m).forward is torch.nn.Linear.forward
+            and "forward" not in m.__dict__ and m.weight.requires_grad and m.weight.is_contiguous()]
+
+    def __enter__(self):
+        for m in self.modules:
+            m.forward = functools.partial(_linear_into_grad, m)
+        return self
+
+    def __exit__(self, *exc):
+        for m in self.modules:
+            m.__dict__.pop("forward", None)
+        return False
+
+
 class _Run:
     """One sequence's two stages; what the registered attention function consults."""
 
@@ -735,7 +799,7 @@ class _Run:
         self.stage = 2
         total = torch.zeros((), dtype=torch.float64, device=ids.device)
         after_stage1 = rng.get() if rng is not None else None
-        with torch.enable_grad():
+        with torch.enable_grad(), _WeightGradsInGemm(d.model if d.weight_grads_in_gemm else None):
             for c in reversed(range(len(bounds))):
                 s0, s1 = bounds[c]
                 if rng is not None:
