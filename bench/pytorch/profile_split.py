@@ -45,7 +45,8 @@ def package_step(a):
     from bench_driver import build
     from oomb.torch import ChunkRecurrent
     model, cfg = build(a.config)
-    cr = ChunkRecurrent(model, chunk=a.chunk, page=128, max_tokens=a.length, keep_attention_outputs=a.keep)
+    cr = ChunkRecurrent(model, chunk=a.chunk, page=128, max_tokens=a.length, keep_attention_outputs=a.keep,
+                        weight_grads_in_gemm=not a.autograd_weight_grads)
 
     def step():
         ids = torch.randint(0, cfg.vocab_size, (1, a.length), device="cuda")
@@ -99,6 +100,8 @@ def main():
     ap.add_argument("--length", type=int, required=True)
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--keep", action="store_true", help="the package keeps stage 1's attention outputs")
+    ap.add_argument("--autograd-weight-grads", action="store_true",
+                    help="the package's weight gradients through autograd's accumulation (weight_grads_in_gemm=False)")
     ap.add_argument("--jsonl", default="")
     ap.add_argument("--commit", default="")
     a = ap.parse_args()
@@ -128,7 +131,8 @@ def main():
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:10]
     row = {"system": "oomb-torch" if a.system == "torch" else "pytorch",
            "model": os.path.basename(a.config).removesuffix(".json"), "tokens": a.length, "chunk": a.chunk,
-           "keep_attention_outputs": a.keep, "phase": "fwd_bwd_profile", "wall_s": round(wall, 3),
+           "keep_attention_outputs": a.keep,
+           "weight_grads_in_gemm": a.system == "torch" and not a.autograd_weight_grads, "phase": "fwd_bwd_profile", "wall_s": round(wall, 3),
            "gpu_busy_s": round(busy, 3), "gpu_idle_s": round(wall - busy, 3),
            "kernel_s": {k: round(v, 3) for k, v in by_kind.items()},
            "top": [[n[:120], round(s, 3)] for n, s in top], "kernels": len(intervals),

@@ -87,7 +87,9 @@ fi
 if [ "${PROFILE:-0}" = 1 ]; then
   for system in torch pytorch; do
     [ "$system" = pytorch ] && [ -z "$competitor" ] && continue
-    [ "$system" = torch ] && [ "${KEEP:-0}" = 1 ] && keep=(--keep) || keep=()
+    keep=()
+    [ "$system" = torch ] && [ "${KEEP:-0}" = 1 ] && keep+=(--keep)
+    [ "$system" = torch ] && [ "${WEIGHT_GRADS:-gemm}" = autograd ] && keep+=(--autograd-weight-grads)
     timeout 300 "$PY" "$here/profile_split.py" --system "$system" --config "$config" --length "${lengths[0]}" \
       --chunk "$chunk" --commit "$commit" --jsonl "$OUT/split-$tag.jsonl" "${keep[@]}" 2>&1 | tail -3
   done
