@@ -83,6 +83,13 @@ if [[ " $SYSTEMS " == *" pytorch "* ]] && [ -n "$competitor" ]; then
   timeout "$left" "$PY" "$here/strong_baseline.py" --model "$competitor" --lengths "${lengths[@]}" \
     --deadline-s $((left > 90 ? left - 60 : 30)) --jsonl "$OUT/pytorch-$tag.jsonl" 2>&1 | tee "$OUT/pytorch-$tag.log"
   echo "strong_baseline rc=$?" | tee -a "$OUT/pytorch-$tag.log"
+  # strong_baseline.py's rows name no device; plot.py would take them for the H200's
+  [ -f "$OUT/pytorch-$tag.jsonl" ] && "$PY" - "$OUT/pytorch-$tag.jsonl" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" <<'PYEOF'
+import json, sys
+path, device = sys.argv[1], sys.argv[2]
+rows = [dict(json.loads(l), device=device) for l in open(path) if l.strip()]
+open(path, "w").write("".join(json.dumps(r) + "\n" for r in rows))
+PYEOF
 fi
 if [ "${PROFILE:-0}" = 1 ]; then
   for system in torch pytorch; do
