@@ -8,15 +8,16 @@
 # llama-3.1-8b: the package and the C++ trainer, the competitor knowing only Qwen2.5).
 # Environment (optional): CHUNK (qwen2.5-0.5b: 16384, else 4096), SYSTEMS ("torch oomb pytorch"),
 # DEADLINE_S (the call's budget, 540; shared in proportion 45/25/30), WARMUP_TOKENS (both oomb
-# systems' warm-up step, default the first length; the competitor warms up at its smallest), TESTS=1 (the package's GPU
-# tests first, python/tests/test_cuda.py and test_ops.py, into $OUT/pytest.log; TESTS_K: pytest's -k
-# to run some of them), WEIGHT_GRADS=autograd (the package's weight gradients through autograd's
-# accumulation, ChunkRecurrent(weight_grads_in_gemm=False)), KEEP=1 (both
-# oomb systems keep stage 1's attention outputs for stage 2), OFFLOAD=pinned|pageable (both oomb systems
-# stream their pages from homes in that host memory; NEAR_PAGES slots, 0: the trainer's default),
-# SPARSE_BUDGET=B (both page-sparse, sink 1, local 1, 128-query tiles), PROFILE=1 (after the
-# systems, profile_split.py splits one step of the package and of the competitor at the first length
-# into GEMM, attention, other kernels and the GPU's idle time, into $OUT/split-*.jsonl).
+# systems' warm-up step, default the first length; the competitor warms up at its smallest),
+# TESTS=1 (the package's GPU tests first, python/tests/test_cuda.py and test_ops.py, into
+# $OUT/pytest.log; TESTS_K: pytest's -k to run some of them), WEIGHT_GRADS=autograd (the package's
+# weight gradients through autograd's accumulation, ChunkRecurrent(weight_grads_in_gemm=False)),
+# KEEP=1 (both oomb systems keep stage 1's attention outputs for stage 2), OFFLOAD=pinned|pageable
+# (both oomb systems stream their pages from homes in that host memory; NEAR_PAGES slots, 0: the
+# trainer's default), SPARSE_BUDGET=B (both page-sparse, sink 1, local 1, 128-query tiles),
+# PROFILE=1 (after the systems, profile_split.py splits one step of the package and of the
+# competitor at the first length into GEMM, attention, other kernels and the GPU's idle time, into
+# $OUT/split-*.jsonl).
 # SPDX-License-Identifier: Apache-2.0
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -53,29 +54,29 @@ if [ "${TESTS:-0}" = 1 ]; then
     2>&1 | tee "$OUT/pytest.log" | tail -25
 fi
 
-keep_torch=() keep_trainer=()
-[ "${KEEP:-0}" = 1 ] && keep_torch=(--keep) keep_trainer=(--keep-attention-outputs)
-[ "${WEIGHT_GRADS:-gemm}" = autograd ] && keep_torch+=(--autograd-weight-grads)
+torch_flags=() trainer_flags=()
+[ "${KEEP:-0}" = 1 ] && torch_flags=(--keep) trainer_flags=(--keep-attention-outputs)
+[ "${WEIGHT_GRADS:-gemm}" = autograd ] && torch_flags+=(--autograd-weight-grads)
 if [ -n "${OFFLOAD:-}" ]; then
-  keep_torch+=(--offload "$OFFLOAD" --near-pages "${NEAR_PAGES:-0}")
-  keep_trainer+=(--offload --home-memory "$OFFLOAD" --near-pages "${NEAR_PAGES:-0}")
+  torch_flags+=(--offload "$OFFLOAD" --near-pages "${NEAR_PAGES:-0}")
+  trainer_flags+=(--offload --home-memory "$OFFLOAD" --near-pages "${NEAR_PAGES:-0}")
 fi
 if [ -n "${SPARSE_BUDGET:-}" ]; then
-  keep_torch+=(--sparse-budget "$SPARSE_BUDGET")
-  keep_trainer+=(--sparse-budget "$SPARSE_BUDGET")
+  torch_flags+=(--sparse-budget "$SPARSE_BUDGET")
+  trainer_flags+=(--sparse-budget "$SPARSE_BUDGET")
 fi
 share() { local left=$((DEADLINE_S - (SECONDS - start))); echo $((left * $1 / 100)); }
 if [[ " $SYSTEMS " == *" torch "* ]]; then
   s=$(share 45)
   timeout $((s + 60)) "$PY" "$here/bench_driver.py" --config "$config" --lengths "${lengths[@]}" --chunk "$chunk" \
-    --warmup-tokens "${WARMUP_TOKENS:-${lengths[0]}}" --deadline-s "$s" --commit "$commit" --jsonl "$OUT/torch-$tag.jsonl" "${keep_torch[@]}" 2>&1 | tee "$OUT/torch-$tag.log"
+    --warmup-tokens "${WARMUP_TOKENS:-${lengths[0]}}" --deadline-s "$s" --commit "$commit" --jsonl "$OUT/torch-$tag.jsonl" "${torch_flags[@]}" 2>&1 | tee "$OUT/torch-$tag.log"
   echo "bench_driver rc=$?" | tee -a "$OUT/torch-$tag.log"
 fi
 if [[ " $SYSTEMS " == *" oomb "* ]] && [ -x "$here/bench_trainer" ]; then
   s=$(share 45)
   timeout $((s + 45)) "$here/bench_trainer" --config "$config" --lengths "$(IFS=,; echo "${lengths[*]}")" \
     --phase fwd_bwd --chunk "$chunk" --page 128 --window-pages 0 --reps 1 --warmup-tokens "${WARMUP_TOKENS:-${lengths[0]}}" \
-    --deadline-s "$s" --commit "$commit" --jsonl "$OUT/oomb-$tag.jsonl" "${keep_trainer[@]}" 2>&1 | tee "$OUT/oomb-$tag.log"
+    --deadline-s "$s" --commit "$commit" --jsonl "$OUT/oomb-$tag.jsonl" "${trainer_flags[@]}" 2>&1 | tee "$OUT/oomb-$tag.log"
   echo "bench_trainer rc=$?" | tee -a "$OUT/oomb-$tag.log"
 fi
 if [[ " $SYSTEMS " == *" pytorch "* ]] && [ -n "$competitor" ]; then
@@ -94,11 +95,11 @@ fi
 if [ "${PROFILE:-0}" = 1 ]; then
   for system in torch pytorch; do
     [ "$system" = pytorch ] && [ -z "$competitor" ] && continue
-    keep=()
-    [ "$system" = torch ] && [ "${KEEP:-0}" = 1 ] && keep+=(--keep)
-    [ "$system" = torch ] && [ "${WEIGHT_GRADS:-gemm}" = autograd ] && keep+=(--autograd-weight-grads)
+    flags=()
+    [ "$system" = torch ] && [ "${KEEP:-0}" = 1 ] && flags+=(--keep)
+    [ "$system" = torch ] && [ "${WEIGHT_GRADS:-gemm}" = autograd ] && flags+=(--autograd-weight-grads)
     timeout 300 "$PY" "$here/profile_split.py" --system "$system" --config "$config" --length "${lengths[0]}" \
-      --chunk "$chunk" --commit "$commit" --jsonl "$OUT/split-$tag.jsonl" "${keep[@]}" 2>&1 | tail -3
+      --chunk "$chunk" --commit "$commit" --jsonl "$OUT/split-$tag.jsonl" "${flags[@]}" 2>&1 | tail -3
   done
 fi
 "$PY" "$here/table.py" "$OUT/torch-$tag.log" "$OUT/oomb-$tag.log" "$OUT/pytorch-$tag.log" 2>&1 | tee "$OUT/table-$tag.txt"

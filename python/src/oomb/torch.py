@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from . import ops
+from .distributed import all_reduce_gradients
 from .paged import PagedSession
 from .pages import PagedStore
 
@@ -471,7 +472,6 @@ class ChunkRecurrent:
         finally:
             model.set_attn_implementation(previous)
         if self.ddp is not None and self.ddp.require_backward_grad_sync:  # False inside no_sync()
-            from .distributed import all_reduce_gradients
             all_reduce_gradients(self.ddp.module, group=self.ddp.process_group)
         return total.to(torch.float64 if self.dtype == torch.float64 else torch.float32)
 
